@@ -1,0 +1,41 @@
+"""Build fastnsq's C extension (the wire codec) unless told not to.
+
+FASTNSQ_NO_EXTENSIONS=1  skip the extension: the pure-Python twin _frame_py is used.
+FASTNSQ_DEBUG=1          build with Cython bounds checks, C assertions and no optimisation.
+"""
+
+import os
+
+from setuptools import Extension, setup
+
+
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "") not in ("", "0", "false", "no")
+
+
+def _extensions() -> list:
+    if _flag("FASTNSQ_NO_EXTENSIONS"):
+        return []
+    from Cython.Build import cythonize
+
+    debug = _flag("FASTNSQ_DEBUG")
+    directives = {
+        "language_level": 3,
+        "boundscheck": debug,
+        "wraparound": debug,
+        "initializedcheck": debug,
+        "cdivision": not debug,
+        "embedsignature": True,
+    }
+    macros = [("FASTNSQ_DEBUG", "1" if debug else "0")]
+    compile_args = ["-O0", "-g3", "-UNDEBUG"] if debug else ["-O3"]
+    codec = Extension(
+        "fastnsq._frame",
+        ["fastnsq/_frame.pyx"],
+        define_macros=macros,
+        extra_compile_args=compile_args,
+    )
+    return cythonize([codec], compiler_directives=directives, force=debug)
+
+
+setup(ext_modules=_extensions())
