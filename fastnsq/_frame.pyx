@@ -424,14 +424,15 @@ cdef class _SplitBuffer:
         cdef char* new_buf
         if self._start == self._end:
             self._start = self._end = 0
-            if self._cap > 4 * self._initial and want <= self._initial:
+            new_cap = self._initial if self._initial > want else want
+            if self._cap > 4 * new_cap:
                 # Give back what one huge frame took.
-                new_buf = <char*>malloc(self._initial)
+                new_buf = <char*>malloc(new_cap)
                 if new_buf == NULL:
                     raise MemoryError()
                 free(self._buf)
                 self._buf = new_buf
-                self._cap = self._initial
+                self._cap = new_cap
         if self._cap - self._end >= want:
             return 0
         pending = self._end - self._start

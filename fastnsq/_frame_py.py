@@ -335,8 +335,9 @@ class _SplitBuffer:
     def _make_room(self, want: int) -> None:
         if self._start == self._end:
             self._start = self._end = 0
-            if len(self._buf) > 4 * self._initial and want <= self._initial:
-                self._buf = bytearray(self._initial)  # give back what a huge frame took
+            small = max(self._initial, want)
+            if len(self._buf) > 4 * small:
+                self._buf = bytearray(small)  # give back what a huge frame took
         if len(self._buf) - self._end >= want:
             return
         pending = self._end - self._start
