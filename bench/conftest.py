@@ -1,0 +1,1 @@
+"""pytest-benchmark configuration for bench/ (not part of the test suite)."""
