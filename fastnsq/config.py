@@ -1,0 +1,215 @@
+"""Connection options: go-nsq's names and defaults, validated once into a frozen object.
+
+Durations are seconds (floats), as everywhere in asyncio; the wire gets milliseconds.
+A bad value raises :class:`~fastnsq.errors.InvalidValueError` naming the option,
+the value and the accepted range. ``Consumer`` and ``Producer`` take these options
+as keyword arguments and add their own (shared/peers.md §2 lists go-nsq's).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import ssl
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ._protocol import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_MSG_SIZE
+from ._version import __version__
+from .errors import InvalidValueError
+
+__all__ = ["ConnectionOptions", "parse_address", "check_range", "split_options"]
+
+_TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
+
+
+def check_range(name: str, value: Any, low: float, high: float, *, integer: bool = False) -> Any:
+    """Validate a numeric option; returns it unchanged.
+
+    >>> check_range("sample_rate", 5, 0, 99, integer=True)
+    5
+    """
+    kinds = (int,) if integer else (int, float)
+    if not isinstance(value, kinds) or isinstance(value, bool):
+        kind = "an int" if integer else "a number"
+        raise InvalidValueError(f"{name} must be {kind}, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidValueError(f"{name}={value!r} is outside the accepted range {low}..{high}")
+    return value
+
+
+def parse_address(address: str, default_port: int = 4150) -> tuple[str, int]:
+    """Split ``"host:port"`` (``"[::1]:4150"`` for IPv6) into host and port.
+
+    >>> parse_address("127.0.0.1:4150"), parse_address("[::1]:4151")
+    (('127.0.0.1', 4150), ('::1', 4151))
+    """
+    if not isinstance(address, str) or not address.strip():
+        raise InvalidValueError(f"an nsqd address is 'host:port', got {address!r}")
+    text = address.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    elif ":" in text:  # a bare IPv6 address
+        host, port_text = text, ""
+    else:
+        host, port_text = text, ""
+    if not host:
+        raise InvalidValueError(f"address {address!r} has no host")
+    if not port_text:
+        return host, default_port
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise InvalidValueError(f"address {address!r} has an invalid port {port_text!r}")
+    return host, int(port_text)
+
+
+def _short_hostname() -> str:
+    return socket.gethostname().split(".")[0]
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """Everything one nsqd connection negotiates: IDENTIFY, TLS, compression, AUTH.
+
+    >>> ConnectionOptions(heartbeat_interval=5, snappy=True).identify_body()["heartbeat_interval"]
+    5000
+    """
+
+    client_id: str = field(default_factory=_short_hostname)
+    hostname: str = field(default_factory=socket.gethostname)
+    user_agent: str = f"fastnsq/{__version__}"
+    dial_timeout: float = 1.0
+    heartbeat_interval: float | None = 30.0  # None (or -1) disables heartbeats; consumers need them
+    output_buffer_size: int = 16384  # -1 disables nsqd's output buffering
+    output_buffer_timeout: float = 0.25  # -1 disables
+    msg_timeout: float | None = None  # None: nsqd's default (60 s)
+    sample_rate: int = 0
+    tls_v1: bool = False
+    tls_context: ssl.SSLContext | None = None
+    tls_root_ca_file: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_server_hostname: str | None = None
+    tls_insecure_skip_verify: bool = False
+    tls_min_version: str = "1.2"
+    snappy: bool = False
+    deflate: bool = False
+    deflate_level: int = 6
+    auth_secret: str | bytes | None = field(default=None, repr=False)
+    topology_region: str = ""
+    topology_zone: str = ""
+    max_msg_size: int = DEFAULT_MAX_MSG_SIZE
+    max_body_size: int = DEFAULT_MAX_BODY_SIZE
+    desired_tag: str | None = None  # HA: tag-based dispatch
+    ext_filter: Mapping[str, Any] | None = None  # HA: server-side filter on ext headers
+
+    def __post_init__(self) -> None:
+        for name in ("client_id", "hostname", "user_agent", "topology_region", "topology_zone"):
+            if not isinstance(getattr(self, name), str):
+                raise InvalidValueError(f"{name} must be a string, got {getattr(self, name)!r}")
+        check_range("dial_timeout", self.dial_timeout, 0.001, 3600)
+        if self.heartbeat_interval == -1:
+            object.__setattr__(self, "heartbeat_interval", None)
+        if self.heartbeat_interval is not None:
+            check_range("heartbeat_interval", self.heartbeat_interval, 1.0, 60.0)
+        if self.output_buffer_size != -1:
+            check_range("output_buffer_size", self.output_buffer_size, 64, 65536, integer=True)
+        if self.output_buffer_timeout != -1:
+            check_range("output_buffer_timeout", self.output_buffer_timeout, 0.025, 30.0)
+        if self.msg_timeout is not None:
+            check_range("msg_timeout", self.msg_timeout, 1.0, 900.0)
+        check_range("sample_rate", self.sample_rate, 0, 99, integer=True)
+        check_range("deflate_level", self.deflate_level, 1, 9, integer=True)
+        check_range("max_msg_size", self.max_msg_size, 1, 2**31 - 1, integer=True)
+        check_range("max_body_size", self.max_body_size, 1, 2**31 - 1, integer=True)
+        if self.snappy and self.deflate:
+            raise InvalidValueError("snappy and deflate cannot both be enabled (nsqd refuses it)")
+        if self.tls_min_version not in _TLS_VERSIONS:
+            raise InvalidValueError(
+                f"tls_min_version={self.tls_min_version!r}: use one of {sorted(_TLS_VERSIONS)} (TLS 1.2 minimum)"
+            )
+        if self.tls_context is not None and not isinstance(self.tls_context, ssl.SSLContext):
+            raise InvalidValueError("tls_context must be an ssl.SSLContext")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise InvalidValueError("tls_cert and tls_key go together")
+        if self.auth_secret is not None and not isinstance(self.auth_secret, (str, bytes)):
+            raise InvalidValueError("auth_secret must be str or bytes")
+        if self.auth_secret is not None and not self.auth_secret:
+            raise InvalidValueError("auth_secret is empty")
+        if self.desired_tag is not None and (not isinstance(self.desired_tag, str) or len(self.desired_tag) > 100):
+            raise InvalidValueError("desired_tag must be a string of at most 100 characters")
+        if self.ext_filter is not None:
+            try:
+                json.dumps(dict(self.ext_filter))
+            except (TypeError, ValueError) as exc:
+                raise InvalidValueError(f"ext_filter must be a JSON object: {exc}") from None
+
+    @property
+    def tls_enabled(self) -> bool:
+        return self.tls_v1 or self.tls_context is not None
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The client TLS context: verification on unless explicitly turned off, TLS 1.2 minimum."""
+        if self.tls_context is not None:
+            return self.tls_context
+        context = ssl.create_default_context(cafile=self.tls_root_ca_file)
+        context.minimum_version = _TLS_VERSIONS[self.tls_min_version]
+        if self.tls_cert is not None:
+            context.load_cert_chain(self.tls_cert, self.tls_key)
+        if self.tls_insecure_skip_verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        return context
+
+    def identify_body(self, *, extend_support: bool = False) -> dict[str, Any]:
+        """The IDENTIFY JSON for one connection (extend_support is per connection, HA)."""
+        body: dict[str, Any] = {
+            "client_id": self.client_id,
+            "hostname": self.hostname,
+            "user_agent": self.user_agent,
+            "feature_negotiation": True,
+            "heartbeat_interval": -1 if self.heartbeat_interval is None else round(self.heartbeat_interval * 1000),
+            "output_buffer_size": self.output_buffer_size,
+            "output_buffer_timeout": -1
+            if self.output_buffer_timeout == -1
+            else round(self.output_buffer_timeout * 1000),
+            "tls_v1": self.tls_enabled,
+            "snappy": self.snappy,
+            "deflate": self.deflate,
+            "deflate_level": self.deflate_level,
+            "sample_rate": self.sample_rate,
+        }
+        if self.msg_timeout is not None:
+            body["msg_timeout"] = round(self.msg_timeout * 1000)
+        if self.topology_region:
+            body["topology_region"] = self.topology_region
+        if self.topology_zone:
+            body["topology_zone"] = self.topology_zone
+        if extend_support:
+            body["extend_support"] = True
+        if self.desired_tag:
+            body["desired_tag"] = self.desired_tag
+        if self.ext_filter is not None:
+            body["ext_filter"] = dict(self.ext_filter)
+        return body
+
+    def replace(self, **changes: Any) -> "ConnectionOptions":
+        return dataclasses.replace(self, **changes)
+
+
+_CONNECTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ConnectionOptions))
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[ConnectionOptions, dict[str, Any]]:
+    """Separate connection options from the rest (a Consumer's or Producer's own).
+
+    >>> conn, rest = split_options({"snappy": True, "max_in_flight": 10})
+    >>> conn.snappy, rest
+    (True, {'max_in_flight': 10})
+    """
+    conn = {k: v for k, v in options.items() if k in _CONNECTION_FIELDS}
+    rest = {k: v for k, v in options.items() if k not in _CONNECTION_FIELDS}
+    return ConnectionOptions(**conn), rest

@@ -1,0 +1,527 @@
+"""Producer: publishing to many nsqd, pipelined, coalesced, with failover and retries.
+
+* Many publishes are in flight on each connection; nsqd answers in command order.
+* Concurrent ``publish()`` calls for one topic within one pass of the event loop
+  become one MPUB (``coalesce=True``, the default). A call is never coalesced when
+  it asks for something an MPUB cannot carry: ``defer``, ``partition``, a trace id
+  or ext headers; those go out as their own command.
+* A pool of ``pool_size`` connections per nsqd; round robin over the open ones;
+  a lost connection reconnects in the background with exponential backoff and
+  jitter, and the publishes it carried are retried elsewhere (``max_retries``).
+* Each publish is either acknowledged (returns) or raises: nothing is dropped
+  silently. Errors that cannot succeed on a retry (a bad topic, a bad or oversized
+  body) are raised at once, most of them before a byte is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections import deque
+from typing import Any, Iterable, Sequence
+
+from . import codec
+from .config import ConnectionOptions, check_range, parse_address, split_options
+from .conn import Connection
+from .errors import (
+    BadBodyError,
+    BadMessageError,
+    BadTopicError,
+    ConnectionClosedError,
+    InvalidValueError,
+    NoConnectionError,
+    NSQError,
+    PublishTimeoutError,
+    ServerError,
+)
+from .lookupd import LookupdClient
+
+__all__ = ["Producer", "PRODUCER_DEFAULTS"]
+
+logger = logging.getLogger(__name__)
+
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "pool_size": 1,
+    "coalesce": True,
+    "publish_timeout": 10.0,
+    "max_retries": 3,
+    "retry_delay": 0.05,
+    "reconnect_delay": 0.1,
+    "max_reconnect_delay": 30.0,
+    "lookupd_poll_interval": 60.0,
+    "lookupd_poll_jitter": 0.3,
+}
+
+#: Server errors a retry cannot fix: the same bytes would be refused again.
+NOT_RETRYABLE = (BadTopicError, BadMessageError, BadBodyError)
+
+_MPUB_FRAMING = 4 + 4  # u32 body length + u32 message count
+
+
+def _as_list(addresses: str | Iterable[str] | None) -> list[str]:
+    if addresses is None:
+        return []
+    if isinstance(addresses, str):
+        return [a for a in (part.strip() for part in addresses.split(",")) if a]
+    return list(addresses)
+
+
+def _body_size(body: Any) -> int:
+    if isinstance(body, (bytes, bytearray)):
+        return len(body)
+    if isinstance(body, str):
+        return len(body.encode("utf-8")) if not body.isascii() else len(body)
+    if isinstance(body, memoryview):
+        return body.nbytes
+    raise InvalidValueError(f"message body must be bytes, bytearray, memoryview or str, not {type(body).__name__}")
+
+
+class _Slot:
+    """One pooled connection to one nsqd, reconnecting in the background."""
+
+    __slots__ = ("address", "conn", "task", "failures")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.conn: Connection | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.failures = 0
+
+
+class Producer:
+    """Publishes to one or more nsqd.
+
+    >>> async def main():                                   # doctest: +SKIP
+    ...     async with Producer(["127.0.0.1:4150"]) as producer:
+    ...         await producer.publish("events", b"hello")
+    ...         await producer.mpublish("events", [b"a", b"b"])
+
+    Options: ``pool_size`` (connections per nsqd, 1), ``coalesce`` (True),
+    ``publish_timeout`` (10 s; per call: ``timeout=``), ``max_retries`` (3; retries
+    after a lost connection, never after an error that cannot succeed),
+    ``retry_delay`` (0.05 s, doubled per retry), ``reconnect_delay`` /
+    ``max_reconnect_delay`` (0.1 s / 30 s, exponential with jitter), the lookupd
+    poll options, and every connection option (TLS, compression, AUTH, ...).
+    """
+
+    def __init__(
+        self,
+        nsqd_tcp_addresses: str | Sequence[str] | None = None,
+        *,
+        lookupd_http_addresses: str | Sequence[str] | None = None,
+        **options: Any,
+    ) -> None:
+        connection_options, own = split_options(options)
+        unknown = set(own) - set(PRODUCER_DEFAULTS)
+        if unknown:
+            raise InvalidValueError(f"unknown Producer option(s): {', '.join(sorted(unknown))}")
+        settings = {**PRODUCER_DEFAULTS, **own}
+        self.options: ConnectionOptions = connection_options
+        self.pool_size = check_range("pool_size", settings["pool_size"], 1, 64, integer=True)
+        self.coalesce = bool(settings["coalesce"])
+        self.publish_timeout = check_range("publish_timeout", settings["publish_timeout"], 0.001, 3600)
+        self.max_retries = check_range("max_retries", settings["max_retries"], 0, 100, integer=True)
+        self.retry_delay = check_range("retry_delay", settings["retry_delay"], 0, 60)
+        self.reconnect_delay = check_range("reconnect_delay", settings["reconnect_delay"], 0.001, 60)
+        self.max_reconnect_delay = check_range("max_reconnect_delay", settings["max_reconnect_delay"], 0.001, 3600)
+        self.lookupd_poll_interval = check_range(
+            "lookupd_poll_interval", settings["lookupd_poll_interval"], 0.01, 300
+        )
+        self.lookupd_poll_jitter = check_range("lookupd_poll_jitter", settings["lookupd_poll_jitter"], 0, 1)
+        self._nsqd_addresses = _as_list(nsqd_tcp_addresses)
+        self._lookupd_addresses = _as_list(lookupd_http_addresses)
+        for address in self._nsqd_addresses:
+            parse_address(address)
+        if not self._nsqd_addresses and not self._lookupd_addresses:
+            raise InvalidValueError("give nsqd_tcp_addresses or lookupd_http_addresses")
+        self._slots: dict[str, list[_Slot]] = {}
+        self._open: list[Connection] = []
+        self._next = 0
+        self._batches: dict[str, list[tuple[Any, asyncio.Future[Any]]]] = {}
+        self._flush_handle: asyncio.Handle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connected: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._active = 0
+        self._closing = False
+        self._started = False
+        self._lookupd_task: asyncio.Task[None] | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._sent_at: deque[tuple[float, asyncio.Future[Any]]] = deque()
+        self.stats = {"published": 0, "failed": 0, "retried": 0, "reconnects": 0}
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect to every nsqd; at least one must answer (others keep retrying)."""
+        if self._started:
+            return
+        self._started = True
+        self._loop = asyncio.get_running_loop()
+        self._connected = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        addresses = list(self._nsqd_addresses)
+        if self._lookupd_addresses:
+            addresses += [a for a in await self._discover() if a not in addresses]
+        results = await asyncio.gather(*(self._add_node(a) for a in addresses), return_exceptions=True)
+        if self._lookupd_addresses:
+            self._lookupd_task = asyncio.create_task(self._poll_lookupd())
+        if addresses and not self._open:
+            errors = "; ".join(f"{a}: {r}" for a, r in zip(addresses, results) if isinstance(r, BaseException))
+            await self.close(timeout=0)
+            raise NoConnectionError(f"no nsqd could be reached ({errors or 'no connection opened'})")
+
+    async def close(self, timeout: float | None = 5.0) -> None:
+        """Stop accepting publishes, wait for those in flight (up to ``timeout``), then close."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._idle is not None and timeout:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout)
+            except asyncio.TimeoutError:
+                logger.warning("closing with %d publishes still waiting for nsqd", self._active)
+        if self._lookupd_task is not None:
+            self._lookupd_task.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        slots = [slot for pool in self._slots.values() for slot in pool]
+        for slot in slots:
+            if slot.task is not None:
+                slot.task.cancel()
+        await asyncio.gather(*(s.conn.close() for s in slots if s.conn is not None), return_exceptions=True)
+        self._open.clear()
+
+    async def __aenter__(self) -> "Producer":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.close()
+
+    @property
+    def connections(self) -> list[Connection]:
+        """The open connections (for stats and tests)."""
+        return list(self._open)
+
+    # ---- publishing -------------------------------------------------------------------
+
+    async def publish(
+        self,
+        topic: str,
+        body: Any,
+        *,
+        defer: float | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Publish one message; returns nsqd's answer once it has the message.
+
+        ``defer`` (seconds) delays delivery (DPUB; upstream nsqd only). Raises
+        ``InvalidValueError`` for a bad topic or body before sending, ``ServerError``
+        when nsqd refuses, ``PublishTimeoutError`` or ``NoConnectionError``.
+        """
+        self._check_topic(topic)
+        size = _body_size(body)
+        if size == 0:
+            raise InvalidValueError("empty message body: nsqd rejects empty messages")
+        if size > self.options.max_msg_size:
+            raise InvalidValueError(f"message of {size} bytes exceeds max_msg_size {self.options.max_msg_size}")
+        if defer is not None:
+            defer_ms = round(check_range("defer", defer, 0, 3600) * 1000)
+            return await self._call(lambda conn: conn.dpublish(topic, defer_ms, body), timeout)
+        if self.coalesce:
+            return await self._call(lambda conn: None, timeout, coalesced=(topic, body))
+        return await self._call(lambda conn: conn.publish(topic, body), timeout)
+
+    async def mpublish(self, topic: str, bodies: Sequence[Any], *, timeout: float | None = None) -> Any:
+        """Publish a batch with MPUB (split into several when above nsqd's max body size)."""
+        self._check_topic(topic)
+        batch = list(bodies)
+        if not batch:
+            raise InvalidValueError("mpublish needs at least one message")
+        chunks = self._chunks([(body, _body_size(body)) for body in batch])
+        results = await asyncio.gather(
+            *(self._call(lambda conn, c=chunk: conn.mpublish(topic, c), timeout) for chunk in chunks)
+        )
+        return results[-1]
+
+    def _check_topic(self, topic: str) -> None:
+        if self._closing:
+            raise ConnectionClosedError("the producer is closed")
+        if not self._started:
+            raise NSQError("call `await producer.start()` (or use `async with`) before publishing")
+        if not codec.valid_topic_name(topic):
+            raise InvalidValueError(
+                f"invalid topic name {topic!r}: 1-64 characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral"
+            )
+
+    def _chunks(self, sized: list[tuple[Any, int]]) -> list[list[Any]]:
+        limit = self.options.max_body_size - _MPUB_FRAMING
+        max_count = (self.options.max_body_size - 4) // 5
+        chunks: list[list[Any]] = [[]]
+        used = 0
+        for body, size in sized:
+            if size == 0:
+                raise InvalidValueError("empty message body: nsqd rejects empty messages")
+            if size > self.options.max_msg_size:
+                raise InvalidValueError(f"message of {size} bytes exceeds max_msg_size {self.options.max_msg_size}")
+            if chunks[-1] and (used + 4 + size > limit or len(chunks[-1]) >= max_count):
+                chunks.append([])
+                used = 0
+            chunks[-1].append(body)
+            used += 4 + size
+        return chunks
+
+    async def _call(self, send: Any, timeout: float | None, coalesced: tuple[str, Any] | None = None) -> Any:
+        """Send (via ``send(conn)`` or the coalescing batch), await the answer, retry if the link died."""
+        assert self._loop is not None and self._idle is not None
+        self._active += 1
+        self._idle.clear()
+        deadline = self._loop.time() + (self.publish_timeout if timeout is None else timeout)
+        try:
+            attempt = 0
+            while True:
+                try:
+                    future = await self._submit(send, coalesced, deadline)
+                    result = await self._await_answer(future, deadline, timeout is not None)
+                    self.stats["published"] += 1
+                    return result
+                except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+                    if isinstance(exc, NOT_RETRYABLE) or (isinstance(exc, ServerError) and not exc.fatal):
+                        self.stats["failed"] += 1
+                        raise
+                    attempt += 1
+                    if attempt > self.max_retries or self._closing or self._loop.time() >= deadline:
+                        self.stats["failed"] += 1
+                        raise
+                    self.stats["retried"] += 1
+                    delay = min(self.retry_delay * (2 ** (attempt - 1)), max(0.0, deadline - self._loop.time()))
+                    logger.debug("publish failed (%s); retry %d in %.3f s", exc, attempt, delay)
+                    await asyncio.sleep(delay)
+        finally:
+            self._active -= 1
+            if not self._active:
+                self._idle.set()
+
+    async def _submit(self, send: Any, coalesced: tuple[str, Any] | None, deadline: float) -> asyncio.Future[Any]:
+        if coalesced is None:
+            conn = self._pick() or await self._wait_for_connection(deadline)
+            future = send(conn)
+            self._track(future)
+            return future  # type: ignore[no-any-return]
+        if not self._open:
+            await self._wait_for_connection(deadline)
+        assert self._loop is not None
+        topic, body = coalesced
+        future = self._loop.create_future()
+        batch = self._batches.get(topic)
+        if batch is None:
+            self._batches[topic] = [(body, future)]
+        else:
+            batch.append((body, future))
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush_batches)
+        return future
+
+    async def _await_answer(self, future: asyncio.Future[Any], deadline: float, explicit: bool) -> Any:
+        if not explicit:
+            return await future  # the default deadline is enforced by the sweeper
+        assert self._loop is not None
+        remaining = deadline - self._loop.time()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), max(remaining, 0))
+        except asyncio.TimeoutError:
+            raise PublishTimeoutError(f"no answer from nsqd within {remaining:.3f} s") from None
+
+    def _flush_batches(self) -> None:
+        """Once per loop pass: one PUB or MPUB per topic for the publishes gathered."""
+        self._flush_handle = None
+        batches, self._batches = self._batches, {}
+        for topic, entries in batches.items():
+            conn = self._pick()
+            if conn is None:
+                error = NoConnectionError("no open connection to nsqd")
+                for _, member in entries:
+                    if not member.done():
+                        member.set_exception(error)
+                continue
+            try:
+                if len(entries) == 1:
+                    sent = conn.publish(topic, entries[0][0])
+                    self._track(sent)
+                    _chain(sent, [entries[0][1]])
+                    continue
+                for chunk in self._entry_chunks(entries):
+                    sent = conn.mpublish(topic, [body for body, _ in chunk])
+                    self._track(sent)
+                    _chain(sent, [member for _, member in chunk])
+            except Exception as exc:  # e.g. the connection closed during this pass
+                for _, member in entries:
+                    if not member.done():
+                        member.set_exception(exc)
+
+    def _entry_chunks(self, entries: list[tuple[Any, asyncio.Future[Any]]]) -> list[list[Any]]:
+        limit = self.options.max_body_size - _MPUB_FRAMING
+        chunks: list[list[Any]] = [[]]
+        used = 0
+        for entry in entries:
+            size = 4 + _body_size(entry[0])
+            if chunks[-1] and used + size > limit:
+                chunks.append([])
+                used = 0
+            chunks[-1].append(entry)
+            used += size
+        return chunks
+
+    # ---- connections ------------------------------------------------------------------
+
+    def _pick(self) -> Connection | None:
+        open_conns = self._open
+        if not open_conns:
+            return None
+        self._next = (self._next + 1) % len(open_conns)
+        return open_conns[self._next]
+
+    async def _wait_for_connection(self, deadline: float) -> Connection:
+        assert self._loop is not None and self._connected is not None
+        while True:
+            conn = self._pick()
+            if conn is not None:
+                return conn
+            if self._closing:
+                raise ConnectionClosedError("the producer is closed")
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                raise NoConnectionError("no open connection to nsqd within the publish timeout")
+            self._connected.clear()
+            try:
+                await asyncio.wait_for(self._connected.wait(), remaining)
+            except asyncio.TimeoutError:
+                raise NoConnectionError("no open connection to nsqd within the publish timeout") from None
+
+    async def _add_node(self, address: str) -> None:
+        if address in self._slots:
+            return
+        slots = [_Slot(address) for _ in range(self.pool_size)]
+        self._slots[address] = slots
+        results = await asyncio.gather(*(self._open_slot(slot) for slot in slots), return_exceptions=True)
+        for slot, result in zip(slots, results):
+            if isinstance(result, BaseException):
+                logger.warning("cannot connect to nsqd %s: %s", address, result)
+                self._reconnect_later(slot)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if len(failures) == len(slots):
+            raise failures[0]
+
+    async def _open_slot(self, slot: _Slot) -> None:
+        conn = Connection(slot.address, self.options, on_close=lambda c, e, s=slot: self._on_close(s, c, e))
+        await conn.connect()
+        slot.conn = conn
+        slot.failures = 0
+        self._open.append(conn)
+        assert self._connected is not None
+        self._connected.set()
+        self._ensure_sweeper()
+
+    def _on_close(self, slot: _Slot, conn: Connection, error: BaseException | None) -> None:
+        if conn in self._open:
+            self._open.remove(conn)
+        if slot.conn is conn:
+            slot.conn = None
+        if not self._closing:
+            logger.info("connection to %s lost (%s); reconnecting", slot.address, error)
+            self._reconnect_later(slot)
+
+    def _reconnect_later(self, slot: _Slot) -> None:
+        if self._closing or (slot.task is not None and not slot.task.done()):
+            return
+        slot.task = asyncio.get_running_loop().create_task(self._reconnect(slot))
+
+    async def _reconnect(self, slot: _Slot) -> None:
+        while not self._closing:
+            slot.failures += 1
+            ceiling = min(self.max_reconnect_delay, self.reconnect_delay * 2 ** min(slot.failures - 1, 30))
+            await asyncio.sleep(random.uniform(ceiling / 2, ceiling))  # jitter: reconnects don't stampede
+            try:
+                await self._open_slot(slot)
+                self.stats["reconnects"] += 1
+                return
+            except (OSError, asyncio.TimeoutError, NSQError) as exc:
+                logger.debug("reconnect to %s failed: %s", slot.address, exc)
+
+    # ---- timeouts ---------------------------------------------------------------------
+
+    def _track(self, future: asyncio.Future[Any]) -> None:
+        assert self._loop is not None
+        self._sent_at.append((self._loop.time(), future))
+
+    def _ensure_sweeper(self) -> None:
+        if self._sweeper is None and self._loop is not None:
+            self._sweeper = self._loop.call_later(min(1.0, self.publish_timeout / 4), self._sweep)
+
+    def _sweep(self) -> None:
+        """Fail commands unanswered for publish_timeout; nsqd answers in order, so oldest first."""
+        assert self._loop is not None
+        now = self._loop.time()
+        sent = self._sent_at
+        while sent and (sent[0][1].done() or now - sent[0][0] >= self.publish_timeout):
+            _, future = sent.popleft()
+            if not future.done():
+                future.set_exception(
+                    PublishTimeoutError(f"no answer from nsqd within {self.publish_timeout} s (publish_timeout)")
+                )
+        self._sweeper = None
+        if not self._closing:
+            self._ensure_sweeper()
+
+    # ---- lookupd ----------------------------------------------------------------------
+
+    async def _discover(self) -> list[str]:
+        found: list[str] = []
+        async with LookupdClient(auth_secret=_secret_text(self.options.auth_secret)) as client:
+            for address in self._lookupd_addresses:
+                try:
+                    for node in await client.nodes(address):
+                        if node.address not in found:
+                            found.append(node.address)
+                except NSQError as exc:
+                    logger.warning("lookupd %s: %s", address, exc)
+        return found
+
+    async def _poll_lookupd(self) -> None:
+        await asyncio.sleep(random.uniform(0, self.lookupd_poll_jitter * self.lookupd_poll_interval))
+        while not self._closing:
+            for address in await self._discover():
+                if address not in self._slots:
+                    try:
+                        await self._add_node(address)
+                    except (OSError, asyncio.TimeoutError, NSQError) as exc:
+                        logger.warning("cannot connect to nsqd %s: %s", address, exc)
+            await asyncio.sleep(self.lookupd_poll_interval)
+
+
+def _secret_text(secret: str | bytes | None) -> str | None:
+    if isinstance(secret, bytes):
+        return secret.decode("utf-8", "replace")
+    return secret
+
+
+def _chain(source: asyncio.Future[Any], members: list[asyncio.Future[Any]]) -> None:
+    """Resolve every member future with the outcome of one command."""
+
+    def done(fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled():
+            error: BaseException = ConnectionClosedError("the command was cancelled")
+        else:
+            error = fut.exception()  # type: ignore[assignment]
+        for member in members:
+            if member.done():
+                continue
+            if error is None:
+                member.set_result(fut.result())
+            else:
+                member.set_exception(error)
+
+    source.add_done_callback(done)
