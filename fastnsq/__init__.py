@@ -1,19 +1,47 @@
-"""fastnsq: the fastest NSQ client, for upstream nsqd and the partitioned HA dialect."""
+"""fastnsq: the fastest NSQ client, for upstream nsqd and the partitioned HA dialect.
+
+>>> import fastnsq
+>>> async def main():                                     # doctest: +SKIP
+...     async with fastnsq.Producer(["127.0.0.1:4150"]) as producer:
+...         await producer.publish("events", b"hello")
+>>> fastnsq.run(main())                                   # doctest: +SKIP
+"""
 
 from ._version import __version__
+from .codec import IMPLEMENTATION as CODEC_IMPLEMENTATION
+from .codec import Message, TracedResponse
+from .config import ConnectionOptions
+from .conn import Connection
+from .consumer import Batch, Consumer, StopReport
 from .errors import (
     ConnectionClosedError,
     InvalidValueError,
+    NoConnectionError,
     NSQError,
     ProtocolError,
+    PublishTimeoutError,
     ServerError,
 )
+from .loop import run
+from .producer import Producer
 
 __all__ = [
     "__version__",
+    "CODEC_IMPLEMENTATION",
+    "Consumer",
+    "Producer",
+    "Batch",
+    "StopReport",
+    "Message",
+    "TracedResponse",
+    "Connection",
+    "ConnectionOptions",
+    "run",
     "NSQError",
     "ProtocolError",
     "InvalidValueError",
     "ConnectionClosedError",
+    "NoConnectionError",
+    "PublishTimeoutError",
     "ServerError",
 ]
