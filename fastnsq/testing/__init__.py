@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from .auth import AuthRequest, AuthServer, Authorization, Grant, authorization
+from .auth import Authorization, AuthRequest, AuthServer, Grant, authorization
 from .lookupd import NSQLookupd, RegisteredNode
 
 if TYPE_CHECKING:
@@ -38,31 +38,35 @@ if TYPE_CHECKING:
     from .nsqd import NSQD
 
 __all__ = [
-    "NSQD",
-    "NSQLookupd",
-    "NSQCluster",
-    "AuthServer",
-    "AuthRequest",
-    "Authorization",
-    "Grant",
-    "authorization",
-    "RegisteredNode",
-    "ExternalNSQD",
-    "ExternalLookupd",
-    "ExternalCluster",
-    "is_ha",
-    "is_external",
-    "external_nsqd_from_env",
-    "external_lookupd_from_env",
-    "external_cluster_from_env",
-    "external_servers_configured",
-    "ENV_NSQD",
-    "ENV_NSQD_HTTP",
-    "ENV_LOOKUPD_HTTP",
-    "ENV_LOOKUPD_TCP",
+    "EMBEDDED_HA_AVAILABLE",
     "ENV_CLUSTER_NSQD",
     "ENV_CLUSTER_NSQD_HTTP",
+    "ENV_LOOKUPD_HTTP",
+    "ENV_LOOKUPD_TCP",
+    "ENV_NSQD",
+    "ENV_NSQD_HTTP",
+    "NSQD",
+    "AuthRequest",
+    "AuthServer",
+    "Authorization",
+    "ExternalCluster",
+    "ExternalLookupd",
+    "ExternalNSQD",
+    "Grant",
+    "NSQCluster",
+    "NSQLookupd",
+    "RegisteredNode",
+    "authorization",
+    "external_cluster_from_env",
+    "external_lookupd_from_env",
+    "external_nsqd_from_env",
+    "external_servers_configured",
+    "is_external",
+    "is_ha",
 ]
+
+#: Whether the embedded servers speak the HA (youzan) dialect yet; the HA phase turns it on.
+EMBEDDED_HA_AVAILABLE = False
 
 #: Real servers to test against instead of the embedded ones (``host:port`` each).
 ENV_NSQD = "FASTNSQ_TEST_NSQD"  # nsqd TCP
@@ -264,11 +268,13 @@ async def _probe_nsqd_version(server: ExternalNSQD) -> str:
 async def _probe_lookupd_version(server: ExternalLookupd) -> str:
     import aiohttp
 
-    async with aiohttp.ClientSession() as session:
-        async with session.get(
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(
             f"http://{server.http_address}/info", headers={"Accept": "application/vnd.nsq; version=1.0"}
-        ) as response:
-            data = json.loads(await response.read() or b"{}")
+        ) as response,
+    ):
+        data = json.loads(await response.read() or b"{}")
     if isinstance(data, dict) and isinstance(data.get("data"), dict):
         data = data["data"]  # the legacy wrapped form
     if not isinstance(data, dict):

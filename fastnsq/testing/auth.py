@@ -34,14 +34,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
 from aiohttp import web
 
 from fastnsq.errors import InvalidValueError
 
-from .lookupd import HTTPSite, JSON_CONTENT_TYPE, go_json, join_host_port
+from .lookupd import JSON_CONTENT_TYPE, HTTPSite, go_json, join_host_port
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -64,7 +64,9 @@ class Authorization:
 
 
 def authorization(
-    topic: str = ".*", channels: Sequence[str] = (".*",), permissions: Sequence[str] = ("subscribe", "publish")
+    topic: str = ".*",
+    channels: Sequence[str] = (".*",),
+    permissions: Sequence[str] = ("subscribe", "publish"),
 ) -> Authorization:
     """An :class:`Authorization`; the defaults allow everything on every topic.
 
@@ -95,8 +97,8 @@ class AuthRequest:
     identity: str | None  # None: refused (403)
 
 
-AuthorizationLike = Union[Authorization, Mapping[str, Any]]
-GrantLike = Union[Grant, tuple[str, Iterable[AuthorizationLike]]]
+AuthorizationLike = Authorization | Mapping[str, Any]
+GrantLike = Grant | tuple[str, Iterable[AuthorizationLike]]
 
 
 def _strings(values: Sequence[str], name: str) -> tuple[str, ...]:

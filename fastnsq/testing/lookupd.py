@@ -348,9 +348,7 @@ def filter_active(
     now = time.time_ns()
     limit = inactive_timeout * 1e9
     return [
-        p
-        for p in producers
-        if now - p.peer.last_update <= limit and not p.is_tombstoned(tombstone_lifetime)
+        p for p in producers if now - p.peer.last_update <= limit and not p.is_tombstoned(tombstone_lifetime)
     ]
 
 
@@ -392,9 +390,11 @@ def decode_identify(body: bytes) -> dict[str, Any]:
     if data is None:
         return fields
     if not isinstance(data, dict):
-        raise ValueError(f"cannot unmarshal {type(data).__name__} into PeerInfo")
+        raise ValueError(f"cannot unmarshal {type(data).__name__} into PeerInfo")  # noqa: TRY004
     for key, value in data.items():
-        name = key if key in _PEER_FIELDS else next((f for f in _PEER_FIELDS if f.lower() == key.lower()), None)
+        name = (
+            key if key in _PEER_FIELDS else next((f for f in _PEER_FIELDS if f.lower() == key.lower()), None)
+        )
         if name is None or value is None:
             continue
         kind = _PEER_FIELDS[name]
@@ -427,8 +427,8 @@ class _LookupProtocolV1(asyncio.BufferedProtocol):
     # -- asyncio.BufferedProtocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses; the duck type is enough.
+        self._transport = transport  # type: ignore[assignment]
         peername = transport.get_extra_info("peername")
         self._remote = join_host_port(peername[0], peername[1]) if peername else "unknown:0"
         self._lookupd._connections.add(self)
@@ -514,11 +514,13 @@ class _LookupProtocolV1(asyncio.BufferedProtocol):
             # Negative or beyond max_body_size: nsqlookupd cannot read such a body.
             raise _ClientError("E_BAD_BODY", "IDENTIFY failed to read body")
         try:
-            fields = decode_identify(body or b"")
+            fields = decode_identify(body if isinstance(body, bytes) else b"")
         except ValueError:
             raise _ClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
         fields["remote_address"] = self._remote
-        if not (fields["broadcast_address"] and fields["tcp_port"] and fields["http_port"] and fields["version"]):
+        if not (
+            fields["broadcast_address"] and fields["tcp_port"] and fields["http_port"] and fields["version"]
+        ):
             raise _ClientError("E_BAD_BODY", "IDENTIFY missing fields")
         self._peer = PeerInfo(id=self._remote, **fields)
         self._lookupd._identify(self._peer)
@@ -579,7 +581,9 @@ class RegisteredNode:
 
 def _checked_names(topic: str, channel: str | None) -> tuple[str, str]:
     if not codec.valid_topic_name(topic):
-        raise InvalidValueError(f"topic name {topic!r} is not valid (1-64 of [.a-zA-Z0-9_-], optional #ephemeral)")
+        raise InvalidValueError(
+            f"topic name {topic!r} is not valid (1-64 of [.a-zA-Z0-9_-], optional #ephemeral)"
+        )
     if channel and not codec.valid_channel_name(channel):
         raise InvalidValueError(
             f"channel name {channel!r} is not valid (1-64 of [.a-zA-Z0-9_-], optional #ephemeral)"
@@ -638,7 +642,9 @@ class NSQLookupd:
         self._tcp_port = _check_port("tcp_port", tcp_port)
         self._http_port = _check_port("http_port", http_port)
         self.ha = ha
-        self.inactive_producer_timeout = _check_duration("inactive_producer_timeout", inactive_producer_timeout)
+        self.inactive_producer_timeout = _check_duration(
+            "inactive_producer_timeout", inactive_producer_timeout
+        )
         self.tombstone_lifetime = _check_duration("tombstone_lifetime", tombstone_lifetime)
         # nsqlookupd's --broadcast-address defaults to the host name.
         self.hostname = hostname or socket.gethostname()
@@ -772,7 +778,9 @@ class NSQLookupd:
         if not self.db.find_registrations("topic", topic, ""):
             return None
         producers = filter_active(
-            self.db.find_producers("topic", topic, ""), self.inactive_producer_timeout, self.tombstone_lifetime
+            self.db.find_producers("topic", topic, ""),
+            self.inactive_producer_timeout,
+            self.tombstone_lifetime,
         )
         return {
             "channels": [k.subkey for k in self.db.find_registrations("channel", topic, "*")],
@@ -800,7 +808,9 @@ class NSQLookupd:
             nodes.append({**peer.to_json(), "tombstones": tombstones, "topics": topics})
         return nodes
 
-    async def wait_for_producers(self, topic: str, count: int = 1, *, timeout: float = 5.0) -> list[dict[str, Any]]:
+    async def wait_for_producers(
+        self, topic: str, count: int = 1, *, timeout: float = 5.0
+    ) -> list[dict[str, Any]]:
         """Wait until ``/lookup?topic=`` lists at least ``count`` producers; returns them.
 
         Registration over TCP is asynchronous (an nsqd registers a topic when it
@@ -1011,7 +1021,10 @@ class NSQLookupd:
         node = _required(params, "node", "MISSING_ARG_NODE")
         for producer in self.db.find_producers("topic", topic, ""):
             peer = producer.peer
-            if node in (f"{peer.broadcast_address}:{peer.http_port}", join_host_port(peer.broadcast_address, peer.http_port)):
+            if node in (
+                f"{peer.broadcast_address}:{peer.http_port}",
+                join_host_port(peer.broadcast_address, peer.http_port),
+            ):
                 producer.tombstone()
         self._notify()
 
