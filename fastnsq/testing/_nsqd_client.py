@@ -1,0 +1,976 @@
+"""One client connection of the embedded nsqd: protocol V2 as nsqd 1.3 speaks it.
+
+Every command, check and error text follows nsqio/nsq ``nsqd/protocol_v2.go`` and
+``nsqd/client_v2.go`` (and the captures in shared/captures): the magic, IDENTIFY
+with its validation and its exact JSON answer, the TLS / snappy / deflate upgrades,
+AUTH against an auth HTTP server, SUB/RDY/FIN/REQ/TOUCH/CLS/NOP, PUB/MPUB/DPUB,
+heartbeats and the read deadline (2 x heartbeat interval), and output buffering
+(message frames wait in a buffer of ``output_buffer_size`` bytes, flushed when it is
+full, when the client stops being ready, or on the ``output_buffer_timeout`` tick;
+any other frame is flushed at once).
+
+Two liberties that nothing on the wire can tell apart: responses to the commands
+found in one read are written with one ``transport.write`` at the end of that read
+(nsqd flushes after each), and the message pump runs inline (a message goes out as
+soon as a client is ready, instead of from a separate goroutine), so the interleaving
+of message frames with responses may differ from nsqd's, which is racy anyway.
+
+The connection is an ``asyncio.BufferedProtocol``: the C ``CommandReader`` owns the
+read buffer and calls :meth:`ClientConnection._on_command` per command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from fastnsq import codec
+from fastnsq.compression import DeflateStream, SnappyStream
+from fastnsq.errors import ProtocolError
+
+from ._nsqd_queue import Message
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._nsqd_auth import AuthState
+    from ._nsqd_queue import Channel
+    from .nsqd import NSQD
+
+__all__ = ["ClientConnection", "STATE_INIT", "STATE_SUBSCRIBED", "STATE_CLOSING", "go_quote"]
+
+log = logging.getLogger("fastnsq.testing.nsqd")
+
+STATE_INIT = 0
+STATE_SUBSCRIBED = 3
+STATE_CLOSING = 4
+
+_encode_response = codec.encode_response
+_encode_error = codec.encode_error
+_valid_topic = codec.valid_topic_name
+_valid_channel = codec.valid_channel_name
+_HEARTBEAT_FRAME = codec.encode_response(codec.HEARTBEAT)
+_OK_FRAME = codec.encode_response(codec.OK)
+_OK = codec.OK
+_DEFAULT_OUTPUT_BUFFER_SIZE = 16 * 1024  # nsqd's defaultBufferSize
+_RAW_READ_SIZE = 64 * 1024
+# The read deadline passes this long after 2 x heartbeat interval, so that a
+# heartbeat due at the same moment still goes out first, as it does from nsqd.
+_DEADLINE_GRACE = 0.01
+_NOTHING: Any = object()
+
+
+class _ClientError(Exception):
+    """An error frame for the client; ``fatal`` ones close the connection after it."""
+
+    def __init__(self, code: str, description: str, fatal: bool = True) -> None:
+        super().__init__(code, description)
+        self.text = f"{code} {description}"
+        self.fatal = fatal
+
+
+class _Suspend(Exception):
+    """A command must wait for I/O (auth server, lookupd) and is then run again."""
+
+    def __init__(self, prepare: Callable[[], Awaitable[None]]) -> None:
+        super().__init__()
+        self.prepare = prepare
+
+
+def _fatal(code: str, description: str) -> _ClientError:
+    return _ClientError(code, description, True)
+
+
+def _text(raw: bytes) -> str:
+    """Parameter bytes as text for error messages (byte for byte, like Go's %s)."""
+    return raw.decode("latin-1")
+
+
+def go_quote(raw: bytes) -> str:
+    """Go's ``%q`` of a string, as latin-1 text of the output bytes.
+
+    Printable characters stay (UTF-8 bytes as they are), quotes and backslashes are
+    escaped, control characters and invalid UTF-8 bytes become escapes.
+
+    >>> go_quote(b'bad*topic')
+    '"bad*topic"'
+    """
+    out = ['"']
+    text = raw.decode("utf-8", "surrogateescape")
+    for ch in text:
+        code = ord(ch)
+        if ch == '"' or ch == "\\":
+            out.append("\\" + ch)
+        elif 0xDC80 <= code <= 0xDCFF:  # an invalid UTF-8 byte
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif ch.isprintable():
+            out.append(ch.encode("utf-8").decode("latin-1"))
+        elif ch in "\a\b\f\n\r\t\v":
+            out.append({"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}[ch])
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code <= 0xFFFF:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)
+
+
+def _base10(raw: bytes) -> int | None:
+    """nsqd's ByteToBase10: ASCII digits only, empty is 0, wraps like a uint64."""
+    if raw and not raw.isdigit():
+        return None
+    if raw and not raw.isascii():
+        return None
+    return int(raw) % (1 << 64) if raw else 0
+
+
+def _as_int64(value: int) -> int:
+    """A uint64 read as Go's int64 (what ``int64(b10)`` does)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+# IDENTIFY fields nsqd 1.3 reads, with their Go types (others are ignored).
+_IDENTIFY_FIELDS: dict[str, str] = {
+    "client_id": "string",
+    "hostname": "string",
+    "heartbeat_interval": "int",
+    "output_buffer_size": "int",
+    "output_buffer_timeout": "int",
+    "feature_negotiation": "bool",
+    "tls_v1": "bool",
+    "deflate": "bool",
+    "deflate_level": "int",
+    "snappy": "bool",
+    "sample_rate": "int32",
+    "user_agent": "string",
+    "msg_timeout": "int",
+    "topology_region": "string",
+    "topology_zone": "string",
+}
+_ZERO = {"string": "", "int": 0, "int32": 0, "bool": False}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"invalid JSON constant {name}")
+
+
+def parse_identify(body: bytes) -> dict[str, Any]:
+    """Decode an IDENTIFY body the way Go's json.Unmarshal fills nsqd's struct.
+
+    Keys match case-insensitively, unknown keys are ignored, ``null`` leaves the
+    zero value, and a value of the wrong type is an error (ValueError).
+    """
+    data = json.loads(body, parse_constant=_reject_constant)
+    out = {key: _ZERO[kind] for key, kind in _IDENTIFY_FIELDS.items()}
+    if data is None:
+        return out
+    if not isinstance(data, dict):
+        raise ValueError("IDENTIFY body is not a JSON object")
+    for key, value in data.items():
+        name = key.lower()
+        kind = _IDENTIFY_FIELDS.get(name)
+        if kind is None or value is None:
+            continue
+        if kind == "string":
+            ok = isinstance(value, str)
+        elif kind == "bool":
+            ok = isinstance(value, bool)
+        else:
+            bits = 31 if kind == "int32" else 63
+            ok = type(value) is int and -(1 << bits) <= value < (1 << bits)
+        if not ok:
+            raise ValueError(f"IDENTIFY field {name} has the wrong type")
+        out[name] = value
+    return out
+
+
+class ClientConnection(asyncio.BufferedProtocol):
+    """The server side of one TCP connection (a producer, a consumer, or both)."""
+
+    def __init__(self, server: NSQD) -> None:
+        self.server = server
+        options = server.options
+        self.options = options
+        self.loop = server.loop
+        self.id = server.next_client_id()
+        self.transport: asyncio.Transport | None = None
+        self.remote_address = ""
+        self.remote_ip = ""
+        self.connect_ts = int(time.time())
+        self.state = STATE_INIT
+        self.alive = True
+        self.channel: Channel | None = None
+        # RDY accounting (read by Channel on the hot path).
+        self.rdy = 0
+        self.in_flight = 0
+        self.in_ready = False
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.pub_counts: dict[str, int] = {}
+        # What IDENTIFY configures (defaults as in newClientV2).
+        self.client_id = ""
+        self.hostname = ""
+        self.user_agent = ""
+        self.heartbeat_interval = options.client_timeout / 2
+        self.msg_timeout = options.msg_timeout
+        self.output_buffer_size = _DEFAULT_OUTPUT_BUFFER_SIZE
+        self.output_buffer_timeout = options.output_buffer_timeout
+        self.sample_rate = 0
+        # The message pump's copies, fixed by the first IDENTIFY (nsqd sets
+        # identifyEventChan to nil after it).
+        self.delivery_timeout = options.msg_timeout
+        self._pump_heartbeat = options.client_timeout / 2
+        self._pump_identified = False
+        self.tls = False
+        self.snappy = False
+        self.deflate = False
+        self.auth_state: AuthState | None = None
+        self._auth_secret = ""
+        self._auth_answer: Any = _NOTHING
+        self._refresh_answer: Any = _NOTHING
+        # Output: frames waiting for one transport.write.
+        self._out: list[bytes] = []
+        self._out_size = 0
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._tick_origin = 0.0
+        self._compressor: SnappyStream | DeflateStream | None = None
+        self._decompressor: SnappyStream | DeflateStream | None = None
+        self._raw_buffer: bytearray | None = None
+        self._held: list[bytes] | None = None  # writes held during a TLS handshake
+        # Input.
+        self._reader = codec.CommandReader(
+            self._on_command,
+            on_magic=self._on_magic,
+            max_msg_size=options.max_msg_size,
+            max_body_size=options.max_body_size,
+        )
+        self._in_read = False
+        self._pending_flush = False
+        self._switch_compression: tuple[str, int] | None = None
+        self._last_read = 0.0
+        self._heartbeat_timer: asyncio.TimerHandle | None = None
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def __repr__(self) -> str:
+        return f"<ClientConnection {self.id} {self.remote_address}>"
+
+    # -- asyncio.BufferedProtocol ---------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self.remote_ip = str(peer[0])
+            self.remote_address = f"{peer[0]}:{peer[1]}" if ":" not in str(peer[0]) else f"[{peer[0]}]:{peer[1]}"
+        self.client_id = self.hostname = self.remote_ip
+        self.server.add_client(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._decompressor is None:
+            return self._reader.get_buffer(sizehint)
+        if self._raw_buffer is None:
+            self._raw_buffer = bytearray(_RAW_READ_SIZE)
+        return memoryview(self._raw_buffer)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._closing:
+            return
+        if self._decompressor is None:
+            self._run_reader(self._reader.buffer_updated, nbytes)
+        else:
+            self._feed_compressed(bytes(self._raw_buffer[:nbytes]))  # type: ignore[index]
+
+    def eof_received(self) -> bool:
+        return False  # close our side too, as nsqd does on EOF
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.alive = False
+        self._closing = True
+        self.rdy = 0
+        for timer in (self._heartbeat_timer, self._deadline_timer, self._flush_timer):
+            if timer is not None:
+                timer.cancel()
+        self._heartbeat_timer = self._deadline_timer = self._flush_timer = None
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        if self.channel is not None:
+            self.channel.remove_client(self)
+        self.server.remove_client(self)
+        self._out.clear()
+
+    # -- reading --------------------------------------------------------------
+
+    def _run_reader(self, step: Callable[..., None], *args: Any) -> None:
+        """Run the command splitter; write what the commands produced at the end."""
+        self._in_read = True
+        try:
+            step(*args)
+        except ProtocolError as exc:
+            # A command line longer than nsqd's 16 KiB read buffer: nsqd drops the
+            # connection without an error frame ("failed to read command").
+            log.debug("client %s: %s", self, exc)
+            self.close()
+        finally:
+            self._in_read = False
+        self._last_read = self.loop.time()
+        if self._switch_compression is not None and not self._closing:
+            self._start_decompressing()
+        if self._pending_flush:
+            self._pending_flush = False
+            self._flush()
+
+    def _feed_compressed(self, data: bytes) -> None:
+        try:
+            plain = self._decompressor.decompress(data)  # type: ignore[union-attr]
+        except ProtocolError as exc:
+            log.debug("client %s: %s", self, exc)
+            self.close()
+            return
+        if plain:
+            self._run_reader(self._reader.feed, plain)
+        else:
+            self._last_read = self.loop.time()
+
+    def _start_decompressing(self) -> None:
+        """After IDENTIFY negotiated compression: the rest of the input is compressed."""
+        kind, level = self._switch_compression  # type: ignore[misc]
+        self._switch_compression = None
+        self._decompressor = SnappyStream() if kind == "snappy" else DeflateStream(level)
+        rest = self._reader.take_unparsed()
+        self._reader.resume()
+        if rest:
+            self._feed_compressed(rest)
+
+    def _on_magic(self, magic: bytes) -> None:
+        if magic != codec.MAGIC_V2:
+            # tcp.go: an unknown protocol gets E_BAD_PROTOCOL, then the close.
+            self._reader.pause()
+            self._write_now(_encode_error(b"E_BAD_PROTOCOL"))
+            self.close()
+            return
+        now = self.loop.time()
+        self._last_read = now
+        self._tick_origin = now
+        self._start_heartbeats(now)
+        self._arm_deadline()
+
+    def _on_command(self, name: bytes, params: list[bytes], body: bytes | int | None) -> None:
+        if self._closing:
+            return
+        handler = _COMMANDS.get(name)
+        try:
+            if handler is None:
+                raise _fatal("E_INVALID", f"invalid command {_text(name)}")
+            if name != b"IDENTIFY" and self.options.tls_required and not self.tls:
+                raise _fatal("E_INVALID", f"cannot {_text(name)} in current state (TLS required)")
+            handler(self, params, body)
+        except _ClientError as err:
+            self._send_error(err.text)
+            if err.fatal:
+                self._reader.pause()
+                self.close()
+        except _Suspend as wait:
+            self._reader.pause()
+            self._task = self.loop.create_task(self._resume_after(wait.prepare, name, params, body))
+
+    async def _resume_after(
+        self, prepare: Callable[[], Awaitable[None]], name: bytes, params: list[bytes], body: Any
+    ) -> None:
+        """Wait for what a command needed, run the command again, then read on."""
+        try:
+            await prepare()
+        except Exception:  # the command itself then reports the failure
+            log.exception("client %s: preparing %s failed", self, _text(name))
+        if self._closing:
+            return
+        self._run_reader(self._redo, name, params, body)
+
+    def _redo(self, name: bytes, params: list[bytes], body: Any) -> None:
+        self._on_command(name, params, body)
+        if not self._closing and self._reader.paused and self._task is asyncio.current_task():
+            self._reader.resume()
+
+    def _resume_reading(self) -> None:
+        self._run_reader(self._reader.resume)
+
+    # -- writing --------------------------------------------------------------
+
+    def write_message(self, frame: bytes) -> None:
+        """Buffer a message frame (nsqd's bufio.Writer of output_buffer_size bytes)."""
+        self._out.append(frame)
+        self._out_size += len(frame)
+        if self._out_size >= self.output_buffer_size:
+            self._flush()
+        elif self._flush_timer is None and self.output_buffer_timeout > 0:
+            # nsqd's flusher is a ticker: flush at its next tick.
+            period = self.output_buffer_timeout
+            now = self.loop.time()
+            due = now + period - ((now - self._tick_origin) % period)
+            self._flush_timer = self.loop.call_at(due, self._on_flush_tick)
+
+    def flush_messages(self) -> None:
+        """The client is no longer ready: nsqd's message pump flushes."""
+        if self._out:
+            if self._in_read:
+                self._pending_flush = True
+            else:
+                self._flush()
+
+    def _send_response(self, data: bytes) -> None:
+        self._out.append(_encode_response(data))
+        self._request_flush()
+
+    def _send_error(self, text: str) -> None:
+        self._out.append(_encode_error(text.encode("latin-1")))
+        self._request_flush()
+
+    def _request_flush(self) -> None:
+        if self._in_read:
+            self._pending_flush = True
+        else:
+            self._flush()
+
+    def _on_flush_tick(self) -> None:
+        self._flush_timer = None
+        if self._out:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
+        out = self._out
+        if not out:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        self._out_size = 0
+        self._write_now(data)
+
+    def _write_now(self, data: bytes) -> None:
+        """Write plain protocol bytes (compressed when negotiated)."""
+        if self._held is not None:
+            self._held.append(data)
+            return
+        if self._compressor is not None:
+            data = self._compressor.compress(data)
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    def close(self) -> None:
+        """Close after what was written (nsqd's conn.Close after the error frame)."""
+        if self._closing and self.transport is not None and self.transport.is_closing():
+            return
+        self._closing = True
+        self._flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- timers ---------------------------------------------------------------
+
+    def _start_heartbeats(self, origin: float) -> None:
+        if self._heartbeat_timer is not None:
+            self._heartbeat_timer.cancel()
+            self._heartbeat_timer = None
+        interval = self._pump_heartbeat
+        if interval > 0:
+            self._heartbeat_timer = self.loop.call_at(origin + interval, self._on_heartbeat, origin + interval)
+
+    def _on_heartbeat(self, when: float) -> None:
+        if self._closing:
+            return
+        interval = self._pump_heartbeat
+        self._heartbeat_timer = self.loop.call_at(when + interval, self._on_heartbeat, when + interval)
+        self._out.append(_HEARTBEAT_FRAME)
+        self._flush()
+
+    def _arm_deadline(self) -> None:
+        """(Re)start the read deadline: 2 x heartbeat interval after the last read."""
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        if self.heartbeat_interval > 0:
+            self._deadline_timer = self.loop.call_at(
+                self._last_read + 2 * self.heartbeat_interval + _DEADLINE_GRACE, self._on_deadline
+            )
+
+    def _on_deadline(self) -> None:
+        self._deadline_timer = None
+        if self._closing or self.heartbeat_interval <= 0:
+            return
+        due = self._last_read + 2 * self.heartbeat_interval + _DEADLINE_GRACE
+        if self.loop.time() >= due:
+            log.debug("client %s: read deadline passed, closing", self)
+            self.close()
+        else:
+            self._deadline_timer = self.loop.call_at(due, self._on_deadline)
+
+    # -- commands -------------------------------------------------------------
+
+    def _cmd_nop(self, params: list[bytes], body: Any) -> None:
+        pass
+
+    def _cmd_identify(self, params: list[bytes], body: bytes | int | None) -> None:
+        if self.state != STATE_INIT:
+            raise _fatal("E_INVALID", "cannot IDENTIFY in current state")
+        if type(body) is int:
+            if body > self.options.max_body_size:
+                raise _fatal("E_BAD_BODY", f"IDENTIFY body too big {body} > {self.options.max_body_size}")
+            raise _fatal("E_BAD_BODY", f"IDENTIFY invalid body size {body}")
+        try:
+            data = parse_identify(body)  # type: ignore[arg-type]
+        except ValueError:
+            raise _fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
+        self.client_id = data["client_id"]
+        self.hostname = data["hostname"]
+        self.user_agent = data["user_agent"]
+        error = self._apply_identify(data)
+        if error:
+            raise _fatal("E_BAD_BODY", "IDENTIFY " + error)
+        if not self._pump_identified:
+            self._pump_identified = True
+            self._pump_heartbeat = self.heartbeat_interval
+            self.delivery_timeout = self.msg_timeout
+            now = self.loop.time()
+            self._tick_origin = now
+            self._start_heartbeats(now)
+        if not data["feature_negotiation"]:
+            self._send_response(_OK)
+            self._arm_deadline_after_read()
+            return
+        self._negotiate(data)
+
+    def _apply_identify(self, data: dict[str, Any]) -> str | None:
+        """client_v2.go's Identify: each setting validated in nsqd's order."""
+        options = self.options
+        interval = data["heartbeat_interval"]
+        if interval == -1:
+            self.heartbeat_interval = 0.0
+        elif interval != 0:
+            if not 1000 <= interval <= int(options.max_heartbeat_interval * 1000):
+                return f"heartbeat interval ({interval}) is invalid"
+            self.heartbeat_interval = interval / 1000.0
+        timeout = data["output_buffer_timeout"]
+        if timeout == -1:
+            self.output_buffer_timeout = 0.0
+        elif timeout != 0:
+            low = int(round(options.min_output_buffer_timeout * 1000))
+            if not low <= timeout <= int(options.max_output_buffer_timeout * 1000):
+                return f"output buffer timeout ({timeout}) is invalid"
+            self.output_buffer_timeout = timeout / 1000.0
+        size = data["output_buffer_size"]
+        if size == -1:
+            self.output_buffer_size = 1
+            self.output_buffer_timeout = 0.0
+        elif size != 0:
+            if not 64 <= size <= options.max_output_buffer_size:
+                return f"output buffer size ({size}) is invalid"
+            self.output_buffer_size = size
+        rate = data["sample_rate"]
+        if not 0 <= rate <= 99:
+            return f"sample rate ({rate}) is invalid"
+        self.sample_rate = rate
+        msg_timeout = data["msg_timeout"]
+        if msg_timeout != 0:
+            if not 1000 <= msg_timeout <= int(options.max_msg_timeout * 1000):
+                return f"msg timeout ({msg_timeout}) is invalid"
+            self.msg_timeout = msg_timeout / 1000.0
+        return None
+
+    def _arm_deadline_after_read(self) -> None:
+        # nsqd sets the next read deadline after the command with the new interval.
+        self._last_read = self.loop.time()
+        self._arm_deadline()
+
+    def _negotiate(self, data: dict[str, Any]) -> None:
+        server = self.server
+        options = self.options
+        tls = server.tls_context is not None and data["tls_v1"]
+        deflate = options.deflate and data["deflate"]
+        level = 6
+        if deflate and data["deflate_level"] > 0:
+            level = data["deflate_level"]
+        level = min(level, options.max_deflate_level)
+        snappy = options.snappy and data["snappy"]
+        if deflate and snappy:
+            raise _fatal("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")
+        answer = server.identify_answer(
+            msg_timeout=int(round(self.msg_timeout * 1000)),
+            tls_v1=tls,
+            deflate=deflate,
+            deflate_level=level,
+            snappy=snappy,
+            sample_rate=self.sample_rate,
+            output_buffer_size=self.output_buffer_size,
+            output_buffer_timeout=int(round(self.output_buffer_timeout * 1000)),
+        )
+        self._flush()
+        self._write_now(_encode_response(answer))
+        self._arm_deadline_after_read()
+        compression = ("snappy", 0) if snappy else ("deflate", level) if deflate else None
+        if tls:
+            # The client starts the handshake once it has the JSON: hold every byte
+            # it sends until the TLS layer owns the socket.
+            self.transport.pause_reading()  # type: ignore[union-attr]
+            self._reader.pause()
+            self._held = []
+            self._task = self.loop.create_task(self._upgrade_tls(compression))
+        elif compression is not None:
+            self._start_compressing(compression)
+            self._reader.pause()
+            self._switch_compression = compression
+
+    def _start_compressing(self, compression: tuple[str, int]) -> None:
+        kind, level = compression
+        if kind == "snappy":
+            self._compressor = SnappyStream()
+            self.snappy = True
+        else:
+            self._compressor = DeflateStream(level)
+            self.deflate = True
+        self._write_now(_OK_FRAME)
+
+    async def _upgrade_tls(self, compression: tuple[str, int] | None) -> None:
+        transport = self.transport
+        try:
+            tls_transport = await self.loop.start_tls(
+                transport,  # type: ignore[arg-type]
+                self,
+                self.server.tls_context,  # type: ignore[arg-type]
+                server_side=True,
+                ssl_handshake_timeout=5.0,
+            )
+        except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
+            log.debug("client %s: TLS handshake failed: %s", self, exc)
+            held, self._held = self._held, None
+            self._write_now(_encode_error(f"E_IDENTIFY_FAILED IDENTIFY failed {exc}".encode("latin-1", "replace")))
+            self.close()
+            return
+        if tls_transport is None or self._closing:
+            return
+        self.transport = tls_transport
+        self.tls = True
+        held, self._held = self._held or [], None
+        self._write_now(_OK_FRAME)
+        if compression is not None:
+            self._start_compressing(compression)
+        for data in held:
+            self._write_now(data)
+        self._reader.take_unparsed()  # nsqd reads through a new reader after the upgrade
+        if compression is not None:
+            kind, level = compression
+            self._decompressor = SnappyStream() if kind == "snappy" else DeflateStream(level)
+        self._resume_reading()
+
+    def _cmd_auth(self, params: list[bytes], body: bytes | int | None) -> None:
+        if self.state != STATE_INIT:
+            raise _fatal("E_INVALID", "cannot AUTH in current state")
+        if len(params) != 0:
+            raise _fatal("E_INVALID", "AUTH invalid number of parameters")
+        if type(body) is int:
+            if body > self.options.max_body_size:
+                raise _fatal("E_BAD_BODY", f"AUTH body too big {body} > {self.options.max_body_size}")
+            raise _fatal("E_BAD_BODY", f"AUTH invalid body size {body}")
+        if self.auth_state is not None and self.auth_state.authorizations:
+            raise _fatal("E_INVALID", "AUTH already set")
+        if not self.server.auth_enabled:
+            raise _fatal("E_AUTH_DISABLED", "AUTH disabled")
+        answer = self._auth_answer
+        if answer is _NOTHING:
+            self._auth_secret = body.decode("latin-1")  # type: ignore[union-attr]
+            raise _Suspend(functools.partial(self._ask_auth_server, "_auth_answer"))
+        self._auth_answer = _NOTHING
+        if answer is None:
+            # nsqd does not leak why the auth server failed to an untrusted client.
+            raise _fatal("E_AUTH_FAILED", "AUTH failed")
+        self.auth_state = answer
+        if not answer.authorizations:
+            raise _fatal("E_UNAUTHORIZED", "AUTH no authorizations found")
+        reply = {
+            "identity": answer.identity,
+            "identity_url": answer.identity_url,
+            "permission_count": len(answer.authorizations),
+        }
+        self._send_response(json.dumps(reply, separators=(",", ":")).encode())
+
+    async def _ask_auth_server(self, slot: str) -> None:
+        """Ask the auth servers for this client's permissions (nsqd's QueryAnyAuthd)."""
+        common_name = ""
+        if self.tls and self.transport is not None:
+            cert = self.transport.get_extra_info("peercert")
+            for rdn in (cert or {}).get("subject", ()):
+                for key, value in rdn:
+                    if key == "commonName":
+                        common_name = value
+        state = await self.server.query_auth(self.remote_ip, self.tls, common_name, self._auth_secret)
+        setattr(self, slot, state)
+
+    def _check_auth(self, command: str, topic: str, channel: str) -> None:
+        """nsqd's CheckAuth: AUTH first, a fresh answer once expired, then the permission."""
+        if not self.server.auth_enabled:
+            return
+        state = self.auth_state
+        if state is None or not state.authorizations:
+            raise _fatal("E_AUTH_FIRST", f"AUTH required before {command}")
+        if state.expired():
+            answer = self._refresh_answer
+            if answer is _NOTHING:
+                raise _Suspend(functools.partial(self._ask_auth_server, "_refresh_answer"))
+            self._refresh_answer = _NOTHING
+            if answer is None:
+                raise _fatal("E_AUTH_FAILED", "AUTH failed")
+            self.auth_state = state = answer
+        if not state.allows(topic, channel):
+            quoted_topic = go_quote(topic.encode("latin-1"))
+            quoted_channel = go_quote(channel.encode("latin-1"))
+            raise _fatal("E_UNAUTHORIZED", f"AUTH failed for {command} on {quoted_topic} {quoted_channel}")
+
+    def _get_topic(self, name: str) -> Any:
+        topic = self.server.topics.get(name)
+        if topic is None:
+            prepare = self.server.topic_preparation(name)
+            if prepare is not None:
+                raise _Suspend(prepare)
+            topic = self.server.get_topic(name)
+        return topic
+
+    def _cmd_sub(self, params: list[bytes], body: Any) -> None:
+        if self.state != STATE_INIT:
+            raise _fatal("E_INVALID", "cannot SUB in current state")
+        if self.heartbeat_interval <= 0:
+            raise _fatal("E_INVALID", "cannot SUB with heartbeats disabled")
+        if len(params) < 2:
+            raise _fatal("E_INVALID", "SUB insufficient number of parameters")
+        raw_topic, raw_channel = params[0], params[1]
+        topic_name = _text(raw_topic)
+        if not _valid_topic(topic_name):
+            raise _fatal("E_BAD_TOPIC", f"SUB topic name {go_quote(raw_topic)} is not valid")
+        channel_name = _text(raw_channel)
+        if not _valid_channel(channel_name):
+            raise _fatal("E_BAD_CHANNEL", f"SUB channel name {go_quote(raw_channel)} is not valid")
+        self._check_auth("SUB", topic_name, channel_name)
+        topic = self._get_topic(topic_name)
+        channel = topic.get_channel(channel_name)
+        if not channel.add_client(self):
+            raise _fatal(
+                "E_TOO_MANY_CHANNEL_CONSUMERS",
+                f"channel consumers for {topic_name}:{channel_name} exceeds limit of "
+                f"{self.options.max_channel_consumers}",
+            )
+        self.state = STATE_SUBSCRIBED
+        self.channel = channel
+        self._send_response(_OK)
+
+    def _cmd_rdy(self, params: list[bytes], body: Any) -> None:
+        state = self.state
+        if state == STATE_CLOSING:
+            return  # nsqd ignores RDY after CLS
+        if state != STATE_SUBSCRIBED:
+            raise _fatal("E_INVALID", "cannot RDY in current state")
+        count = 1
+        if params:
+            parsed = _base10(params[0])
+            if parsed is None:
+                raise _fatal("E_INVALID", f"RDY could not parse count {_text(params[0])}")
+            count = _as_int64(parsed)
+        max_rdy = self.options.max_rdy_count
+        if count < 0 or count > max_rdy:
+            raise _fatal("E_INVALID", f"RDY count {count} out of range 0-{max_rdy}")
+        self.rdy = count
+        self.channel.client_may_be_ready(self)  # type: ignore[union-attr]
+        if count <= self.in_flight:
+            self.flush_messages()
+
+    def _message_id(self, params: list[bytes], command: str, needed: int) -> bytes:
+        if self.state != STATE_SUBSCRIBED and self.state != STATE_CLOSING:
+            raise _fatal("E_INVALID", f"cannot {command} in current state")
+        if len(params) < needed:
+            raise _fatal("E_INVALID", f"{command} insufficient number of params")
+        message_id = params[0]
+        if len(message_id) != 16:
+            raise _fatal("E_INVALID", "invalid message ID")
+        return message_id
+
+    def _cmd_fin(self, params: list[bytes], body: Any) -> None:
+        message_id = self._message_id(params, "FIN", 1)
+        channel = self.channel
+        error = channel.finish(self, message_id)  # type: ignore[union-attr]
+        if error is not None:
+            raise _ClientError("E_FIN_FAILED", f"FIN {_text(message_id)} failed {error}", fatal=False)
+        self.finish_count += 1
+        self.in_flight -= 1
+        channel.client_may_be_ready(self)  # type: ignore[union-attr]
+
+    def _cmd_req(self, params: list[bytes], body: Any) -> None:
+        message_id = self._message_id(params, "REQ", 2)
+        parsed = _base10(params[1])
+        if parsed is None:
+            raise _fatal("E_INVALID", f"REQ could not parse timeout {_text(params[1])}")
+        delay_ms = min(parsed, int(self.options.max_req_timeout * 1000))
+        channel = self.channel
+        error = channel.requeue(self, message_id, delay_ms / 1000.0)  # type: ignore[union-attr]
+        if error is not None:
+            raise _ClientError("E_REQ_FAILED", f"REQ {_text(message_id)} failed {error}", fatal=False)
+        self.requeue_count += 1
+        self.in_flight -= 1
+        channel.client_may_be_ready(self)  # type: ignore[union-attr]
+
+    def _cmd_touch(self, params: list[bytes], body: Any) -> None:
+        message_id = self._message_id(params, "TOUCH", 1)
+        error = self.channel.touch(self, message_id, self.msg_timeout)  # type: ignore[union-attr]
+        if error is not None:
+            raise _ClientError("E_TOUCH_FAILED", f"TOUCH {_text(message_id)} failed {error}", fatal=False)
+
+    def _cmd_cls(self, params: list[bytes], body: Any) -> None:
+        if self.state != STATE_SUBSCRIBED:
+            raise _fatal("E_INVALID", "cannot CLS in current state")
+        self.rdy = 0
+        self.state = STATE_CLOSING
+        self.flush_messages()
+        self._send_response(codec.CLOSE_WAIT)
+
+    def _publish_topic(self, params: list[bytes], command: str, needed: int, prefix: str = "") -> str:
+        if len(params) < needed:
+            raise _fatal("E_INVALID", f"{command} insufficient number of parameters")
+        name = _text(params[0])
+        if not _valid_topic(name):
+            raise _fatal("E_BAD_TOPIC", f"{prefix}{command} topic name {go_quote(params[0])} is not valid")
+        return name
+
+    def _check_message_size(self, body: bytes | int | None, command: str) -> bytes:
+        if type(body) is int:
+            if body <= 0:
+                raise _fatal("E_BAD_MESSAGE", f"{command} invalid message body size {body}")
+            raise _fatal("E_BAD_MESSAGE", f"{command} message too big {body} > {self.options.max_msg_size}")
+        return body  # type: ignore[return-value]
+
+    def _cmd_pub(self, params: list[bytes], body: bytes | int | None) -> None:
+        name = self._publish_topic(params, "PUB", 1)
+        data = self._check_message_size(body, "PUB")
+        self._check_auth("PUB", name, "")
+        topic = self._get_topic(name)
+        topic.put([Message(self.server.next_id(), data, time.time_ns())], len(data))
+        self._count_published(name, 1)
+        self._send_response(_OK)
+
+    def _cmd_mpub(self, params: list[bytes], body: bytes | int | None) -> None:
+        name = self._publish_topic(params, "MPUB", 1, prefix="E_BAD_TOPIC ")
+        self._check_auth("MPUB", name, "")
+        options = self.options
+        if type(body) is int:
+            if body <= 0:
+                raise _fatal("E_BAD_BODY", f"MPUB invalid body size {body}")
+            raise _fatal("E_BAD_BODY", f"MPUB body too big {body} > {options.max_body_size}")
+        try:
+            bodies = codec.decode_mpub(body, options.max_msg_size, options.max_body_size)
+        except ValueError as exc:
+            code, description = exc.args
+            raise _fatal(code, description) from None
+        topic = self._get_topic(name)
+        server = self.server
+        first = server.take_ids(len(bodies))
+        timestamp = time.time_ns()
+        msgs = [Message(b"%016x" % (first + i), data, timestamp) for i, data in enumerate(bodies)]
+        topic.put(msgs, sum(map(len, bodies)))
+        self._count_published(name, len(msgs))
+        self._send_response(_OK)
+
+    def _cmd_dpub(self, params: list[bytes], body: bytes | int | None) -> None:
+        name = self._publish_topic(params, "DPUB", 2)
+        parsed = _base10(params[1])
+        if parsed is None:
+            raise _fatal("E_INVALID", f"DPUB could not parse timeout {_text(params[1])}")
+        max_ms = int(self.options.max_req_timeout * 1000)
+        if _as_int64(parsed) < 0 or parsed > max_ms:
+            raise _fatal("E_INVALID", f"DPUB timeout {parsed} out of range 0-{max_ms}")
+        data = self._check_message_size(body, "DPUB")
+        self._check_auth("DPUB", name, "")
+        topic = self._get_topic(name)
+        msg = Message(self.server.next_id(), data, time.time_ns(), defer_ms=parsed)
+        topic.put([msg], len(data), deferrable=parsed > 0)
+        self._count_published(name, 1)
+        self._send_response(_OK)
+
+    def _count_published(self, topic: str, count: int) -> None:
+        counts = self.pub_counts
+        counts[topic] = counts.get(topic, 0) + count
+
+    # -- stats ----------------------------------------------------------------
+
+    def stats(self, topic_filter: str = "") -> dict[str, Any]:
+        """This client in ``/stats`` (nsqd 1.3's ClientV2Stats, field for field)."""
+        out: dict[str, Any] = {
+            "client_id": self.client_id,
+            "hostname": self.hostname,
+            "version": "V2",
+            "remote_address": self.remote_address,
+            "state": self.state,
+            "ready_count": self.rdy,
+            "in_flight_count": self.in_flight,
+            "message_count": self.message_count,
+            "finish_count": self.finish_count,
+            "requeue_count": self.requeue_count,
+            "connect_ts": self.connect_ts,
+            "sample_rate": self.sample_rate,
+            "deflate": self.deflate,
+            "snappy": self.snappy,
+            "user_agent": self.user_agent,
+        }
+        state = self.auth_state
+        if state is not None and state.authorizations:
+            out["authed"] = True
+            if state.identity:
+                out["auth_identity"] = state.identity
+            if state.identity_url:
+                out["auth_identity_url"] = state.identity_url
+        # nsqd 1.3 lists (at most) one pub count: its loop breaks after the first.
+        for topic, count in self.pub_counts.items():
+            if topic_filter and topic != topic_filter:
+                continue
+            out["pub_counts"] = [{"topic": topic, "count": count}]
+            break
+        out.update(self._tls_stats())
+        return out
+
+    def _tls_stats(self) -> dict[str, Any]:
+        cipher, version = "", ""
+        if self.tls and self.transport is not None:
+            ssl_object = self.transport.get_extra_info("ssl_object")
+            if ssl_object is not None:
+                info = ssl_object.cipher()
+                cipher = info[0] if info else ""
+                version = (ssl_object.version() or "").replace("TLSv", "TLS")
+        return {
+            "tls": self.tls,
+            "tls_cipher_suite": cipher,
+            "tls_version": version,
+            "tls_negotiated_protocol": "",
+            "tls_negotiated_protocol_is_mutual": False,
+        }
+
+
+# The command table: name -> handler(connection, params, body). A dialect adds or
+# replaces entries here (the HA dialect will add SUB_ORDERED, PUB_TRACE...).
+_COMMANDS: dict[bytes, Callable[[ClientConnection, list[bytes], Any], None]] = {
+    b"IDENTIFY": ClientConnection._cmd_identify,
+    b"FIN": ClientConnection._cmd_fin,
+    b"RDY": ClientConnection._cmd_rdy,
+    b"REQ": ClientConnection._cmd_req,
+    b"PUB": ClientConnection._cmd_pub,
+    b"MPUB": ClientConnection._cmd_mpub,
+    b"DPUB": ClientConnection._cmd_dpub,
+    b"NOP": ClientConnection._cmd_nop,
+    b"TOUCH": ClientConnection._cmd_touch,
+    b"SUB": ClientConnection._cmd_sub,
+    b"CLS": ClientConnection._cmd_cls,
+    b"AUTH": ClientConnection._cmd_auth,
+}
