@@ -150,13 +150,31 @@ class LookupPeer:
         return answer
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Send queued commands and the pings; notice at once when lookupd closes.
+
+        lookupd never speaks unasked, so while idle a read returning anything (EOF
+        included) means the connection is gone.
+        """
         loop = asyncio.get_running_loop()
         interval = self.server.options.lookupd_ping_interval
         next_ping = loop.time() + interval
         while True:
+            queued = asyncio.ensure_future(self._queue.get())
+            closed = asyncio.ensure_future(reader.read(1))
             try:
-                command = await asyncio.wait_for(self._queue.get(), max(0.0, next_ping - loop.time()))
-            except asyncio.TimeoutError:
+                await asyncio.wait(
+                    {queued, closed}, timeout=max(0.0, next_ping - loop.time()), return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for future in (queued, closed):
+                    if not future.done():
+                        future.cancel()
+                await asyncio.gather(queued, closed, return_exceptions=True)
+            if closed.done() and not closed.cancelled():
+                raise ConnectionError("lookupd closed the connection")
+            if queued.done() and not queued.cancelled():
+                command = queued.result()
+            else:
                 command = b"PING\n"
                 next_ping = loop.time() + interval
             await self._send(reader, writer, command)
