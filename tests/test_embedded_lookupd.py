@@ -196,11 +196,13 @@ class Registrar:
             return
         assert EXTERNAL_NSQD is not None
         base = f"http://{EXTERNAL_NSQD.http_address}"
-        path = (
-            f"/channel/create?topic={topic}&channel={channel}" if channel else f"/topic/create?topic={topic}"
-        )
-        async with self.http.post(base + path, headers=ACCEPT_V1) as r:
-            assert r.status == 200
+        # nsqd's /channel/create needs the topic to exist already.
+        paths = [f"/topic/create?topic={topic}"]
+        if channel:
+            paths.append(f"/channel/create?topic={topic}&channel={channel}")
+        for path in paths:
+            async with self.http.post(base + path, headers=ACCEPT_V1) as r:
+                assert r.status == 200
         self.created.append(topic)
         await self.wait_listed(topic, channel)
 
