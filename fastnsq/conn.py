@@ -130,6 +130,7 @@ class Connection(asyncio.BufferedProtocol):
         self._heartbeat_timer: asyncio.TimerHandle | None = None
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
+        self._established = False  # on_close is only reported for connections that were up
 
     def __repr__(self) -> str:
         return f"<Connection {self.address} {self.state}{' HA' if self.is_ha else ''}>"
@@ -170,8 +171,11 @@ class Connection(asyncio.BufferedProtocol):
             await asyncio.wait_for(self._handshake(), HANDSHAKE_TIMEOUT)
         except BaseException as exc:
             self._abort(exc)
+            if not isinstance(exc, asyncio.CancelledError):
+                await asyncio.wait([self._closed_waiter], timeout=1.0)  # closed when we raise
             raise
         self.state = STATE_CONNECTED
+        self._established = True
         self._start_heartbeat_watch()
         return self.identify_response
 
@@ -453,7 +457,7 @@ class Connection(asyncio.BufferedProtocol):
         self._release_drain_waiters()
         if self._closed_waiter is not None and not self._closed_waiter.done():
             self._closed_waiter.set_result(None)
-        if was != STATE_CLOSED and self._on_close is not None:
+        if was != STATE_CLOSED and self._established and self._on_close is not None:
             self._on_close(self, error)
 
     def pause_writing(self) -> None:
@@ -604,6 +608,8 @@ class Connection(asyncio.BufferedProtocol):
             self._transport.abort()
         elif self.state != STATE_CLOSED:
             self.connection_lost(error)
+        if self._closed_waiter is not None and self._transport is None and not self._closed_waiter.done():
+            self._closed_waiter.set_result(None)
 
 
 def is_tls_error(exc: BaseException) -> bool:

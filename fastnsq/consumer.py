@@ -130,6 +130,7 @@ class _Link:
     def finish_message(self, message: Any) -> None:
         self._done(message, Outcome.SUCCESS)
         self.stats.finished += 1
+        self.consumer.total_finished += 1
         if not self.closed:
             self.conn.fin(message)
 
@@ -138,6 +139,7 @@ class _Link:
         delay_ms = consumer._requeue_delay_ms(message, delay)
         self._done(message, Outcome.FAILURE if backoff else Outcome.NEUTRAL)
         self.stats.requeued += 1
+        self.consumer.total_requeued += 1
         if not self.closed:
             self.conn.req(message, delay_ms)
 
@@ -295,6 +297,9 @@ class Consumer:
         self._last_offsets: dict[int | None, tuple[int, int]] = {}
         self.ordering_errors: list[str] = []
         self.stats_given_up = 0
+        self.total_received = 0
+        self.total_finished = 0
+        self.total_requeued = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -497,6 +502,9 @@ class Consumer:
             "in_flight": self._rdy.in_flight,
             "max_in_flight": self._rdy.max_in_flight,
             "given_up": self.stats_given_up,
+            "received": self.total_received,
+            "finished": self.total_finished,
+            "requeued": self.total_requeued,
         }
 
     # ---- connections --------------------------------------------------------------------
@@ -615,6 +623,7 @@ class Consumer:
         now = self._now()
         link.in_flight[message] = [now, now]
         link.stats.received += 1
+        self.total_received += 1
         updates = self._rdy.on_message(link, message)
         if updates:
             self._apply(updates)
@@ -743,8 +752,7 @@ class Consumer:
         return sum(len(link.in_flight) for link in self._all_links())
 
     def _totals(self) -> tuple[int, int]:
-        links = self._all_links()
-        return sum(l.stats.finished for l in links), sum(l.stats.requeued for l in links)
+        return self.total_finished, self.total_requeued
 
     # ---- RDY ----------------------------------------------------------------------------
 

@@ -6,6 +6,10 @@ import os
 
 import pytest
 
+# The server fixtures (nsqd, nsqlookupd, nsq_cluster, ...); also registered by the
+# pytest11 entry point when fastnsq is installed, and loading both is harmless.
+pytest_plugins = ["fastnsq.testing.pytest_plugin"]
+
 from fastnsq import _frame_py
 
 try:

@@ -1,0 +1,241 @@
+"""Producer against nsqd: publishing, coalescing, pools, failover, retries, the blocking facade."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from fastnsq import Producer, codec
+from fastnsq.conn import Connection
+from fastnsq.errors import (
+    BadMessageError,
+    ConnectionClosedError,
+    InvalidValueError,
+    NoConnectionError,
+    NSQError,
+    PublishTimeoutError,
+)
+from fastnsq.testing import NSQD
+
+from .helpers import eventually, skip_if_external, unique
+
+
+async def drain(address: str, topic: str, expected: int | None = None, *, quiet: float = 0.3) -> list[bytes]:
+    """Consume everything on ``topic`` (a fresh channel), finishing each message."""
+    received: list = []
+    conn = Connection(address, on_message=received.append)
+    await conn.connect()
+    await conn.subscribe(topic, "drain")
+    conn.rdy(2500)
+    loop = asyncio.get_running_loop()
+    last, count = loop.time(), 0
+    while True:
+        await asyncio.sleep(0.05)
+        for message in received[count:]:
+            conn.fin(message)
+        if len(received) != count:
+            last, count = loop.time(), len(received)
+        if expected is not None and count >= expected:
+            break
+        if expected is None and loop.time() - last > quiet:
+            break
+        if loop.time() - last > 10:
+            break
+    await conn.close()
+    return [m.body for m in received]
+
+
+async def test_publish_mpublish_and_the_answers(nsqd):
+    topic = unique("pub")
+    async with Producer([nsqd.tcp_address]) as producer:
+        assert await producer.publish(topic, b"bytes") == b"OK"
+        assert await producer.publish(topic, "str é") == b"OK"
+        assert await producer.publish(topic, bytearray(b"bytearray")) == b"OK"
+        assert await producer.publish(topic, memoryview(b"memoryview")) == b"OK"
+        assert await producer.mpublish(topic, [b"m1", "m2", bytearray(b"m3")]) == b"OK"
+    bodies = await drain(nsqd.tcp_address, topic, 7)
+    assert sorted(bodies) == sorted([b"bytes", "str é".encode(), b"bytearray", b"memoryview", b"m1", b"m2", b"m3"])
+
+
+async def test_deferred_publish(nsqd):
+    topic = unique("defer")
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(topic, b"later", defer=0.5)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        bodies = await drain(nsqd.tcp_address, topic, 1)
+        assert bodies == [b"later"] and loop.time() - start >= 0.4
+
+
+async def test_concurrent_publishes_are_coalesced_into_mpub(nsqd):
+    topic = unique("coalesce")
+    async with Producer([nsqd.tcp_address]) as producer:
+        conn = producer.connections[0]
+        sent_before = conn.bytes_sent
+        results = await asyncio.gather(*(producer.publish(topic, b"%04d" % i) for i in range(1000)))
+        assert results == [b"OK"] * 1000
+        # One MPUB: 1000 x (4-byte length + 4-byte body) + header, far less than 1000 PUB lines.
+        assert conn.bytes_sent - sent_before < 1000 * 8 + 100
+    assert sorted(await drain(nsqd.tcp_address, topic, 1000)) == [b"%04d" % i for i in range(1000)]
+
+
+async def test_coalescing_off_pipelines_single_pubs(nsqd):
+    topic = unique("pipeline")
+    async with Producer([nsqd.tcp_address], coalesce=False) as producer:
+        results = await asyncio.gather(*(producer.publish(topic, b"x") for i in range(500)))
+        assert results == [b"OK"] * 500
+    assert len(await drain(nsqd.tcp_address, topic, 500)) == 500
+
+
+async def test_mpublish_is_chunked_under_max_body_size(nsqd):
+    topic = unique("chunks")
+    body = b"y" * 100_000
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.mpublish(topic, [body] * 120)  # 12 MB: three MPUBs under nsqd's 5 MB
+    bodies = await drain(nsqd.tcp_address, topic, 120)
+    assert len(bodies) == 120 and set(bodies) == {body}
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda p: p.publish("bad topic", b"x"), "invalid topic name"),
+        (lambda p: p.publish("t", b""), "empty message body"),
+        (lambda p: p.publish("t", 42), "must be bytes"),
+        (lambda p: p.publish("t", b"x" * 1048577), "exceeds max_msg_size"),
+        (lambda p: p.mpublish("t", []), "at least one"),
+        (lambda p: p.publish("t", b"x", defer=-1), "defer"),
+    ],
+)
+async def test_bad_input_raises_before_sending(nsqd, call, words):
+    async with Producer([nsqd.tcp_address]) as producer:
+        conn = producer.connections[0]
+        before = conn.bytes_sent
+        with pytest.raises(InvalidValueError, match=words):
+            await call(producer)
+        await asyncio.sleep(0.01)
+        assert conn.bytes_sent == before
+
+
+def test_bad_options_name_the_option():
+    with pytest.raises(InvalidValueError, match="pool_size"):
+        Producer(["127.0.0.1:4150"], pool_size=0)
+    with pytest.raises(InvalidValueError, match="unknown Producer option"):
+        Producer(["127.0.0.1:4150"], max_in_flight=3)
+    with pytest.raises(InvalidValueError, match="nsqd_tcp_addresses or lookupd"):
+        Producer()
+    with pytest.raises(InvalidValueError, match="invalid port"):
+        Producer(["127.0.0.1:notaport"])
+
+
+async def test_server_refusal_is_not_retried(nsqd):
+    """E_BAD_MESSAGE cannot succeed on a retry: raised at once, and the pool recovers."""
+    topic = unique("refused")
+    async with Producer([nsqd.tcp_address], max_msg_size=2 * 1048576, max_retries=5) as producer:
+        with pytest.raises(BadMessageError) as info:
+            await producer.publish(topic, b"z" * 1048577)
+        assert info.value.code == "E_BAD_MESSAGE"
+        assert producer.stats["retried"] == 0
+        await eventually(lambda: producer.connections, what="the pool to reconnect")
+        assert await producer.publish(topic, b"fine") == b"OK"
+
+
+async def test_no_server_at_start_is_a_clear_error():
+    with pytest.raises(NoConnectionError, match="no nsqd could be reached"):
+        async with Producer(["127.0.0.1:1"], dial_timeout=0.5):
+            pass
+
+
+async def test_publish_before_start_is_an_error():
+    producer = Producer(["127.0.0.1:4150"])
+    with pytest.raises(NSQError, match="start"):
+        await producer.publish("t", b"x")
+
+
+async def test_pool_round_robins_over_connections(nsqd):
+    topic = unique("pool")
+    async with Producer([nsqd.tcp_address], pool_size=3, coalesce=False) as producer:
+        assert len(producer.connections) == 3
+        await asyncio.gather(*(producer.publish(topic, b"p") for _ in range(30)))
+        assert all(conn.bytes_sent > 60 for conn in producer.connections)
+
+
+async def test_publish_timeout_when_nsqd_does_not_answer():
+    """A listener that completes the handshake and then never answers PUB."""
+
+    async def mute(reader, writer):
+        await reader.readexactly(4 + len(b"IDENTIFY\n"))
+        size = int.from_bytes(await reader.readexactly(4), "big")
+        await reader.readexactly(size)
+        writer.write(codec.encode_response(b'{"max_rdy_count":2500,"version":"1.3.0"}'))
+        await asyncio.sleep(10)  # reads nothing more, answers nothing
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with Producer([f"127.0.0.1:{port}"], publish_timeout=0.5) as producer:
+        with pytest.raises(PublishTimeoutError):
+            await producer.publish("t", b"x")
+        with pytest.raises(PublishTimeoutError):
+            await producer.publish("t", b"x", timeout=0.2)
+    server.close()
+
+
+async def test_two_nsqd_one_stopped_mid_run_loses_nothing_acknowledged():
+    """Every publish is acknowledged or raised; every acknowledged one is consumed afterwards.
+
+    nsqd B stops cleanly mid-run (keeping what it holds, as a real nsqd flushes to disk)
+    and comes back on the same ports; acknowledged messages must all be in A or B.
+    """
+    async with NSQD() as a, NSQD() as b:
+        topic = unique("failover")
+        acked: list[bytes] = []
+        failed: list[bytes] = []
+        async with Producer([a.tcp_address, b.tcp_address], coalesce=False, reconnect_delay=0.05) as producer:
+
+            async def one(i: int) -> None:
+                body = b"msg-%06d" % i
+                try:
+                    await producer.publish(topic, body)
+                    acked.append(body)
+                except (ConnectionClosedError, NoConnectionError, PublishTimeoutError):
+                    failed.append(body)
+
+            first = [asyncio.create_task(one(i)) for i in range(2000)]
+            await asyncio.sleep(0)
+            await b.stop(keep_messages=True)
+            rest = [asyncio.create_task(one(i)) for i in range(2000, 4000)]
+            await asyncio.gather(*first, *rest)
+            assert len(acked) + len(failed) == 4000
+            assert len(acked) > 2000  # A kept taking publishes while B was down
+        await b.start()
+        consumed = set(await drain(a.tcp_address, topic)) | set(await drain(b.tcp_address, topic))
+        # Acknowledged means stored: each one is in A or came back with B. (A publish that
+        # raised may or may not have landed; the producer promised nothing for it.)
+        assert set(acked) <= consumed, f"lost {len(set(acked) - consumed)} acknowledged messages"
+
+
+async def test_sync_producer_from_many_threads(nsqd):
+    from fastnsq.sync import Producer as SyncProducer
+
+    topic = unique("sync")
+    results: list = []
+
+    def blocking_part() -> None:
+        with SyncProducer([nsqd.tcp_address]) as producer:
+            def worker(n: int) -> None:
+                for i in range(50):
+                    results.append(producer.publish(topic, b"%d-%d" % (n, i)))
+            threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            results.append(producer.mpublish(topic, [b"a", b"b"]))
+            with pytest.raises(InvalidValueError):
+                producer.publish("bad topic", b"x")
+
+    await asyncio.get_running_loop().run_in_executor(None, blocking_part)
+    assert results == [b"OK"] * 401
+    assert len(await drain(nsqd.tcp_address, topic, 402)) == 402
