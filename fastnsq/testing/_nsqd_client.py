@@ -33,7 +33,7 @@ from fastnsq import codec
 from fastnsq.compression import DeflateStream, SnappyStream
 from fastnsq.errors import ProtocolError
 
-from ._nsqd_queue import Message
+from ._nsqd_queue import new_message
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._nsqd_auth import AuthState
@@ -858,7 +858,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         data = self._check_message_size(body, "PUB")
         self._check_auth("PUB", name, "")
         topic = self._get_topic(name)
-        topic.put([Message(self.server.next_id(), data, time.time_ns())], len(data))
+        topic.put([(self.server.next_id(), data, time.time_ns(), 0, 0)], len(data))
         self._count_published(name, 1)
         self._send_response(_OK)
 
@@ -879,7 +879,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         server = self.server
         first = server.take_ids(len(bodies))
         timestamp = time.time_ns()
-        msgs = [Message(b"%016x" % (first + i), data, timestamp) for i, data in enumerate(bodies)]
+        msgs = [(b"%016x" % (first + i), data, timestamp, 0, 0) for i, data in enumerate(bodies)]
         topic.put(msgs, sum(map(len, bodies)))
         self._count_published(name, len(msgs))
         self._send_response(_OK)
@@ -895,7 +895,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         data = self._check_message_size(body, "DPUB")
         self._check_auth("DPUB", name, "")
         topic = self._get_topic(name)
-        msg = Message(self.server.next_id(), data, time.time_ns(), defer_ms=parsed)
+        msg = new_message(self.server.next_id(), data, time.time_ns(), parsed)
         topic.put([msg], len(data), deferrable=parsed > 0)
         self._count_published(name, 1)
         self._send_response(_OK)

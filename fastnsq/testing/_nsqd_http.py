@@ -29,7 +29,7 @@ from aiohttp import web
 
 from fastnsq import codec
 
-from ._nsqd_queue import Message
+from ._nsqd_queue import new_message
 
 if TYPE_CHECKING:  # pragma: no cover
     from .nsqd import NSQD
@@ -161,7 +161,7 @@ async def _pub(nsqd: NSQD, request: web.Request) -> Any:
         if defer_ms < 0 or defer_ms > int(options.max_req_timeout * 1000):
             raise _HTTPError(400, "INVALID_DEFER")
     topic = await nsqd.get_topic_async(name)
-    msg = Message(nsqd.next_id(), body, time.time_ns(), defer_ms=defer_ms)
+    msg = new_message(nsqd.next_id(), body, time.time_ns(), defer_ms)
     topic.put([msg], len(body), deferrable=defer_ms > 0)
     return "OK"
 
@@ -192,7 +192,7 @@ async def _mpub(nsqd: NSQD, request: web.Request) -> Any:
     if bodies:
         first = nsqd.take_ids(len(bodies))
         timestamp = time.time_ns()
-        msgs = [Message(b"%016x" % (first + i), data, timestamp) for i, data in enumerate(bodies)]
+        msgs = [(b"%016x" % (first + i), data, timestamp, 0, 0) for i, data in enumerate(bodies)]
         topic.put(msgs, sum(map(len, bodies)))
     return "OK"
 

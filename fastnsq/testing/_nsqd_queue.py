@@ -18,6 +18,13 @@ with the same timeout expire in delivery order), scanned from the head only: FIN
 REQ leave a stale entry behind that the scan drops in O(1), so nothing is ever
 O(everything in flight) per message. TOUCHed messages (rare) go to a heap.
 
+A message is a plain tuple (see :data:`Msg`), not an object: a queue may hold
+millions of them, and tuples of bytes and ints are untracked by Python's cyclic GC,
+whose collections would otherwise cost more than the rest of the work. One tuple is
+shared by every channel of the topic. A message in flight is a second tuple that
+adds its owner, deadline and delivery time (:data:`InFlight`); there are at most
+RDY of those per client.
+
 The server (``nsqd.NSQD``) drives timeouts with a scan every 100 ms, like nsqd's
 ``--queue-scan-interval``; a client connection (``_nsqd_client``) is the consumer.
 """
@@ -28,7 +35,6 @@ import heapq
 import itertools
 import random
 from collections import deque
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from fastnsq import codec
@@ -37,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._nsqd_client import ClientConnection
     from .nsqd import NSQD
 
-__all__ = ["Message", "Topic", "Channel", "EPHEMERAL_SUFFIX"]
+__all__ = ["Msg", "InFlight", "new_message", "Topic", "Channel", "EPHEMERAL_SUFFIX"]
 
 EPHEMERAL_SUFFIX = "#ephemeral"
 
@@ -49,29 +55,17 @@ _heappop = heapq.heappop
 _sequence = itertools.count()
 
 
-class Message:
-    """One message as a channel holds it.
+#: A queued message: (id, body, timestamp ns, attempts so far, DPUB delay in ms).
+Msg = tuple  # tuple[bytes, bytes, int, int, int]
+#: A message in flight: (id, body, timestamp, attempts, owner, deadline, delivered_at).
+InFlight = tuple  # tuple[bytes, bytes, int, int, ClientConnection, float, float]
+ID, BODY, TIMESTAMP, ATTEMPTS, DEFER_MS = range(5)
+OWNER, DEADLINE, DELIVERED_AT = 4, 5, 6
 
-    ``deadline`` is the loop time at which the current delivery times out (0.0 when
-    the message is not in flight); ``owner`` is the connection it was delivered to.
-    ``defer_ms`` is set on a DPUB message until it reaches its channels.
-    """
 
-    __slots__ = ("id", "body", "timestamp", "attempts", "deadline", "delivered_at", "owner", "defer_ms")
-
-    def __init__(self, message_id: bytes, body: bytes, timestamp: int, defer_ms: int = 0) -> None:
-        self.id = message_id
-        self.body = body
-        self.timestamp = timestamp
-        self.attempts = 0
-        self.deadline = 0.0
-        self.delivered_at = 0.0
-        self.owner: ClientConnection | None = None
-        self.defer_ms = defer_ms
-
-    def copy(self) -> Message:
-        """The copy a second (third...) channel of the topic gets: same id, body, time."""
-        return Message(self.id, self.body, self.timestamp, self.defer_ms)
+def new_message(message_id: bytes, body: bytes, timestamp: int, defer_ms: int = 0) -> Msg:
+    """A freshly published message (attempts 0)."""
+    return (message_id, body, timestamp, 0, defer_ms)
 
 
 class Channel:
@@ -82,13 +76,13 @@ class Channel:
         self.server: NSQD = topic.server
         self.name = name
         self.ephemeral = name.endswith(EPHEMERAL_SUFFIX)
-        self.queue: deque[Message] = deque()
-        self.in_flight: dict[bytes, Message] = {}
-        self.deferred: dict[bytes, Message] = {}
-        self._deferred_heap: list[tuple[float, int, Message]] = []
-        # msg_timeout (s) -> deque of (deadline, message), deadlines ascending.
-        self._timeouts: dict[float, deque[tuple[float, Message]]] = {}
-        self._touched: list[tuple[float, int, Message]] = []
+        self.queue: deque[Msg] = deque()
+        self.in_flight: dict[bytes, InFlight] = {}
+        self.deferred: dict[bytes, Msg] = {}
+        self._deferred_heap: list[tuple[float, int, Msg]] = []
+        # msg_timeout (s) -> deque of (deadline, id), deadlines ascending.
+        self._timeouts: dict[float, deque[tuple[float, bytes]]] = {}
+        self._touched: list[tuple[float, int, bytes]] = []
         self.clients: dict[int, ClientConnection] = {}
         # Clients that may take a message now (lazily cleaned: see put()).
         self._ready: deque[ClientConnection] = deque()
@@ -138,7 +132,7 @@ class Channel:
 
     # -- messages in -------------------------------------------------------
 
-    def put(self, msg: Message) -> None:
+    def put(self, msg: Msg) -> None:
         """A message becomes available: straight to a ready client, else to the queue."""
         ready = self._ready
         if ready and not self.paused:
@@ -157,142 +151,137 @@ class Channel:
                 client.in_ready = False
         self.queue.append(msg)
 
-    def put_from_topic(self, msgs: Iterable[Message], deferrable: bool) -> None:
-        """Messages published to the topic (``deferrable``: some may carry a DPUB delay)."""
-        if not deferrable and (not self._ready or self.paused):
-            before = len(self.queue)
+    def put_from_topic(self, msgs: list[Msg], deferrable: bool) -> None:
+        """Messages published to the topic (``deferrable``: some may carry a DPUB delay).
+
+        ``msgs`` is shared with the topic's other channels: it is not modified.
+        """
+        self.message_count += len(msgs)
+        if not deferrable and not self._ready:
             self.queue.extend(msgs)
-            self.message_count += len(self.queue) - before
             return
         put = self.put
-        count = 0
         for msg in msgs:
-            count += 1
-            if msg.defer_ms:
-                defer_ms = msg.defer_ms
-                msg.defer_ms = 0
-                self._defer(msg, defer_ms / 1000.0)
+            defer_ms = msg[DEFER_MS]
+            if defer_ms:
+                self._defer((msg[ID], msg[BODY], msg[TIMESTAMP], msg[ATTEMPTS], 0), defer_ms / 1000.0)
             else:
                 put(msg)
-        self.message_count += count
 
-    def _defer(self, msg: Message, delay: float) -> None:
+    def _defer(self, msg: Msg, delay: float) -> None:
         when = self.server.loop.time() + delay
-        self.deferred[msg.id] = msg
+        self.deferred[msg[ID]] = msg
         _heappush(self._deferred_heap, (when, next(_sequence), msg))
         self.server.watch(self)
 
     # -- delivery ----------------------------------------------------------
 
-    def _deliver(self, client: ClientConnection, msg: Message, now: float) -> None:
+    def _deliver(self, client: ClientConnection, msg: Msg, now: float) -> None:
         # nsqd's messagePump: a sampled-out message is dropped for the whole channel.
         if client.sample_rate and _randrange(100) > client.sample_rate:
             return
-        attempts = msg.attempts + 1
-        msg.attempts = attempts
+        message_id, body, timestamp, attempts, _ = msg
+        attempts += 1
         timeout = client.delivery_timeout
         deadline = now + timeout
-        msg.deadline = deadline
-        msg.delivered_at = now
-        msg.owner = client
         in_flight = self.in_flight
         if not in_flight:
             self.server.watch(self)
-        in_flight[msg.id] = msg
+        in_flight[message_id] = (message_id, body, timestamp, attempts, client, deadline, now)
         expiring = self._timeouts.get(timeout)
         if expiring is None:
             expiring = self._timeouts[timeout] = deque()
-        expiring.append((deadline, msg))
+        expiring.append((deadline, message_id))
         client.in_flight += 1
         client.message_count += 1
         self.delivery_count += 1
-        client.write_message(_encode_message(msg.timestamp, attempts & 0xFFFF, msg.id, msg.body))
+        client.write_message(_encode_message(timestamp, attempts & 0xFFFF, message_id, body))
 
-    def _pop_in_flight(self, client: ClientConnection, message_id: bytes) -> Message | str:
+    def _pop_in_flight(self, client: ClientConnection, message_id: bytes) -> InFlight | str:
         """The message ``client`` holds, or nsqd's error text."""
-        msg = self.in_flight.get(message_id)
-        if msg is None:
+        entry = self.in_flight.get(message_id)
+        if entry is None:
             return "ID not in flight"
-        if msg.owner is not client:
+        if entry[OWNER] is not client:
             return "client does not own message"
         del self.in_flight[message_id]
-        msg.deadline = 0.0
-        msg.owner = None
-        return msg
+        return entry
 
     def finish(self, client: ClientConnection, message_id: bytes) -> str | None:
         """FIN: forget the message; returns nsqd's error text on failure."""
-        msg = self._pop_in_flight(client, message_id)
-        if type(msg) is str:
-            return msg
-        return None
+        entry = self._pop_in_flight(client, message_id)
+        return entry if type(entry) is str else None
 
     def requeue(self, client: ClientConnection, message_id: bytes, delay: float) -> str | None:
         """REQ: back to the queue now, or after ``delay`` seconds; error text on failure."""
-        msg = self._pop_in_flight(client, message_id)
-        if type(msg) is str:
-            return msg
+        entry = self._pop_in_flight(client, message_id)
+        if type(entry) is str:
+            return entry
         self.requeue_count += 1
+        msg = entry[:4] + (0,)
         if delay > 0:
-            self._defer(msg, delay)  # type: ignore[arg-type]
+            self._defer(msg, delay)
         else:
-            self.put(msg)  # type: ignore[arg-type]
+            self.put(msg)
         return None
 
     def touch(self, client: ClientConnection, message_id: bytes, msg_timeout: float) -> str | None:
         """TOUCH: a new deadline of now + msg_timeout, capped at delivery + max_msg_timeout."""
-        msg = self.in_flight.get(message_id)
-        if msg is None:
+        entry = self.in_flight.get(message_id)
+        if entry is None:
             return "ID not in flight"
-        if msg.owner is not client:
+        if entry[OWNER] is not client:
             return "client does not own message"
         max_timeout = self.server.options.max_msg_timeout
+        delivered_at = entry[DELIVERED_AT]
         deadline = self.server.loop.time() + msg_timeout
-        if deadline - msg.delivered_at >= max_timeout:
-            deadline = msg.delivered_at + max_timeout
-        msg.deadline = deadline
-        _heappush(self._touched, (deadline, next(_sequence), msg))
+        if deadline - delivered_at >= max_timeout:
+            deadline = delivered_at + max_timeout
+        self.in_flight[message_id] = entry[:5] + (deadline, delivered_at)
+        _heappush(self._touched, (deadline, next(_sequence), message_id))
         return None
 
     # -- timers ------------------------------------------------------------
 
     def scan(self, now: float) -> bool:
         """Time out due messages and release due deferred ones; True while work remains."""
-        for expiring in self._timeouts.values():
+        in_flight = self.in_flight
+        for expiring in list(self._timeouts.values()):
             while expiring:
-                deadline, msg = expiring[0]
-                if msg.deadline != deadline:  # finished, requeued, touched or redelivered
+                deadline, message_id = expiring[0]
+                entry = in_flight.get(message_id)
+                if entry is None or entry[DEADLINE] != deadline:  # finished, requeued, touched...
                     expiring.popleft()
                     continue
                 if deadline > now:
                     break
                 expiring.popleft()
-                self._time_out(msg)
+                self._time_out(entry)
         touched = self._touched
         while touched:
-            deadline, _, msg = touched[0]
-            if msg.deadline != deadline:
+            deadline, _, message_id = touched[0]
+            entry = in_flight.get(message_id)
+            if entry is None or entry[DEADLINE] != deadline:
                 _heappop(touched)
                 continue
             if deadline > now:
                 break
             _heappop(touched)
-            self._time_out(msg)
+            self._time_out(entry)
         heap = self._deferred_heap
         while heap and heap[0][0] <= now:
-            _, _, msg = _heappop(heap)
-            if self.deferred.get(msg.id) is msg:
-                del self.deferred[msg.id]
+            msg = _heappop(heap)[2]
+            if self.deferred.get(msg[ID]) is msg:
+                del self.deferred[msg[ID]]
                 self.put(msg)
         return bool(self.in_flight or self.deferred)
 
-    def _time_out(self, msg: Message) -> None:
-        del self.in_flight[msg.id]
+    def _time_out(self, entry: InFlight) -> None:
+        del self.in_flight[entry[ID]]
         self.timeout_count += 1
-        client = msg.owner
-        msg.deadline = 0.0
-        msg.owner = None
-        if client is not None and self.clients.get(client.id) is client:
+        client = entry[OWNER]
+        msg = entry[:4] + (0,)
+        if self.clients.get(client.id) is client:
             client.in_flight -= 1
             self.put(msg)
             self.client_may_be_ready(client)
@@ -324,9 +313,6 @@ class Channel:
             self.client_may_be_ready(client)
 
     def _forget_in_flight(self) -> None:
-        for msg in self.in_flight.values():
-            msg.deadline = 0.0
-            msg.owner = None
         self.in_flight.clear()
         self._timeouts.clear()
         self._touched.clear()
@@ -348,10 +334,11 @@ class Channel:
         """
         self.close_clients()
         if keep_messages:
-            in_flight = sorted(self.in_flight.values(), key=lambda m: m.delivered_at)
-            deferred = [entry[2] for entry in sorted(self._deferred_heap) if entry[2].id in self.deferred]
+            in_flight = sorted(self.in_flight.values(), key=lambda entry: entry[DELIVERED_AT])
+            deferred = [entry[2] for entry in sorted(self._deferred_heap, key=lambda e: e[:2])
+                        if self.deferred.get(entry[2][ID]) is entry[2]]
             self._forget_in_flight()
-            self.queue.extend(in_flight)
+            self.queue.extend(entry[:4] + (0,) for entry in in_flight)
             self.queue.extend(deferred)
         else:
             self.queue.clear()
@@ -388,37 +375,31 @@ class Topic:
         self.server = server
         self.name = name
         self.ephemeral = name.endswith(EPHEMERAL_SUFFIX)
-        self.queue: deque[Message] = deque()
+        self.queue: deque[Msg] = deque()
         self.channels: dict[str, Channel] = {}
         self.paused = False
         self.exiting = False
         self.message_count = 0
         self.message_bytes = 0
 
-    def put(self, msgs: list[Message], nbytes: int, deferrable: bool = False) -> None:
+    def put(self, msgs: list[Msg], nbytes: int, deferrable: bool = False) -> None:
         """Publish: count, then hand the messages to every channel (or keep them)."""
         self.message_count += len(msgs)
         self.message_bytes += nbytes
         if self.channels and not self.paused:
-            self._distribute(msgs, deferrable)
+            for channel in list(self.channels.values()):
+                channel.put_from_topic(msgs, deferrable)
         else:
             self.queue.extend(msgs)
-
-    def _distribute(self, msgs: list[Message], deferrable: bool) -> None:
-        first = True
-        for channel in list(self.channels.values()):
-            if first:
-                first = False
-                channel.put_from_topic(msgs, deferrable)
-            else:
-                channel.put_from_topic([m.copy() for m in msgs], deferrable)
 
     def _release_queue(self) -> None:
         """Messages kept while there was no channel (or while paused) flow on."""
         if self.queue and self.channels and not self.paused:
             msgs = list(self.queue)
             self.queue.clear()
-            self._distribute(msgs, any(m.defer_ms for m in msgs))
+            deferrable = any(msg[DEFER_MS] for msg in msgs)
+            for channel in list(self.channels.values()):
+                channel.put_from_topic(msgs, deferrable)
 
     def get_channel(self, name: str) -> Channel:
         """The channel, created (and announced to lookupd) on first use."""
@@ -469,10 +450,13 @@ class Topic:
                 del self.channels[name]
             else:
                 channel.keep_for_restart(keep_messages)
-        if not keep_messages:
+        if keep_messages:
+            # A DPUB delay does not survive nsqd's backend either.
+            kept = [msg[:4] + (0,) if msg[DEFER_MS] else msg for msg in self.queue]
             self.queue.clear()
-        for msg in self.queue:
-            msg.defer_ms = 0
+            self.queue.extend(kept)
+        else:
+            self.queue.clear()
         self.message_count = self.message_bytes = 0
 
     def stats(self, channel_name: str, include_clients: bool) -> dict[str, Any] | None:

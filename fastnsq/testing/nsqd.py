@@ -266,7 +266,7 @@ class NSQD:
         )
         self.tcp_port = self._tcp_server.sockets[0].getsockname()[1]
         try:
-            runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False)
+            runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False, shutdown_timeout=0.25)
             await runner.setup()
             site = web.TCPSite(runner, options.host, self.http_port)
             await site.start()
