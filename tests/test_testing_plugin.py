@@ -8,6 +8,7 @@ plugin loading, the asyncio mode and the event loop are those of a user's suite.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -200,20 +201,11 @@ def test_ha_fixtures_skip_until_the_ha_mode_exists(inner: pytest.Pytester) -> No
 # ---- the env-var switch to real servers ---------------------------------------------------------
 
 
-@pytest.fixture
-def lookupd_process() -> Iterator[dict[str, str]]:
-    """``python -m fastnsq.testing --no-nsqd`` on free ports: a lookupd in another process."""
+@contextlib.contextmanager
+def servers_process(*args: str) -> Iterator[dict[str, dict[str, str]]]:
+    """``python -m fastnsq.testing *args`` in another process: {"nsqd"|"nsqlookupd": {"tcp", "http"}}."""
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fastnsq.testing",
-            "--no-nsqd",
-            "--lookupd-tcp-port",
-            "0",
-            "--lookupd-http-port",
-            "0",
-        ],
+        [sys.executable, "-m", "fastnsq.testing", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -222,10 +214,12 @@ def lookupd_process() -> Iterator[dict[str, str]]:
     )
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("nsqlookupd"), line + proc.stderr.read() if proc.stderr else line
-        words = line.split()
-        yield {"tcp": words[2], "http": words[4]}
+        servers: dict[str, dict[str, str]] = {}
+        while (line := proc.stdout.readline()).startswith("nsq"):
+            words = line.split()
+            servers[words[0]] = {"tcp": words[2], "http": words[4]}
+        assert line.startswith("running"), line + (proc.stderr.read() if proc.stderr else "")
+        yield servers
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -233,6 +227,20 @@ def lookupd_process() -> Iterator[dict[str, str]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def lookupd_process() -> Iterator[dict[str, str]]:
+    """An nsqlookupd on free ports in another process."""
+    with servers_process("--no-nsqd", "--lookupd-tcp-port", "0", "--lookupd-http-port", "0") as servers:
+        yield servers["nsqlookupd"]
+
+
+@pytest.fixture
+def nsqd_process() -> Iterator[dict[str, str]]:
+    """An (embedded, so upstream-dialect) nsqd on free ports in another process."""
+    with servers_process("--tcp-port", "0", "--http-port", "0") as servers:
+        yield servers["nsqd"]
 
 
 def test_env_hands_out_real_servers(
@@ -293,6 +301,28 @@ def test_env_hands_out_a_real_cluster(
     run(inner).assert_outcomes(passed=1)
 
 
+def test_ha_fixture_skips_a_real_upstream_nsqd(
+    inner: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, nsqd_process: dict[str, str]
+) -> None:
+    monkeypatch.setenv("FASTNSQ_TEST_NSQD", nsqd_process["tcp"])
+    monkeypatch.setenv("FASTNSQ_TEST_NSQD_HTTP", nsqd_process["http"])
+    inner.makeconftest(f"pytest_plugins = [{PLUGIN!r}]")
+    inner.makepyfile(
+        test_it="""
+        from fastnsq.testing import is_ha
+
+        async def test_upstream(nsqd):
+            assert await is_ha(nsqd) is False
+
+        async def test_ha_only(nsqd_ha):
+            raise AssertionError("an upstream nsqd is not HA: must skip")
+        """
+    )
+    result = run(inner)
+    result.assert_outcomes(passed=1, skipped=1)
+    assert "is not an HA nsqd" in result.stdout.str()
+
+
 def test_env_parsing() -> None:
     assert not external_servers_configured({})
     assert external_nsqd_from_env({}) is None and external_lookupd_from_env({}) is None
@@ -335,6 +365,13 @@ async def test_is_ha_of_upstream_servers() -> None:
         probe = ExternalLookupd(lookupd.http_address)
         assert await is_ha(probe) is False
         assert probe._ha is False
+
+
+async def test_is_ha_asks_an_nsqd_with_identify(nsqd: Any) -> None:
+    # The probe a real nsqd gets: IDENTIFY with feature negotiation, "HA" in the version or not.
+    probe = ExternalNSQD(nsqd.tcp_address, nsqd.http_address)
+    assert await is_ha(probe) is False
+    assert probe._ha is False
 
 
 # ---- the auth server ---------------------------------------------------------------------------------
