@@ -819,6 +819,9 @@ async def _resume(coro: Any, yielded: Any) -> Any:
             if yielded is None:
                 await asyncio.sleep(0)  # a bare yield: give the loop one pass
             else:
+                # As a Task does when it takes over a yielded future: clear the flag the
+                # coroutine's own await set, or awaiting the future again is refused.
+                yielded._asyncio_future_blocking = False
                 try:
                     await yielded  # the coroutine reads the outcome itself when resumed
                 except asyncio.CancelledError:

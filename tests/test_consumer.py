@@ -1,0 +1,395 @@
+"""Consumer against nsqd and nsqlookupd: the NSQ client guide's rules, end to end.
+
+These use the server fixtures (embedded by default, real servers through the
+FASTNSQ_TEST_* variables). RDY is sampled on the server side, through nsqd's own
+/stats, so the checks hold whatever the client believes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import aiohttp
+import pytest
+
+from fastnsq import Consumer, Producer
+from fastnsq.errors import InvalidValueError
+
+from .helpers import eventually, skip_if_external, unique
+
+
+async def publish_spread(addresses: list[str], topic: str, count: int, *, size: int = 100) -> list[bytes]:
+    """Publish ``count`` distinct bodies spread evenly over every nsqd (MPUB batches of 500)."""
+    bodies = [b"%08d-" % i + b"x" * (size - 9) for i in range(count)]
+    for index, address in enumerate(addresses):
+        async with Producer([address]) as producer:
+            mine = bodies[index :: len(addresses)]
+            for start in range(0, len(mine), 500):
+                await producer.mpublish(topic, mine[start : start + 500])
+    return bodies
+
+
+async def channel_stats(http_addresses: list[str], topic: str, channel: str) -> list[dict]:
+    """nsqd's own view of the channel on each node (GET /stats?format=json)."""
+    found = []
+    async with aiohttp.ClientSession() as session:
+        for address in http_addresses:
+            async with session.get(f"http://{address}/stats", params={"format": "json", "topic": topic}) as resp:
+                data = await resp.json(content_type=None)
+            for t in data.get("topics") or []:
+                if t["topic_name"] == topic:
+                    found += [c for c in t["channels"] if c["channel_name"] == channel]
+    return found
+
+
+async def test_two_consumers_three_nsqd_hundred_thousand_messages(nsq_cluster):
+    """100,000 messages over 3 nsqd, two consumers sharing a channel with max_in_flight 200:
+    every message handled at least once, and each consumer's RDY sum (as nsqd sees it)
+    never above 200 in any sample."""
+    topic, channel = unique("bulk"), "shared"
+    total = 100_000
+    bodies = await publish_spread(nsq_cluster.tcp_addresses, topic, total)
+    seen: Counter[bytes] = Counter()
+    done = asyncio.Event()
+
+    def handle(message):
+        seen[message.body] += 1
+        if len(seen) == total:
+            done.set()
+
+    consumers = [
+        Consumer(topic, channel, lookupd_http_addresses=nsq_cluster.lookupd_http_addresses, handler=handle,
+                 max_in_flight=200, client_id=f"consumer-{i}", lookupd_poll_interval=1.0)
+        for i in range(2)
+    ]
+    samples: list[dict[str, int]] = []
+
+    async def sample() -> None:
+        while not done.is_set():
+            per_client: Counter[str] = Counter()
+            for ch in await channel_stats(nsq_cluster.http_addresses, topic, channel):
+                for client in ch["clients"]:
+                    per_client[client["client_id"]] += client["ready_count"]
+            samples.append(dict(per_client))
+            await asyncio.sleep(0.02)
+
+    for consumer in consumers:
+        await consumer.start()
+    sampler = asyncio.create_task(sample())
+    await asyncio.wait_for(done.wait(), 120)
+    await sampler
+    reports = [await consumer.stop() for consumer in consumers]
+    assert set(seen) == set(bodies), f"lost {total - len(set(seen) & set(bodies))}"
+    assert len(samples) >= 10
+    worst = max(max(s.values(), default=0) for s in samples)
+    assert worst <= 200, f"a consumer held RDY {worst} > max_in_flight 200"
+    assert all(r.abandoned == 0 for r in reports)
+    # Both consumers got a share, from all three nsqd.
+    assert all(c.total_received > 0 for c in consumers)
+    leftover = await channel_stats(nsq_cluster.http_addresses, topic, channel)
+    assert sum(c["in_flight_count"] + c["depth"] for c in leftover) == 0
+
+
+async def test_an_nsqd_added_at_run_time_is_consumed_within_one_poll_interval(nsq_cluster):
+    skip_if_external(nsq_cluster, "adds an nsqd to the cluster")
+    topic = unique("grow")
+    await publish_spread(nsq_cluster.tcp_addresses, topic, 3)
+    got: list[bytes] = []
+    interval = 1.0
+    consumer = Consumer(topic, "ch", lookupd_http_addresses=nsq_cluster.lookupd_http_addresses,
+                        handler=lambda m: got.append(m.body), max_in_flight=10,
+                        lookupd_poll_interval=interval, lookupd_poll_jitter=0.0)
+    await consumer.start()
+    await eventually(lambda: len(got) == 3, what="the first three messages")
+    node = await nsq_cluster.add_node()
+    async with Producer([node.tcp_address]) as producer:
+        await producer.publish(topic, b"from the new node")
+    loop = asyncio.get_running_loop()
+    registered_at = loop.time()
+    await eventually(lambda: b"from the new node" in got, timeout=interval * 3)
+    assert loop.time() - registered_at <= interval + 0.5
+    assert len(consumer.connections) == 4
+    await consumer.stop()
+
+
+async def test_backoff_engages_on_failures_and_recovers(nsqd):
+    topic = unique("backoff")
+    await publish_spread([nsqd.tcp_address], topic, 20)
+    failures_left = 3
+    levels: list[int] = []
+    handled: list[bytes] = []
+    consumer: Consumer
+
+    def handle(message):
+        nonlocal failures_left
+        levels.append(consumer.backoff_level)
+        if failures_left:
+            failures_left -= 1
+            raise RuntimeError("downstream is down")
+        handled.append(message.body)
+
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=5,
+                        backoff_multiplier=0.05, default_requeue_delay=0, max_attempts=0)
+    await consumer.start()
+    await eventually(lambda: len(set(handled)) == 20, timeout=20, what="all messages after recovering")
+    assert max(levels) >= 1, "backoff never engaged"
+    await eventually(lambda: consumer.backoff_level == 0, what="backoff to step back down to 0")
+    assert consumer.stats()["connections"][0].rdy == 5  # full RDY again after recovering
+    await consumer.stop()
+
+
+async def test_give_up_hook_fires_past_max_attempts(nsqd):
+    topic = unique("poison")
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(topic, b"poison")
+        await producer.publish(topic, b"fine")
+    given_up: list[tuple[bytes, int]] = []
+    calls: Counter[bytes] = Counter()
+
+    def handle(message):
+        calls[message.body] += 1
+        if message.body == b"poison":
+            raise ValueError("cannot process")
+
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=2,
+                        max_attempts=2, default_requeue_delay=0, max_backoff_duration=0,
+                        give_up_handler=lambda m: given_up.append((m.body, m.attempts)))
+    await consumer.start()
+    await eventually(lambda: given_up, timeout=10, what="the give-up hook")
+    assert given_up == [(b"poison", 3)]
+    assert calls == {b"poison": 2, b"fine": 1}  # the third delivery went to the hook, not the handler
+    await asyncio.sleep(0.3)
+    stats = await channel_stats([nsqd.http_address], topic, "ch")
+    assert stats[0]["depth"] == 0 and stats[0]["in_flight_count"] == 0  # FINed, not redelivered
+    await consumer.stop()
+
+
+async def test_stop_under_load_leaves_nothing_in_flight_and_loses_nothing(nsqd):
+    topic = unique("drain")
+    bodies = await publish_spread([nsqd.tcp_address], topic, 3000)
+    finished: set[bytes] = set()
+
+    async def slow(message):
+        await asyncio.sleep(0.01)
+        finished.add(message.body)
+
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=slow, max_in_flight=200)
+    await consumer.start()
+    await eventually(lambda: len(finished) > 300, what="some progress")
+    report = await consumer.stop(timeout=5.0)
+    assert not report.timed_out and report.abandoned == 0
+    assert report.finished > 0
+    await asyncio.sleep(0.2)
+    stats = (await channel_stats([nsqd.http_address], topic, "ch"))[0]
+    assert stats["in_flight_count"] == 0
+    assert stats["client_count"] == 0
+    # What was not finished is back in the channel: nothing lost.
+    rest: list[bytes] = []
+    again = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=lambda m: rest.append(m.body),
+                     max_in_flight=500)
+    await again.start()
+    await eventually(lambda: finished | set(rest) >= set(bodies), timeout=20, what="every message")
+    await again.stop()
+
+
+async def test_stop_deadline_requeues_what_handlers_still_hold(nsqd):
+    topic = unique("deadline")
+    await publish_spread([nsqd.tcp_address], topic, 5)
+    started = asyncio.Event()
+
+    async def stuck(message):
+        started.set()
+        await asyncio.sleep(30)
+
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=stuck, max_in_flight=5)
+    await consumer.start()
+    await started.wait()
+    report = await consumer.stop(timeout=0.3)
+    assert report.timed_out and report.abandoned == 5
+    await asyncio.sleep(0.2)
+    stats = (await channel_stats([nsqd.http_address], topic, "ch"))[0]
+    assert stats["in_flight_count"] == 0 and stats["depth"] + stats["deferred_count"] == 5
+
+
+async def test_batches_yield_on_starvation_before_max_wait(nsqd):
+    topic = unique("starved")
+    await publish_spread([nsqd.tcp_address], topic, 10)
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], max_in_flight=10)
+    await consumer.start()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    async for batch in consumer.batches(max_size=100, max_wait=10.0):
+        waited = loop.time() - start
+        assert len(batch) == 10  # fewer than max_size...
+        assert consumer.is_starved()
+        batch.finish()
+        break
+    assert waited < 2.0, f"waited {waited:.2f} s: should not have waited for max_wait"
+    await consumer.stop()
+
+
+async def test_batches_wait_for_max_wait_when_not_starved(nsqd):
+    topic = unique("notstarved")
+    await publish_spread([nsqd.tcp_address], topic, 3)
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], max_in_flight=10)
+    await consumer.start()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    async for batch in consumer.batches(max_size=100, max_wait=0.5):
+        assert len(batch) == 3 and not consumer.is_starved()
+        assert loop.time() - start >= 0.45
+        batch.finish()
+        break
+    await consumer.stop()
+
+
+async def test_async_for_and_explicit_answers(nsqd):
+    topic = unique("iter")
+    await publish_spread([nsqd.tcp_address], topic, 4)
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], max_in_flight=4)
+    await consumer.start()
+    seen: Counter[bytes] = Counter()
+    async for message in consumer:
+        seen[message.body] += 1
+        if seen[message.body] == 1 and message.body.startswith(b"00000000"):
+            message.requeue(0, backoff=False)  # comes back once
+        else:
+            message.touch()
+            message.finish()
+        if sum(seen.values()) == 5:
+            break
+    assert len(seen) == 4 and max(seen.values()) == 2
+    await consumer.stop()
+
+
+async def test_async_handler_runs_concurrently_up_to_max_in_flight(nsqd):
+    topic = unique("async")
+    await publish_spread([nsqd.tcp_address], topic, 50)
+    running = 0
+    peak = 0
+    done: list[bytes] = []
+
+    async def handle(message):
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        done.append(message.body)
+
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=10)
+    await consumer.start()
+    await eventually(lambda: len(done) == 50, timeout=10)
+    assert 2 <= peak <= 10
+    await consumer.stop()
+
+
+async def test_async_handler_that_never_awaits_needs_no_task(nsqd):
+    topic = unique("eager")
+    await publish_spread([nsqd.tcp_address], topic, 20)
+    done: list[bytes] = []
+
+    async def handle(message):
+        done.append(message.body)  # never awaits
+
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=20)
+    await consumer.start()
+    await eventually(lambda: len(done) == 20)
+    assert not consumer._tasks
+    stats = consumer.stats()
+    assert stats["finished"] == 20
+    await consumer.stop()
+
+
+async def test_max_in_flight_below_connection_count_starves_no_nsqd(nsq_cluster):
+    """mif 1 over 3 nsqd: RDY rotates, so every nsqd's messages get through (go-nsq #179, nsqjs #242)."""
+    topic = unique("rotate")
+    bodies = await publish_spread(nsq_cluster.tcp_addresses, topic, 6)
+    got: list[bytes] = []
+    consumer = Consumer(topic, "ch", lookupd_http_addresses=nsq_cluster.lookupd_http_addresses,
+                        handler=lambda m: got.append(m.body), max_in_flight=1,
+                        low_rdy_idle_timeout=1.0, rdy_redistribute_interval=0.1)
+    await consumer.start()
+    await eventually(lambda: sorted(got) == sorted(bodies), timeout=20, what="messages from every nsqd")
+    await consumer.stop()
+
+
+async def test_set_max_in_flight_zero_pauses(nsqd):
+    topic = unique("pause")
+    await publish_spread([nsqd.tcp_address], topic, 10)
+    got: list[bytes] = []
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=lambda m: got.append(m.body),
+                        max_in_flight=0)
+    await consumer.start()
+    await asyncio.sleep(0.3)
+    assert got == []
+    consumer.set_max_in_flight(5)
+    await eventually(lambda: len(got) == 10)
+    await consumer.stop()
+
+
+async def test_direct_nsqd_reconnects_after_restart():
+    from fastnsq.testing import NSQD
+
+    async with NSQD() as nsqd:
+        topic = unique("reconnect")
+        got: list[bytes] = []
+        consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=lambda m: got.append(m.body),
+                            max_in_flight=10, reconnect_delay=0.05)
+        await consumer.start()
+        await nsqd.stop()
+        await asyncio.sleep(0.2)
+        await nsqd.start()
+        async with Producer([nsqd.tcp_address]) as producer:
+            await producer.publish(topic, b"after restart")
+        await eventually(lambda: got == [b"after restart"], timeout=10, what="the consumer to reconnect")
+        await consumer.stop()
+
+
+def test_bad_options_name_the_option():
+    for kwargs, words in [
+        ({"max_in_flight": -1}, "max_in_flight"),
+        ({"max_attempts": 70000}, "max_attempts"),
+        ({"backoff_strategy": "linear"}, "backoff_strategy"),
+        ({"low_rdy_idle_timeout": 0.1}, "low_rdy_idle_timeout"),
+        ({"heartbeat_interval": None}, "heartbeat_interval"),
+        ({"bogus_option": 1}, "unknown Consumer option"),
+    ]:
+        with pytest.raises(InvalidValueError, match=words):
+            Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], **kwargs)
+    with pytest.raises(InvalidValueError, match="invalid channel name"):
+        Consumer("t", "bad channel", nsqd_tcp_addresses=["127.0.0.1:4150"])
+
+
+async def test_sync_consumer_with_worker_threads(nsqd):
+    from fastnsq.sync import Consumer as SyncConsumer
+
+    topic = unique("syncc")
+    await publish_spread([nsqd.tcp_address], topic, 30)
+    import threading
+
+    handled: list[bytes] = []
+    threads: set[str] = set()
+
+    def handle(message):
+        threads.add(threading.current_thread().name)
+        if message.body.startswith(b"00000000") and message.attempts == 1:
+            message.requeue(0, backoff=False)
+            return
+        handled.append(message.body)
+
+    def blocking():
+        consumer = SyncConsumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, workers=4)
+        consumer.start()
+        import time
+
+        deadline = time.monotonic() + 15
+        while len(set(handled)) < 30 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return consumer.stop()
+
+    report = await asyncio.get_running_loop().run_in_executor(None, blocking)
+    assert len(set(handled)) == 30
+    assert all(name.startswith("fastnsq-handler") for name in threads)
+    assert not report.timed_out
