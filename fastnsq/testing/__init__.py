@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -64,6 +65,8 @@ __all__ = [
     "is_external",
     "is_ha",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Whether the embedded servers speak the HA (youzan) dialect yet; the HA phase turns it on.
 EMBEDDED_HA_AVAILABLE = False
@@ -337,8 +340,11 @@ class NSQCluster:
         for index, nsqd in enumerate(self.nsqds):
             if index not in self._stopped:
                 self._stopped.add(index)
-                with contextlib.suppress(Exception):
+                try:
                     await nsqd.stop()
+                except Exception:
+                    # Keep stopping the others; the failure is still visible in the log.
+                    logger.exception("NSQCluster: stopping nsqd %s failed", nsqd.tcp_address)
         await self.lookupd.stop()
 
     async def __aenter__(self) -> Self:
