@@ -387,8 +387,12 @@ class ClientConnection(asyncio.BufferedProtocol):
         """Wait for what a command needed, run the command again, then read on."""
         try:
             await prepare()
-        except Exception:  # the command itself then reports the failure
+        except Exception:
+            # Running the command again would only suspend it again: give up on
+            # this connection (an nsqd would have failed it in some other way).
             log.exception("client %s: preparing %s failed", self, _text(name))
+            self.close()
+            return
         if self._closing:
             return
         self._run_reader(self._redo, name, params, body)
@@ -711,7 +715,11 @@ class ClientConnection(asyncio.BufferedProtocol):
                 for key, value in rdn:
                     if key == "commonName":
                         common_name = value
-        state = await self.server.query_auth(self.remote_ip, self.tls, common_name, self._auth_secret)
+        try:
+            state = await self.server.query_auth(self.remote_ip, self.tls, common_name, self._auth_secret)
+        except Exception:  # the server going away, say: a failed AUTH
+            log.exception("client %s: querying the auth server failed", self)
+            state = None
         setattr(self, slot, state)
 
     def _check_auth(self, command: str, topic: str, channel: str) -> None:

@@ -161,12 +161,16 @@ class Channel:
             self.queue.extend(msgs)
             return
         put = self.put
-        for msg in msgs:
+        ready = self._ready
+        for index, msg in enumerate(msgs):
             defer_ms = msg[DEFER_MS]
             if defer_ms:
                 self._defer((msg[ID], msg[BODY], msg[TIMESTAMP], msg[ATTEMPTS], 0), defer_ms / 1000.0)
-            else:
+            elif ready or deferrable:
                 put(msg)
+            else:  # nobody is ready any more: the rest waits in the queue
+                self.queue.extend(msgs[index:])
+                return
 
     def _defer(self, msg: Msg, delay: float) -> None:
         when = self.server.loop.time() + delay

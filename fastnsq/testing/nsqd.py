@@ -301,6 +301,7 @@ class NSQD:
         self._tcp_server.close()  # type: ignore[union-attr]
         for client in list(self.clients.values()):
             client.close()
+        self.clients.clear()
         for name, topic in list(self.topics.items()):
             if topic.ephemeral:
                 for channel in topic.channels.values():
@@ -344,9 +345,12 @@ class NSQD:
         context.load_cert_chain(options.tls_cert, options.tls_key)
         if options.tls_root_ca_file:
             context.load_verify_locations(options.tls_root_ca_file)
-        # Python cannot ask for a client certificate without verifying it, so
-        # "require" verifies too (against tls_root_ca_file when given).
+        # Python's ssl cannot ask for a client certificate without verifying it, so
+        # "require" (Go's RequireAnyClientCert) verifies too: against
+        # tls_root_ca_file when given, else against the system's CAs.
         if options.tls_client_auth_policy in ("require", "require-verify"):
+            if not options.tls_root_ca_file:
+                context.load_default_certs(ssl.Purpose.CLIENT_AUTH)
             context.verify_mode = ssl.CERT_REQUIRED
         return context
 
