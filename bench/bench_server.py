@@ -34,7 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fastnsq import codec  # noqa: E402
+from fastnsq import codec
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -106,7 +106,11 @@ class Client(asyncio.BufferedProtocol):
         self.reader.buffer_updated(nbytes)
         if self.auto_fin and len(self.out):
             self.transport.write(self.out.take())  # type: ignore[union-attr]
-        if self.waiter is not None and max(self.oks, self.messages) >= self.wake_at and not self.waiter.done():
+        if (
+            self.waiter is not None
+            and max(self.oks, self.messages) >= self.wake_at
+            and not self.waiter.done()
+        ):
             self.waiter.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -241,7 +245,9 @@ async def delete_topic(http: str, topic: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages per run (default 1M)")
     parser.add_argument("--size", type=int, default=100, help="message body size (default 100)")
     parser.add_argument("--batch", type=int, default=200, help="messages per MPUB (default 200)")
@@ -264,13 +270,24 @@ def main() -> None:
     report(args, loop_name, results)
 
 
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
 def report(args: argparse.Namespace, loop_name: str, results: dict[str, float]) -> None:
     rows = [
-        ("delivered (1 consumer, RDY %d, FIN batched)" % args.rdy, results["delivered"]),
-        ("accepted via MPUB of %d" % args.batch, results["mpub_accepted"]),
+        (f"delivered (1 consumer, RDY {args.rdy}, FIN batched)", results["delivered"]),
+        (f"accepted via MPUB of {args.batch}", results["mpub_accepted"]),
         ("accepted via pipelined PUB", results["pub_accepted"]),
     ]
-    print(f"\nembedded nsqd, {args.size}-byte bodies, {args.messages} messages per run, best of {args.repeat}")
+    print(
+        f"\nembedded nsqd, {args.size}-byte bodies, {args.messages} messages per run, best of {args.repeat}"
+    )
     print(f"{'run':<48}{'msg/s':>12}")
     for name, rate in rows:
         print(f"{name:<48}{rate:>12,.0f}")
@@ -284,8 +301,12 @@ def report(args: argparse.Namespace, loop_name: str, results: dict[str, float]) 
         "loop": loop_name,
         "codec": codec.IMPLEMENTATION,
         "args": {k: v for k, v in vars(args).items() if k != "serve"},
-        "msg_per_s": {"delivered": results["delivered"], "mpub_accepted": results["mpub_accepted"],
-                      "pub_accepted": results["pub_accepted"]},
+        "msg_per_s": {
+            "delivered": results["delivered"],
+            "mpub_accepted": results["mpub_accepted"],
+            "pub_accepted": results["pub_accepted"],
+        },
+        "git_commit": git_commit(),
         "command": " ".join([os.path.relpath(sys.executable), *sys.argv]),
     }
     path = RESULTS / f"bench_server_{stamp}.json"

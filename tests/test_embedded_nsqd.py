@@ -22,7 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
@@ -31,6 +31,9 @@ from aiohttp import web
 from fastnsq import codec as nsq_codec
 from fastnsq.compression import DeflateStream, SnappyStream
 from fastnsq.testing.nsqd import NSQD
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 EXTERNAL_TCP = os.environ.get("FASTNSQ_TEST_NSQD", "").strip()
 EXTERNAL_HTTP = os.environ.get("FASTNSQ_TEST_NSQD_HTTP", "").strip()
@@ -321,7 +324,9 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-async def stats(session: aiohttp.ClientSession, server: Server, topic: str, channel: str = "") -> dict[str, Any]:
+async def stats(
+    session: aiohttp.ClientSession, server: Server, topic: str, channel: str = ""
+) -> dict[str, Any]:
     params = {"format": "json", "topic": topic}
     if channel:
         params["channel"] = channel
@@ -330,7 +335,9 @@ async def stats(session: aiohttp.ClientSession, server: Server, topic: str, chan
         return json.loads(await response.read())
 
 
-async def channel_stats(session: aiohttp.ClientSession, server: Server, topic: str, channel: str) -> dict[str, Any]:
+async def channel_stats(
+    session: aiohttp.ClientSession, server: Server, topic: str, channel: str
+) -> dict[str, Any]:
     data = await stats(session, server, topic, channel)
     assert data["topics"], data
     (entry,) = data["topics"][0]["channels"]
@@ -377,9 +384,21 @@ async def test_identify_answer(server: Server) -> None:
     client = await server.connect()
     answer = await client.identify(feature_negotiation=True, msg_timeout=5000)
     assert list(answer) == [
-        "max_rdy_count", "version", "max_msg_timeout", "msg_timeout", "tls_v1", "deflate", "deflate_level",
-        "max_deflate_level", "snappy", "sample_rate", "auth_required", "output_buffer_size",
-        "output_buffer_timeout", "topology_region", "topology_zone",
+        "max_rdy_count",
+        "version",
+        "max_msg_timeout",
+        "msg_timeout",
+        "tls_v1",
+        "deflate",
+        "deflate_level",
+        "max_deflate_level",
+        "snappy",
+        "sample_rate",
+        "auth_required",
+        "output_buffer_size",
+        "output_buffer_timeout",
+        "topology_region",
+        "topology_zone",
     ]
     assert answer["msg_timeout"] == 5000
     assert answer["version"].startswith("1.")
@@ -394,7 +413,11 @@ async def test_identify_client_settings_are_echoed(server: Server) -> None:
         feature_negotiation=True, output_buffer_size=-1, output_buffer_timeout=100, sample_rate=10
     )
     # -1 turns buffering off: a 1-byte buffer and no flush timer.
-    assert (answer["output_buffer_size"], answer["output_buffer_timeout"], answer["sample_rate"]) == (1, 0, 10)
+    assert (answer["output_buffer_size"], answer["output_buffer_timeout"], answer["sample_rate"]) == (
+        1,
+        0,
+        10,
+    )
 
 
 @pytest.mark.parametrize(
@@ -549,7 +572,9 @@ async def test_tls_required_refuses_commands_before_the_upgrade(
 
 
 @embedded_only
-async def test_tls_client_certificate_required(make_nsqd: Callable[..., Any], tls_files: dict[str, Any]) -> None:
+async def test_tls_client_certificate_required(
+    make_nsqd: Callable[..., Any], tls_files: dict[str, Any]
+) -> None:
     nsqd = await make_nsqd(
         tls_cert=tls_files["cert"],
         tls_key=tls_files["key"],
@@ -819,10 +844,15 @@ async def test_fin_req_touch_malformed_are_fatal(server: Server, line: bytes, te
     await client.fatal(text)
 
 
-@pytest.mark.parametrize(("verb", "line"), [("FIN", b"FIN 0000000000000000\n"),
-                                            ("REQ", b"REQ 0000000000000000 0\n"),
-                                            ("TOUCH", b"TOUCH 0000000000000000\n"),
-                                            ("CLS", b"CLS\n")])
+@pytest.mark.parametrize(
+    ("verb", "line"),
+    [
+        ("FIN", b"FIN 0000000000000000\n"),
+        ("REQ", b"REQ 0000000000000000 0\n"),
+        ("TOUCH", b"TOUCH 0000000000000000\n"),
+        ("CLS", b"CLS\n"),
+    ],
+)
 async def test_consumer_commands_before_sub_are_fatal(server: Server, verb: str, line: bytes) -> None:
     client = await server.connect()
     client.send_raw(line)
@@ -929,7 +959,9 @@ async def test_cls_answers_close_wait_and_keeps_the_connection(server: Server) -
     await client.ok()
 
 
-async def test_sample_rate_drops_messages_for_the_channel(server: Server, http: aiohttp.ClientSession) -> None:
+async def test_sample_rate_drops_messages_for_the_channel(
+    server: Server, http: aiohttp.ClientSession
+) -> None:
     topic = unique()
     producer = await server.connect()
     producer.out.mpub(topic, [b"%d" % i for i in range(200)])
@@ -999,19 +1031,31 @@ async def test_output_buffer_flushes_when_full(server: Server) -> None:
         (command(b"PUB", body=b"x"), "E_INVALID PUB insufficient number of parameters"),
         (command(b"PUB", b"bad*topic", body=b"x"), 'E_BAD_TOPIC PUB topic name "bad*topic" is not valid'),
         (command(b"PUB", b"t", body=b""), "E_BAD_MESSAGE PUB invalid message body size 0"),
-        (b"PUB t\n" + struct.pack(">I", MAX_MSG_SIZE + 1),
-         f"E_BAD_MESSAGE PUB message too big {MAX_MSG_SIZE + 1} > {MAX_MSG_SIZE}"),
-        (command(b"MPUB", b"bad*topic", body=mpub_body(b"x")),
-         'E_BAD_TOPIC E_BAD_TOPIC MPUB topic name "bad*topic" is not valid'),
+        (
+            b"PUB t\n" + struct.pack(">I", MAX_MSG_SIZE + 1),
+            f"E_BAD_MESSAGE PUB message too big {MAX_MSG_SIZE + 1} > {MAX_MSG_SIZE}",
+        ),
+        (
+            command(b"MPUB", b"bad*topic", body=mpub_body(b"x")),
+            'E_BAD_TOPIC E_BAD_TOPIC MPUB topic name "bad*topic" is not valid',
+        ),
         (b"MPUB t\n" + struct.pack(">I", 0), "E_BAD_BODY MPUB invalid body size 0"),
-        (b"MPUB t\n" + struct.pack(">I", MAX_BODY_SIZE + 1),
-         f"E_BAD_BODY MPUB body too big {MAX_BODY_SIZE + 1} > {MAX_BODY_SIZE}"),
+        (
+            b"MPUB t\n" + struct.pack(">I", MAX_BODY_SIZE + 1),
+            f"E_BAD_BODY MPUB body too big {MAX_BODY_SIZE + 1} > {MAX_BODY_SIZE}",
+        ),
         (command(b"MPUB", b"t", body=struct.pack(">I", 0)), "E_BAD_BODY MPUB invalid message count 0"),
-        (command(b"MPUB", b"t", body=mpub_body(b"a", b"")), "E_BAD_MESSAGE MPUB invalid message(1) body size 0"),
+        (
+            command(b"MPUB", b"t", body=mpub_body(b"a", b"")),
+            "E_BAD_MESSAGE MPUB invalid message(1) body size 0",
+        ),
         (command(b"DPUB", b"t", body=b"x"), "E_INVALID DPUB insufficient number of parameters"),
         (command(b"DPUB", b"t", b"soon", body=b"x"), "E_INVALID DPUB could not parse timeout soon"),
         (command(b"DPUB", b"t", b"-5", body=b"x"), "E_INVALID DPUB could not parse timeout -5"),
-        (command(b"DPUB", b"t", b"3600001", body=b"x"), "E_INVALID DPUB timeout 3600001 out of range 0-3600000"),
+        (
+            command(b"DPUB", b"t", b"3600001", body=b"x"),
+            "E_INVALID DPUB timeout 3600001 out of range 0-3600000",
+        ),
         (command(b"DPUB", b"t", b"10", body=b""), "E_BAD_MESSAGE DPUB invalid message body size 0"),
     ],
 )
@@ -1066,7 +1110,9 @@ async def test_max_size_message_is_accepted(server: Server) -> None:
 # ---- ephemeral topics and channels ------------------------------------------------------------
 
 
-async def test_ephemeral_channel_goes_with_its_last_client(server: Server, http: aiohttp.ClientSession) -> None:
+async def test_ephemeral_channel_goes_with_its_last_client(
+    server: Server, http: aiohttp.ClientSession
+) -> None:
     topic = unique()
     client = await server.connect()
     await client.subscribe(topic, "eph#ephemeral")
@@ -1078,7 +1124,9 @@ async def test_ephemeral_channel_goes_with_its_last_client(server: Server, http:
     assert (await stats(http, server, topic))["topics"][0]["channels"] == []
 
 
-async def test_ephemeral_topic_goes_with_its_last_channel(server: Server, http: aiohttp.ClientSession) -> None:
+async def test_ephemeral_topic_goes_with_its_last_channel(
+    server: Server, http: aiohttp.ClientSession
+) -> None:
     topic = unique() + "#ephemeral"
     client = await server.connect()
     await client.subscribe(topic, "c#ephemeral")
@@ -1106,7 +1154,12 @@ async def test_stats_follow_the_channel_and_its_clients(server: Server, http: ai
     data = await stats(http, server, topic)
     assert data["version"].startswith("1.") and data["health"] == "OK"
     (entry,) = data["topics"]
-    assert (entry["topic_name"], entry["depth"], entry["message_count"], entry["message_bytes"]) == (topic, 0, 4, 4)
+    assert (entry["topic_name"], entry["depth"], entry["message_count"], entry["message_bytes"]) == (
+        topic,
+        0,
+        4,
+        4,
+    )
     (channel,) = entry["channels"]
     assert channel["channel_name"] == "c"
     assert (channel["depth"], channel["in_flight_count"], channel["deferred_count"]) == (0, 2, 1)
@@ -1114,7 +1167,11 @@ async def test_stats_follow_the_channel_and_its_clients(server: Server, http: ai
     assert channel["client_count"] == 1 and channel["paused"] is False
     (me,) = channel["clients"]
     assert (me["client_id"], me["hostname"], me["user_agent"], me["version"]) == (
-        "stats-client", "stats-host", "tests/1", "V2")
+        "stats-client",
+        "stats-host",
+        "tests/1",
+        "V2",
+    )
     assert (me["ready_count"], me["in_flight_count"], me["message_count"]) == (3, 2, 4)
     assert (me["finish_count"], me["requeue_count"], me["state"]) == (1, 1, 3)
     assert {(p["client_id"], p["pub_counts"][0]["count"]) for p in data["producers"]} == {("stats-client", 4)}
@@ -1127,8 +1184,13 @@ async def test_stats_filters(server: Server, http: aiohttp.ClientSession) -> Non
     await client.subscribe(topic, "a")
     other = await server.connect()
     await other.subscribe(topic, "b")
-    assert [c["channel_name"] for c in (await stats(http, server, topic))["topics"][0]["channels"]] == ["a", "b"]
-    assert [c["channel_name"] for c in (await stats(http, server, topic, "b"))["topics"][0]["channels"]] == ["b"]
+    assert [c["channel_name"] for c in (await stats(http, server, topic))["topics"][0]["channels"]] == [
+        "a",
+        "b",
+    ]
+    assert [c["channel_name"] for c in (await stats(http, server, topic, "b"))["topics"][0]["channels"]] == [
+        "b"
+    ]
     assert (await stats(http, server, unique()))["topics"] is None
     async with http.get(server.url(f"/stats?format=json&topic={topic}&include_clients=false")) as response:
         data = json.loads(await response.read())
@@ -1154,9 +1216,18 @@ async def test_http_ping_and_info(server: Server, http: aiohttp.ClientSession) -
     status, headers, body = await http_call(http, server, "GET", "/info")
     info = json.loads(body)
     assert status == 200 and headers["X-Nsq-Content-Type"] == "nsq; version=1.0"
-    assert set(info) >= {"version", "broadcast_address", "hostname", "http_port", "tcp_port", "start_time",
-                         "max_heartbeat_interval", "max_output_buffer_size", "max_output_buffer_timeout",
-                         "max_deflate_level"}
+    assert set(info) >= {
+        "version",
+        "broadcast_address",
+        "hostname",
+        "http_port",
+        "tcp_port",
+        "start_time",
+        "max_heartbeat_interval",
+        "max_output_buffer_size",
+        "max_output_buffer_timeout",
+        "max_deflate_level",
+    }
     assert info["tcp_port"] == int(server.tcp.rsplit(":", 1)[1])
     assert info["max_heartbeat_interval"] == 60 * 10**9  # a Go time.Duration: nanoseconds
 
@@ -1292,7 +1363,9 @@ async def test_topic_empty_drops_what_waits_in_the_topic(server: Server, http: a
     assert (await stats(http, server, topic))["topics"][0]["depth"] == 0
 
 
-async def test_deleting_a_channel_disconnects_its_consumers(server: Server, http: aiohttp.ClientSession) -> None:
+async def test_deleting_a_channel_disconnects_its_consumers(
+    server: Server, http: aiohttp.ClientSession
+) -> None:
     topic = unique()
     client = await server.connect()
     await client.subscribe(topic, "c")
@@ -1319,7 +1392,7 @@ class TinyAuthServer:
             return web.Response(status=403, text="forbidden")
         return web.json_response(answer)
 
-    async def __aenter__(self) -> TinyAuthServer:
+    async def __aenter__(self) -> Self:
         app = web.Application()
         app.router.add_get("/auth", self.handle)
         self.runner = web.AppRunner(app, access_log=None)
@@ -1339,14 +1412,28 @@ def grant(topic: str, channels: list[str], permissions: list[str]) -> dict[str, 
 
 
 AUTH_ANSWERS = {
-    "good": {"ttl": 3600, "identity": "alice", "identity_url": "https://example/alice",
-             "authorizations": [grant("^allowed", [".*"], ["publish", "subscribe"]),
-                                grant("^readonly$", ["^ch$"], ["subscribe"])]},
+    "good": {
+        "ttl": 3600,
+        "identity": "alice",
+        "identity_url": "https://example/alice",
+        "authorizations": [
+            grant("^allowed", [".*"], ["publish", "subscribe"]),
+            grant("^readonly$", ["^ch$"], ["subscribe"]),
+        ],
+    },
     "nothing": {"ttl": 3600, "identity": "nobody", "identity_url": "", "authorizations": []},
-    "short": {"ttl": 1, "identity": "brief", "identity_url": "",
-              "authorizations": [grant(".*", [".*"], ["publish", "subscribe"])]},
-    "bogus": {"ttl": 3600, "identity": "x", "identity_url": "",
-              "authorizations": [grant(".*", [".*"], ["write"])]},
+    "short": {
+        "ttl": 1,
+        "identity": "brief",
+        "identity_url": "",
+        "authorizations": [grant(".*", [".*"], ["publish", "subscribe"])],
+    },
+    "bogus": {
+        "ttl": 3600,
+        "identity": "x",
+        "identity_url": "",
+        "authorizations": [grant(".*", [".*"], ["write"])],
+    },
 }
 
 
@@ -1383,11 +1470,18 @@ async def test_auth_grants_and_refuses(auth_nsqd: tuple[NSQD, TinyAuthServer]) -
     nsqd, auth = auth_nsqd
     client, event = await authed(nsqd, "good")
     assert event[0] == "response"
-    assert json.loads(event[1]) == {"identity": "alice", "identity_url": "https://example/alice",
-                                    "permission_count": 2}
+    assert json.loads(event[1]) == {
+        "identity": "alice",
+        "identity_url": "https://example/alice",
+        "permission_count": 2,
+    }
     query = auth.queries[-1]
     assert (query["secret"], query["tls"], query["remote_ip"], query["common_name"]) == (
-        "good", "false", "127.0.0.1", "")
+        "good",
+        "false",
+        "127.0.0.1",
+        "",
+    )
     await client.publish("allowed_topic", b"ok")
     client.out.pub("other_topic", b"no")
     client.flush()
@@ -1445,7 +1539,9 @@ async def test_auth_disabled(server: Server) -> None:
 async def lookupd() -> AsyncIterator[Any]:
     if EXTERNAL_TCP:
         pytest.skip("needs an embedded nsqd pointed at an embedded nsqlookupd")
-    module = pytest.importorskip("fastnsq.testing.lookupd", reason="the embedded NSQLookupd is not written yet")
+    module = pytest.importorskip(
+        "fastnsq.testing.lookupd", reason="the embedded NSQLookupd is not written yet"
+    )
     server = module.NSQLookupd()
     await server.start()
     yield server
@@ -1453,9 +1549,11 @@ async def lookupd() -> AsyncIterator[Any]:
 
 
 async def lookup(lookupd: Any, path: str) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"http://{lookupd.http_address}{path}") as response:
-            return response.status, json.loads(await response.read())
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://{lookupd.http_address}{path}") as response,
+    ):
+        return response.status, json.loads(await response.read())
 
 
 async def eventually(check: Callable[[], Any], timeout: float = 3.0) -> Any:
@@ -1468,7 +1566,9 @@ async def eventually(check: Callable[[], Any], timeout: float = 3.0) -> Any:
         await asyncio.sleep(0.02)
 
 
-async def test_registers_topics_and_channels_with_lookupd(make_nsqd: Callable[..., Any], lookupd: Any) -> None:
+async def test_registers_topics_and_channels_with_lookupd(
+    make_nsqd: Callable[..., Any], lookupd: Any
+) -> None:
     nsqd = await make_nsqd(lookupd_tcp_addresses=[lookupd.tcp_address])
     topic = unique()
     client = await RawClient.connect(nsqd.tcp_address)
@@ -1517,6 +1617,35 @@ async def test_registers_again_after_lookupd_restarts(make_nsqd: Callable[..., A
     assert await eventually(registered, timeout=5.0)
 
 
+async def test_pings_keep_the_registration_alive(make_nsqd: Callable[..., Any]) -> None:
+    if EXTERNAL_TCP:
+        pytest.skip("needs an embedded nsqd pointed at an embedded nsqlookupd")
+    module = pytest.importorskip(
+        "fastnsq.testing.lookupd", reason="the embedded NSQLookupd is not written yet"
+    )
+    # lookupd forgets a producer silent for inactive_producer_timeout; nsqd's PINGs
+    # (every 15 s in nsqd, 0.1 s here) keep it listed.
+    async with module.NSQLookupd(inactive_producer_timeout=0.5) as lookupd:
+        pinging = await make_nsqd(lookupd_tcp_addresses=[lookupd.tcp_address], lookupd_ping_interval=0.1)
+        silent = await make_nsqd(lookupd_tcp_addresses=[lookupd.tcp_address], lookupd_ping_interval=60.0)
+        topic = unique()
+        for nsqd in (pinging, silent):
+            producer = await RawClient.connect(nsqd.tcp_address)
+            await producer.publish(topic, b"x")
+
+        async def ports() -> set[int]:
+            status, data = await lookup(lookupd, f"/lookup?topic={topic}")
+            return {p["tcp_port"] for p in data["producers"]} if status == 200 else set()
+
+        assert await eventually(lambda: _equals(ports, {pinging.tcp_port, silent.tcp_port}))
+        await asyncio.sleep(1.0)
+        assert await ports() == {pinging.tcp_port}
+
+
+async def _equals(check: Callable[[], Any], expected: Any) -> bool:
+    return await check() == expected
+
+
 async def test_new_topic_gets_the_channels_lookupd_knows(make_nsqd: Callable[..., Any], lookupd: Any) -> None:
     topic = unique()
     first = await make_nsqd(lookupd_tcp_addresses=[lookupd.tcp_address])
@@ -1535,9 +1664,11 @@ async def test_new_topic_gets_the_channels_lookupd_knows(make_nsqd: Callable[...
     assert await eventually(connected)
     producer = await RawClient.connect(second.tcp_address)
     await producer.publish(topic, b"for the channel that exists elsewhere")
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"http://{second.http_address}/stats?format=json&topic={topic}") as response:
-            data = json.loads(await response.read())
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://{second.http_address}/stats?format=json&topic={topic}") as response,
+    ):
+        data = json.loads(await response.read())
     (channel,) = data["topics"][0]["channels"]
     assert (channel["channel_name"], channel["depth"]) == ("everywhere", 1)
 
@@ -1575,8 +1706,10 @@ async def test_restart_without_messages_keeps_topics_and_channels(make_nsqd: Cal
     await consumer.publish(topic, b"lost")
     await nsqd.stop(keep_messages=False)
     await nsqd.start()
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"http://{nsqd.http_address}/stats?format=json&topic={topic}") as response:
-            data = json.loads(await response.read())
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://{nsqd.http_address}/stats?format=json&topic={topic}") as response,
+    ):
+        data = json.loads(await response.read())
     (channel,) = data["topics"][0]["channels"]
     assert (channel["channel_name"], channel["depth"], channel["message_count"]) == ("c", 0, 0)

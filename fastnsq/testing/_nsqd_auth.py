@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-__all__ = ["Authorization", "AuthState", "query_any_auth_server"]
+__all__ = ["AuthState", "Authorization", "query_any_auth_server"]
 
 log = logging.getLogger("fastnsq.testing.nsqd")
 
@@ -70,7 +70,7 @@ class AuthState:
     def from_answer(cls, answer: Any) -> AuthState:
         """Validate an auth server's JSON like nsqd's QueryAuthd (ValueError if bad)."""
         if not isinstance(answer, dict):
-            raise ValueError("auth answer is not a JSON object")
+            raise ValueError("auth answer is not a JSON object")  # noqa: TRY004 - a bad answer
         entries = []
         for item in answer.get("authorizations") or []:
             permissions = item.get("permissions") or []
@@ -106,7 +106,12 @@ async def query_any_auth_server(
     """The first good answer of the auth servers (random start), or None if none."""
     count = len(addresses)
     start = random.randrange(count) if count else 0
-    params = {"remote_ip": remote_ip, "tls": "true" if tls else "false", "secret": secret, "common_name": common_name}
+    params = {
+        "remote_ip": remote_ip,
+        "tls": "true" if tls else "false",
+        "secret": secret,
+        "common_name": common_name,
+    }
     for i in range(count):
         address = addresses[(start + i) % count]
         url = address if address.startswith(("http://", "https://")) else f"http://{address}"
@@ -120,5 +125,7 @@ async def query_any_auth_server(
                 return AuthState.from_answer(json.loads(body))
         except (aiohttp.ClientError, ValueError, OSError, TimeoutError) as exc:
             # Never log the secret (it is in the URL): only the server and the error.
-            log.warning("auth server %s failed: %s", address, type(exc).__name__ if "secret" in str(exc) else exc)
+            log.warning(
+                "auth server %s failed: %s", address, type(exc).__name__ if "secret" in str(exc) else exc
+            )
     return None

@@ -27,7 +27,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fastnsq import codec
 from fastnsq.compression import DeflateStream, SnappyStream
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._nsqd_queue import Channel
     from .nsqd import NSQD
 
-__all__ = ["ClientConnection", "STATE_INIT", "STATE_SUBSCRIBED", "STATE_CLOSING", "go_quote"]
+__all__ = ["STATE_CLOSING", "STATE_INIT", "STATE_SUBSCRIBED", "ClientConnection", "go_quote"]
 
 log = logging.getLogger("fastnsq.testing.nsqd")
 
@@ -109,7 +109,11 @@ def go_quote(raw: bytes) -> str:
         elif ch.isprintable():
             out.append(ch.encode("utf-8").decode("latin-1"))
         elif ch in "\a\b\f\n\r\t\v":
-            out.append({"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}[ch])
+            out.append(
+                {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}[
+                    ch
+                ]
+            )
         elif code < 0x80:
             out.append(f"\\x{code:02x}")
         elif code <= 0xFFFF:
@@ -170,7 +174,7 @@ def parse_identify(body: bytes) -> dict[str, Any]:
     if data is None:
         return out
     if not isinstance(data, dict):
-        raise ValueError("IDENTIFY body is not a JSON object")
+        raise ValueError("IDENTIFY body is not a JSON object")  # noqa: TRY004 - a decoding error
     for key, value in data.items():
         name = key.lower()
         kind = _IDENTIFY_FIELDS.get(name)
@@ -190,7 +194,16 @@ def parse_identify(body: bytes) -> dict[str, Any]:
 
 
 class ClientConnection(asyncio.BufferedProtocol):
-    """The server side of one TCP connection (a producer, a consumer, or both)."""
+    """The server side of one TCP connection (a producer, a consumer, or both).
+
+    Extension points for other dialects and for fault injection: :attr:`COMMANDS`
+    maps a command name to its handler ``(connection, params, body)`` (a subclass
+    can add or replace commands), and ``NSQD.connection_class`` picks the class.
+    Handlers raise ``_ClientError`` to answer with an error frame.
+    """
+
+    #: Command name -> handler; filled in below the class.
+    COMMANDS: ClassVar[dict[bytes, Callable[[ClientConnection, list[bytes], Any], None]]] = {}
 
     def __init__(self, server: NSQD) -> None:
         self.server = server
@@ -269,7 +282,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.remote_ip = str(peer[0])
-            self.remote_address = f"{peer[0]}:{peer[1]}" if ":" not in str(peer[0]) else f"[{peer[0]}]:{peer[1]}"
+            self.remote_address = (
+                f"{peer[0]}:{peer[1]}" if ":" not in str(peer[0]) else f"[{peer[0]}]:{peer[1]}"
+            )
         self.client_id = self.hostname = self.remote_ip
         self.server.add_client(self)
 
@@ -365,7 +380,7 @@ class ClientConnection(asyncio.BufferedProtocol):
     def _on_command(self, name: bytes, params: list[bytes], body: bytes | int | None) -> None:
         if self._closing:
             return
-        handler = _COMMANDS.get(name)
+        handler = self.COMMANDS.get(name)
         try:
             if handler is None:
                 raise _fatal("E_INVALID", f"invalid command {_text(name)}")
@@ -487,7 +502,9 @@ class ClientConnection(asyncio.BufferedProtocol):
             self._heartbeat_timer = None
         interval = self._pump_heartbeat
         if interval > 0:
-            self._heartbeat_timer = self.loop.call_at(origin + interval, self._on_heartbeat, origin + interval)
+            self._heartbeat_timer = self.loop.call_at(
+                origin + interval, self._on_heartbeat, origin + interval
+            )
 
     def _on_heartbeat(self, when: float) -> None:
         if self._closing:
@@ -567,7 +584,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         if timeout == -1:
             self.output_buffer_timeout = 0.0
         elif timeout != 0:
-            low = int(round(options.min_output_buffer_timeout * 1000))
+            low = round(options.min_output_buffer_timeout * 1000)
             if not low <= timeout <= int(options.max_output_buffer_timeout * 1000):
                 return f"output buffer timeout ({timeout}) is invalid"
             self.output_buffer_timeout = timeout / 1000.0
@@ -608,14 +625,14 @@ class ClientConnection(asyncio.BufferedProtocol):
         if deflate and snappy:
             raise _fatal("E_IDENTIFY_FAILED", "cannot enable both deflate and snappy compression")
         answer = server.identify_answer(
-            msg_timeout=int(round(self.msg_timeout * 1000)),
+            msg_timeout=round(self.msg_timeout * 1000),
             tls_v1=tls,
             deflate=deflate,
             deflate_level=level,
             snappy=snappy,
             sample_rate=self.sample_rate,
             output_buffer_size=self.output_buffer_size,
-            output_buffer_timeout=int(round(self.output_buffer_timeout * 1000)),
+            output_buffer_timeout=round(self.output_buffer_timeout * 1000),
         )
         self._flush()
         self._write_now(_encode_response(answer))
@@ -656,7 +673,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         except (OSError, asyncio.TimeoutError, ConnectionError) as exc:
             log.debug("client %s: TLS handshake failed: %s", self, exc)
             held, self._held = self._held, None
-            self._write_now(_encode_error(f"E_IDENTIFY_FAILED IDENTIFY failed {exc}".encode("latin-1", "replace")))
+            self._write_now(
+                _encode_error(f"E_IDENTIFY_FAILED IDENTIFY failed {exc}".encode("latin-1", "replace"))
+            )
             self.close()
             return
         if tls_transport is None or self._closing:
@@ -879,7 +898,7 @@ class ClientConnection(asyncio.BufferedProtocol):
                 raise _fatal("E_BAD_BODY", f"MPUB invalid body size {body}")
             raise _fatal("E_BAD_BODY", f"MPUB body too big {body} > {options.max_body_size}")
         try:
-            bodies = codec.decode_mpub(body, options.max_msg_size, options.max_body_size)
+            bodies = codec.decode_mpub(body, options.max_msg_size, options.max_body_size)  # type: ignore[arg-type]
         except ValueError as exc:
             code, description = exc.args
             raise _fatal(code, description) from None
@@ -966,9 +985,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         }
 
 
-# The command table: name -> handler(connection, params, body). A dialect adds or
-# replaces entries here (the HA dialect will add SUB_ORDERED, PUB_TRACE...).
-_COMMANDS: dict[bytes, Callable[[ClientConnection, list[bytes], Any], None]] = {
+# The upstream command table. A dialect's subclass copies it and adds or replaces
+# entries (the HA dialect will add SUB_ORDERED, PUB_TRACE...).
+ClientConnection.COMMANDS = {
     b"IDENTIFY": ClientConnection._cmd_identify,
     b"FIN": ClientConnection._cmd_fin,
     b"RDY": ClientConnection._cmd_rdy,

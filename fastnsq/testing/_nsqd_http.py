@@ -54,13 +54,19 @@ def _respond(status: int, data: Any) -> web.Response:
     headers = dict(_V1)
     if status != 200:
         body = json.dumps({"message": data}, separators=(",", ":")).encode()
-        return web.Response(status=status, body=body, content_type="application/json", charset="utf-8", headers=headers)
+        return web.Response(
+            status=status, body=body, content_type="application/json", charset="utf-8", headers=headers
+        )
     if data is None:
         return web.Response(status=200, body=b"", headers=headers)
     if isinstance(data, str):
-        return web.Response(status=200, text=data, content_type="text/plain", charset="utf-8", headers=headers)
+        return web.Response(
+            status=200, text=data, content_type="text/plain", charset="utf-8", headers=headers
+        )
     body = json.dumps(data, separators=(",", ":")).encode()
-    return web.Response(status=200, body=body, content_type="application/json", charset="utf-8", headers=headers)
+    return web.Response(
+        status=200, body=body, content_type="application/json", charset="utf-8", headers=headers
+    )
 
 
 def _v1(handler: Callable[[NSQD, web.Request], Awaitable[Any]], nsqd: NSQD) -> Handler:
@@ -127,9 +133,9 @@ async def _info(nsqd: NSQD, request: web.Request) -> Any:
         "http_port": nsqd.http_port,
         "tcp_port": nsqd.tcp_port,
         "start_time": nsqd.start_time,
-        "max_heartbeat_interval": int(round(options.max_heartbeat_interval * 1e9)),
+        "max_heartbeat_interval": round(options.max_heartbeat_interval * 1e9),
         "max_output_buffer_size": options.max_output_buffer_size,
-        "max_output_buffer_timeout": int(round(options.max_output_buffer_timeout * 1e9)),
+        "max_output_buffer_timeout": round(options.max_output_buffer_timeout * 1e9),
         "max_deflate_level": options.max_deflate_level,
         "topology_zone": options.topology_zone,
         "topology_region": options.topology_region,
@@ -347,7 +353,9 @@ def _stats_text(nsqd: NSQD, stats: dict[str, Any]) -> str:
 
 
 @web.middleware
-async def _not_found(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def _not_found(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     """httprouter's NotFound / MethodNotAllowed answers in nsqd's JSON form."""
     try:
         return await handler(request)

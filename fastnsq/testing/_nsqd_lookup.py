@@ -16,6 +16,7 @@ is what :meth:`LookupRegistrar.topic_channels` queries for a new topic's channel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import struct
@@ -28,7 +29,7 @@ from .nsqd import VERSION
 if TYPE_CHECKING:  # pragma: no cover
     from .nsqd import NSQD
 
-__all__ = ["LookupRegistrar", "LookupPeer"]
+__all__ = ["LookupPeer", "LookupRegistrar"]
 
 log = logging.getLogger("fastnsq.testing.nsqd")
 
@@ -73,10 +74,8 @@ class LookupPeer:
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
             self._task = None
         self._close()
 
@@ -112,7 +111,13 @@ class LookupPeer:
                 await self._serve(reader, writer)
             except asyncio.CancelledError:
                 raise
-            except (OSError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as exc:
+            except (
+                OSError,
+                ConnectionError,
+                asyncio.IncompleteReadError,
+                asyncio.TimeoutError,
+                ValueError,
+            ) as exc:
                 log.debug("lookupd %s: %s; reconnecting in %.0f s", self.address, exc, delay)
             self._close()
             await asyncio.sleep(delay)
@@ -140,7 +145,9 @@ class LookupPeer:
         self.info = json.loads(answer)
         return True
 
-    async def _send(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, command: bytes) -> bytes:
+    async def _send(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, command: bytes
+    ) -> bytes:
         writer.write(command)
         await writer.drain()
         size = struct.unpack(">I", await asyncio.wait_for(reader.readexactly(4), _IO_TIMEOUT))[0]
@@ -163,7 +170,9 @@ class LookupPeer:
             closed = asyncio.ensure_future(reader.read(1))
             try:
                 await asyncio.wait(
-                    {queued, closed}, timeout=max(0.0, next_ping - loop.time()), return_when=asyncio.FIRST_COMPLETED
+                    {queued, closed},
+                    timeout=max(0.0, next_ping - loop.time()),
+                    return_when=asyncio.FIRST_COMPLETED,
                 )
             finally:
                 for future in (queued, closed):

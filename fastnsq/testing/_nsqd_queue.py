@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._nsqd_client import ClientConnection
     from .nsqd import NSQD
 
-__all__ = ["Msg", "InFlight", "new_message", "Topic", "Channel", "EPHEMERAL_SUFFIX"]
+__all__ = ["EPHEMERAL_SUFFIX", "Channel", "InFlight", "Msg", "Topic", "new_message"]
 
 EPHEMERAL_SUFFIX = "#ephemeral"
 
@@ -219,7 +219,7 @@ class Channel:
     def requeue(self, client: ClientConnection, message_id: bytes, delay: float) -> str | None:
         """REQ: back to the queue now, or after ``delay`` seconds; error text on failure."""
         entry = self._pop_in_flight(client, message_id)
-        if type(entry) is str:
+        if isinstance(entry, str):
             return entry
         self.requeue_count += 1
         msg = entry[:4] + (0,)
@@ -283,7 +283,7 @@ class Channel:
     def _time_out(self, entry: InFlight) -> None:
         del self.in_flight[entry[ID]]
         self.timeout_count += 1
-        client = entry[OWNER]
+        client: ClientConnection = entry[OWNER]
         msg = entry[:4] + (0,)
         if self.clients.get(client.id) is client:
             client.in_flight -= 1
@@ -339,8 +339,11 @@ class Channel:
         self.close_clients()
         if keep_messages:
             in_flight = sorted(self.in_flight.values(), key=lambda entry: entry[DELIVERED_AT])
-            deferred = [entry[2] for entry in sorted(self._deferred_heap, key=lambda e: e[:2])
-                        if self.deferred.get(entry[2][ID]) is entry[2]]
+            deferred = [
+                entry[2]
+                for entry in sorted(self._deferred_heap, key=lambda e: e[:2])
+                if self.deferred.get(entry[2][ID]) is entry[2]
+            ]
             self._forget_in_flight()
             self.queue.extend(entry[:4] + (0,) for entry in in_flight)
             self.queue.extend(deferred)
@@ -364,9 +367,7 @@ class Channel:
         out["requeue_count"] = self.requeue_count
         out["timeout_count"] = self.timeout_count
         out["client_count"] = len(self.clients)
-        out["clients"] = (
-            [c.stats(self.topic.name) for c in self.clients.values()] if include_clients else []
-        )
+        out["clients"] = [c.stats(self.topic.name) for c in self.clients.values()] if include_clients else []
         out["paused"] = self.paused
         out["e2e_processing_latency"] = {"count": 0, "percentiles": None}
         return out

@@ -36,7 +36,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -48,7 +48,10 @@ from ._nsqd_auth import AuthState, query_any_auth_server
 from ._nsqd_client import ClientConnection
 from ._nsqd_queue import EPHEMERAL_SUFFIX, Channel, Topic
 
-__all__ = ["NSQD", "NSQDOptions", "VERSION"]
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Self
+
+__all__ = ["NSQD", "VERSION", "NSQDOptions"]
 
 log = logging.getLogger("fastnsq.testing.nsqd")
 
@@ -154,6 +157,10 @@ class NSQD:
     5.0
     """
 
+    #: The protocol class serving each TCP connection (a subclass may change the
+    #: command table or inject faults; see ClientConnection).
+    connection_class: type[ClientConnection] = ClientConnection
+
     def __init__(
         self,
         *,
@@ -184,7 +191,9 @@ class NSQD:
         **more: Any,
     ) -> None:
         if isinstance(lookupd_tcp_addresses, str) or isinstance(auth_http_addresses, str):
-            raise InvalidValueError("lookupd_tcp_addresses and auth_http_addresses are sequences of 'host:port'")
+            raise InvalidValueError(
+                "lookupd_tcp_addresses and auth_http_addresses are sequences of 'host:port'"
+            )
         try:
             self.options = NSQDOptions(
                 host=host,
@@ -262,11 +271,13 @@ class NSQD:
         self.loop = asyncio.get_running_loop()
         options = self.options
         self._tcp_server = await self.loop.create_server(
-            lambda: ClientConnection(self), options.host, self.tcp_port, backlog=1024
+            lambda: self.connection_class(self), options.host, self.tcp_port, backlog=1024
         )
         self.tcp_port = self._tcp_server.sockets[0].getsockname()[1]
         try:
-            runner = web.AppRunner(build_app(self), access_log=None, handle_signals=False, shutdown_timeout=0.25)
+            runner = web.AppRunner(
+                build_app(self), access_log=None, handle_signals=False, shutdown_timeout=0.25
+            )
             await runner.setup()
             site = web.TCPSite(runner, options.host, self.http_port)
             await site.start()
@@ -330,7 +341,7 @@ class NSQD:
                 break
             await asyncio.sleep(0)
 
-    async def __aenter__(self) -> NSQD:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -372,7 +383,7 @@ class NSQD:
         answer = {
             "max_rdy_count": options.max_rdy_count,
             "version": VERSION,
-            "max_msg_timeout": int(round(options.max_msg_timeout * 1000)),
+            "max_msg_timeout": round(options.max_msg_timeout * 1000),
             "msg_timeout": values["msg_timeout"],
             "tls_v1": values["tls_v1"],
             "deflate": values["deflate"],
@@ -510,7 +521,9 @@ class NSQD:
 
     # -- stats --------------------------------------------------------------------
 
-    def stats(self, topic_name: str = "", channel_name: str = "", include_clients: bool = True) -> dict[str, Any]:
+    def stats(
+        self, topic_name: str = "", channel_name: str = "", include_clients: bool = True
+    ) -> dict[str, Any]:
         """``GET /stats?format=json`` without the memory section (nsqd 1.3 shape)."""
         topics: list[dict[str, Any]] | None
         if topic_name:
