@@ -68,6 +68,8 @@ def _as_list(addresses: str | Iterable[str] | None) -> list[str]:
 
 
 def _body_size(body: Any) -> int:
+    if type(body) is bytes:
+        return len(body)
     if isinstance(body, (bytes, bytearray)):
         return len(body)
     if isinstance(body, str):
@@ -139,17 +141,21 @@ class Producer:
         self._open: list[Connection] = []
         self._next = 0
         self._batches: dict[str, list[tuple[Any, asyncio.Future[Any]]]] = {}
+        self._valid_topics: set[str] = set()
         self._flush_handle: asyncio.Handle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connected: asyncio.Event | None = None
-        self._idle: asyncio.Event | None = None
+        self._idle_waiter: asyncio.Future[None] | None = None
         self._active = 0
         self._closing = False
         self._started = False
         self._lookupd_task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self._sent_at: deque[tuple[float, asyncio.Future[Any]]] = deque()
-        self.stats = {"published": 0, "failed": 0, "retried": 0, "reconnects": 0}
+        self.published = 0
+        self.failed = 0
+        self.retried = 0
+        self.reconnects = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -160,8 +166,6 @@ class Producer:
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._connected = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
         addresses = list(self._nsqd_addresses)
         if self._lookupd_addresses:
             addresses += [a for a in await self._discover() if a not in addresses]
@@ -178,9 +182,10 @@ class Producer:
         if self._closing:
             return
         self._closing = True
-        if self._idle is not None and timeout:
+        if self._active and timeout and self._loop is not None:
+            self._idle_waiter = self._loop.create_future()
             try:
-                await asyncio.wait_for(self._idle.wait(), timeout)
+                await asyncio.wait_for(asyncio.shield(self._idle_waiter), timeout)
             except asyncio.TimeoutError:
                 logger.warning("closing with %d publishes still waiting for nsqd", self._active)
         if self._lookupd_task is not None:
@@ -200,6 +205,17 @@ class Producer:
 
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Publishes acknowledged, failed (raised), retried; reconnects; publishes waiting now."""
+        return {
+            "published": self.published,
+            "failed": self.failed,
+            "retried": self.retried,
+            "reconnects": self.reconnects,
+            "waiting": self._active,
+        }
 
     @property
     def connections(self) -> list[Connection]:
@@ -231,8 +247,24 @@ class Producer:
         if defer is not None:
             defer_ms = round(check_range("defer", defer, 0, 3600) * 1000)
             return await self._call(lambda conn: conn.dpublish(topic, defer_ms, body), timeout)
+        if self.coalesce and timeout is None and self._open:
+            # The fast path: one future, no further coroutine; retries take the slow path.
+            self._active += 1
+            try:
+                result = await self._enqueue(topic, body)
+                self.published += 1
+                return result
+            except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+                if not self._retryable(exc):
+                    self.failed += 1
+                    raise
+                self.retried += 1
+            finally:
+                self._active -= 1
+                if not self._active and self._idle_waiter is not None:
+                    _resolve(self._idle_waiter)
         if self.coalesce:
-            return await self._call(lambda conn: None, timeout, coalesced=(topic, body))
+            return await self._call(None, timeout, coalesced=(topic, body))
         return await self._call(lambda conn: conn.publish(topic, body), timeout)
 
     async def mpublish(self, topic: str, bodies: Sequence[Any], *, timeout: float | None = None) -> Any:
@@ -252,10 +284,14 @@ class Producer:
             raise ConnectionClosedError("the producer is closed")
         if not self._started:
             raise NSQError("call `await producer.start()` (or use `async with`) before publishing")
+        if topic in self._valid_topics:
+            return
         if not codec.valid_topic_name(topic):
             raise InvalidValueError(
                 f"invalid topic name {topic!r}: 1-64 characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral"
             )
+        if len(self._valid_topics) < 10_000:  # names repeat; validate each once
+            self._valid_topics.add(topic)
 
     def _chunks(self, sized: list[tuple[Any, int]]) -> list[list[Any]]:
         limit = self.options.max_body_size - _MPUB_FRAMING
@@ -276,9 +312,8 @@ class Producer:
 
     async def _call(self, send: Any, timeout: float | None, coalesced: tuple[str, Any] | None = None) -> Any:
         """Send (via ``send(conn)`` or the coalescing batch), await the answer, retry if the link died."""
-        assert self._loop is not None and self._idle is not None
+        assert self._loop is not None
         self._active += 1
-        self._idle.clear()
         deadline = self._loop.time() + (self.publish_timeout if timeout is None else timeout)
         try:
             attempt = 0
@@ -286,35 +321,35 @@ class Producer:
                 try:
                     future = await self._submit(send, coalesced, deadline)
                     result = await self._await_answer(future, deadline, timeout is not None)
-                    self.stats["published"] += 1
+                    self.published += 1
                     return result
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
-                    if isinstance(exc, NOT_RETRYABLE) or (isinstance(exc, ServerError) and not exc.fatal):
-                        self.stats["failed"] += 1
+                    if not self._retryable(exc):
+                        self.failed += 1
                         raise
                     attempt += 1
                     if attempt > self.max_retries or self._closing or self._loop.time() >= deadline:
-                        self.stats["failed"] += 1
+                        self.failed += 1
                         raise
-                    self.stats["retried"] += 1
+                    self.retried += 1
                     delay = min(self.retry_delay * (2 ** (attempt - 1)), max(0.0, deadline - self._loop.time()))
                     logger.debug("publish failed (%s); retry %d in %.3f s", exc, attempt, delay)
                     await asyncio.sleep(delay)
         finally:
             self._active -= 1
-            if not self._active:
-                self._idle.set()
+            if not self._active and self._idle_waiter is not None:
+                _resolve(self._idle_waiter)
 
-    async def _submit(self, send: Any, coalesced: tuple[str, Any] | None, deadline: float) -> asyncio.Future[Any]:
-        if coalesced is None:
-            conn = self._pick() or await self._wait_for_connection(deadline)
-            future = send(conn)
-            self._track(future)
-            return future  # type: ignore[no-any-return]
-        if not self._open:
-            await self._wait_for_connection(deadline)
+    @staticmethod
+    def _retryable(exc: BaseException) -> bool:
+        """A lost connection may be retried elsewhere; a refusal that would repeat may not."""
+        if isinstance(exc, NOT_RETRYABLE):
+            return False
+        return not (isinstance(exc, ServerError) and not exc.fatal)
+
+    def _enqueue(self, topic: str, body: Any) -> "asyncio.Future[Any]":
+        """Add a publish to this loop pass's batch for ``topic``; flushed once per pass."""
         assert self._loop is not None
-        topic, body = coalesced
         future = self._loop.create_future()
         batch = self._batches.get(topic)
         if batch is None:
@@ -324,6 +359,16 @@ class Producer:
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush_batches)
         return future
+
+    async def _submit(self, send: Any, coalesced: tuple[str, Any] | None, deadline: float) -> asyncio.Future[Any]:
+        if coalesced is None:
+            conn = self._pick() or await self._wait_for_connection(deadline)
+            future = send(conn)
+            self._track(future)
+            return future  # type: ignore[no-any-return]
+        if not self._open:
+            await self._wait_for_connection(deadline)
+        return self._enqueue(*coalesced)
 
     async def _await_answer(self, future: asyncio.Future[Any], deadline: float, explicit: bool) -> Any:
         if not explicit:
@@ -446,7 +491,7 @@ class Producer:
             await asyncio.sleep(random.uniform(ceiling / 2, ceiling))  # jitter: reconnects don't stampede
             try:
                 await self._open_slot(slot)
-                self.stats["reconnects"] += 1
+                self.reconnects += 1
                 return
             except (OSError, asyncio.TimeoutError, NSQError) as exc:
                 logger.debug("reconnect to %s failed: %s", slot.address, exc)
@@ -500,6 +545,11 @@ class Producer:
                     except (OSError, asyncio.TimeoutError, NSQError) as exc:
                         logger.warning("cannot connect to nsqd %s: %s", address, exc)
             await asyncio.sleep(self.lookupd_poll_interval)
+
+
+def _resolve(future: "asyncio.Future[None]") -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _secret_text(secret: str | bytes | None) -> str | None:
