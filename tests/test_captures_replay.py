@@ -28,6 +28,7 @@ import asyncio
 import json
 import re
 import struct
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -182,11 +183,11 @@ class Replayer:
         return len(expected)
 
 
-async def replay(nsqd: NSQD, name: str) -> None:
-    """Replay scenario ``name`` on its own connection to ``nsqd``."""
+async def replay(embedded: NSQD, name: str) -> None:
+    """Replay scenario ``name`` on its own connection to ``embedded``."""
     scenario = load(name)
     variable = scenario.get("variable") or []
-    host, port = nsqd.tcp_address.rsplit(":", 1)
+    host, port = embedded.tcp_address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port))
     replayer = Replayer(reader, writer, name)
     try:
@@ -204,7 +205,8 @@ async def replay(nsqd: NSQD, name: str) -> None:
 
 
 @pytest.fixture
-async def nsqd():
+async def embedded() -> AsyncIterator[NSQD]:
+    """A fresh embedded nsqd (the captures are replayed on the embedded server only)."""
     server = NSQD()
     await server.start()
     yield server
@@ -215,24 +217,24 @@ SCENARIOS = [n for n in scenario_names() if n not in ("consume", "heartbeat_time
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-async def test_scenario(nsqd: NSQD, name: str) -> None:
-    await replay(nsqd, name)
+async def test_scenario(embedded: NSQD, name: str) -> None:
+    await replay(embedded, name)
 
 
-async def test_consume_after_publish(nsqd: NSQD) -> None:
+async def test_consume_after_publish(embedded: NSQD) -> None:
     # consume.json was recorded on the nsqd that had just run publish.json (same
     # topic cap_topic, no channel yet): its messages are the ones publish.json
     # published, so publish.json is replayed first on the same server. SUB then
     # creates cap_channel, which receives the messages waiting in the topic; the DPUB
     # message is deferred by 1 s from then, so the first three are hello, a, bc.
-    await replay(nsqd, "publish")
-    await replay(nsqd, "consume")
+    await replay(embedded, "publish")
+    await replay(embedded, "consume")
 
 
-async def test_heartbeat_timeout(nsqd: NSQD) -> None:
+async def test_heartbeat_timeout(embedded: NSQD) -> None:
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await replay(nsqd, "heartbeat_timeout")
+    await replay(embedded, "heartbeat_timeout")
     elapsed = loop.time() - started
     # Two heartbeats 1 s apart, then the read deadline (2 x 1 s) closes the connection.
     assert 1.8 < elapsed < 3.0, elapsed
@@ -284,14 +286,14 @@ def assert_http_matches(key: str, status: int, headers: Any, body: bytes) -> Non
         assert body.decode() == recorded["body"], key
 
 
-async def test_http_answers(nsqd: NSQD) -> None:
+async def test_http_answers(embedded: NSQD) -> None:
     # The recorded /stats came after publish, consume and the error scenarios (which
     # created the channel cap_err), with no client connected: rebuild that state.
-    await replay(nsqd, "publish")
-    await replay(nsqd, "consume")
-    await replay(nsqd, "err_sub_twice")
+    await replay(embedded, "publish")
+    await replay(embedded, "consume")
+    await replay(embedded, "err_sub_twice")
     await asyncio.sleep(0.05)
-    url = f"http://{nsqd.http_address}"
+    url = f"http://{embedded.http_address}"
     accept = {"Accept": "application/vnd.nsq; version=1.0"}
     requests = [
         ("nsqd_ping", "GET", "/ping", None),

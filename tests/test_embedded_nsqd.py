@@ -1525,6 +1525,29 @@ async def test_auth_is_asked_again_when_expired(auth_nsqd: tuple[NSQD, TinyAuthS
     assert len(auth.queries) == asked + 1
 
 
+@embedded_only
+async def test_auth_over_tls_sends_the_client_certificate_name(
+    make_nsqd: Callable[..., Any], tls_files: dict[str, Any]
+) -> None:
+    async with TinyAuthServer(AUTH_ANSWERS) as auth:
+        nsqd = await make_nsqd(
+            tls_cert=tls_files["cert"],
+            tls_key=tls_files["key"],
+            tls_client_auth_policy="require-verify",
+            tls_root_ca_file=tls_files["ca"],
+            auth_http_addresses=[auth.address],
+        )
+        client = await RawClient.connect(nsqd.tcp_address)
+        answer = await client.identify(
+            tls_context=tls_files["context_with_cert"], feature_negotiation=True, tls_v1=True
+        )
+        assert (answer["tls_v1"], answer["auth_required"]) == (True, True)
+        client.out.auth("good")
+        client.flush()
+        assert json.loads(await client.response())["identity"] == "alice"
+        assert (auth.queries[-1]["tls"], auth.queries[-1]["common_name"]) == ("true", "client.example")
+
+
 async def test_auth_disabled(server: Server) -> None:
     client = await server.connect()
     client.out.auth("secret")
