@@ -28,6 +28,7 @@ version; the command table in ``_nsqd_client`` and the options here are where it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -57,6 +58,9 @@ log = logging.getLogger("fastnsq.testing.nsqd")
 
 #: The nsqd version the embedded server answers with (IDENTIFY, /info, /stats).
 VERSION = "1.3.0"
+
+# How long stop() lets closed connections flush before aborting them.
+_CLOSE_GRACE = 1.0
 
 
 @dataclass(frozen=True)
@@ -310,7 +314,8 @@ class NSQD:
             await self._lookup.stop()
             self._lookup = None
         self._tcp_server.close()  # type: ignore[union-attr]
-        for client in list(self.clients.values()):
+        clients = list(self.clients.values())
+        for client in clients:
             client.close()
         self.clients.clear()
         for name, topic in list(self.topics.items()):
@@ -327,7 +332,16 @@ class NSQD:
         for future in self._preparing.values():
             future.cancel()
         self._preparing.clear()
-        await self._tcp_server.wait_closed()  # type: ignore[union-attr]
+        # Closed transports first write what they hold; one whose peer does not
+        # read would never finish: abort it after a moment.
+        deadline = self.loop.time() + _CLOSE_GRACE
+        while any(client.alive for client in clients) and self.loop.time() < deadline:
+            await asyncio.sleep(0.005)
+        for client in clients:
+            if client.alive and client.transport is not None:
+                client.transport.abort()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._tcp_server.wait_closed(), _CLOSE_GRACE)  # type: ignore[union-attr]
         self._tcp_server = None
         if self._http_runner is not None:
             await self._http_runner.cleanup()
@@ -335,11 +349,6 @@ class NSQD:
         if self._http_session is not None:
             await self._http_session.close()
             self._http_session = None
-        # Let the transports deliver their last bytes and report the close.
-        for _ in range(3):
-            if not self.clients:
-                break
-            await asyncio.sleep(0)
 
     async def __aenter__(self) -> Self:
         await self.start()
