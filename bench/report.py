@@ -1,0 +1,270 @@
+"""Render a benchmark JSON (from bench/run_all.py) as bench/results/report.md and bench/results/chart.png.
+
+    /work/venv/bin/python bench/report.py                       # the newest bench/results/*-*.json
+    /work/venv/bin/python bench/report.py bench/results/2026-11-21-host.json
+
+The table has one row per (workload, client, variant) with messages/s, the
+client's CPU seconds per million messages and the server's, and for fastnsq's
+rows one "vs." column per peer. The chart is one PNG: a panel per workload,
+a bar per row, messages/s on a log scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+WORKLOAD_TITLES = {
+    "pub": "PUB: single publishes from 1,000 concurrent callers",
+    "mpub": "MPUB: batches of 200",
+    "consume": "Consume: pre-filled topic, max_in_flight 2500, trivial handler, until the last FIN",
+}
+CLIENT_ORDER = ["fastnsq", "pynsq", "gnsq", "ansq", "asyncnsq", "go-nsq"]
+PEER_NAMES = CLIENT_ORDER[1:]
+COLORS = {
+    "fastnsq": "#1f6feb",
+    "pynsq": "#8c6d31",
+    "gnsq": "#6b8e23",
+    "ansq": "#b5527a",
+    "asyncnsq": "#d97706",
+    "go-nsq": "#4b5563",
+}
+
+#: Targets from the issues: fastnsq's best row vs the best Python peer.
+SPEED_TARGET = 5.0
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def newest_json() -> Path:
+    candidates = sorted(p for p in RESULTS.glob("*-*.json") if p.name[:4].isdigit())
+    if not candidates:
+        raise SystemExit("no bench/results/<date>-<host>.json yet: run bench/run_all.py")
+    return max(candidates, key=lambda p: p.stat().st_mtime)
+
+
+def _rows(data: dict[str, Any], workload: str) -> list[dict[str, Any]]:
+    rows = [r for r in data["rows"] if r["workload"] == workload]
+    return sorted(rows, key=lambda r: CLIENT_ORDER.index(r["client"]) if r["client"] in CLIENT_ORDER else 99)
+
+
+def _ok(row: dict[str, Any]) -> bool:
+    return "error" not in row and bool(row.get("messages"))
+
+
+def _variant(row: dict[str, Any]) -> str:
+    return row.get("label") or row.get("variant") or ""
+
+
+def _best(rows: list[dict[str, Any]], client: str) -> dict[str, Any] | None:
+    candidates = [r for r in rows if r["client"] == client and _ok(r)]
+    return max(candidates, key=lambda r: r["msgs_per_s"]) if candidates else None
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def _peers_present(data: dict[str, Any]) -> list[str]:
+    measured = {r["client"] for r in data["rows"] if _ok(r)}
+    return [p for p in PEER_NAMES if p in measured]
+
+
+def _vs_cell(row: dict[str, Any], peer: dict[str, Any] | None) -> str:
+    if peer is None or not _ok(row):
+        return "–"
+    speed = row["msgs_per_s"] / peer["msgs_per_s"]
+    if row.get("cpu_per_million") and peer.get("cpu_per_million"):
+        return f"{speed:.1f}× ({peer['cpu_per_million'] / row['cpu_per_million']:.1f}×)"
+    return f"{speed:.1f}×"
+
+
+# ---- markdown ---------------------------------------------------------------------------------
+
+
+def markdown(data: dict[str, Any], json_name: str) -> str:
+    machine, server, fast = data["machine"], data["server"], data["fastnsq"]
+    settings = data["settings"]
+    peers = _peers_present(data)
+    lines = [
+        "# fastnsq vs the Python NSQ clients",
+        "",
+        f"{data['date'][:10]}, {machine['cpu_model']} ({machine['cores']} cores), {machine['os']}; "
+        f"fastnsq {fast['version']} (codec {fast['codec']}) on uvloop {fast['uvloop']}, Python {data['python']}; "
+        f"server: {server['version']} ({server['description']}). Each client runs each workload in its own "
+        f"process against the same server process; 100-byte bodies; {settings['warmup']}; one process's CPU "
+        f"(user + system, getrusage) over the measured window; the median of {settings['repeat']} run(s) per row.",
+        "",
+        "Cells: messages per second; CPU seconds per million messages (client, and the server while serving "
+        "it); for fastnsq rows, **vs. peer** = fastnsq msgs/s ÷ the peer's best msgs/s in that workload, and in "
+        "brackets the peer's client CPU per message ÷ fastnsq's.",
+        "",
+    ]
+    header = ["Client", "Variant", "msgs/s", "client CPU s/M", "server CPU s/M", *[f"vs. {p}" for p in peers]]
+    for workload in ("pub", "mpub", "consume"):
+        rows = _rows(data, workload)
+        if not rows:
+            continue
+        lines += [f"### {WORKLOAD_TITLES[workload]}", "", "| " + " | ".join(header) + " |",
+                  "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|"]
+        best_peer = {p: _best(rows, p) for p in peers}
+        for row in rows:
+            if not _ok(row):
+                cells = [row["client"], _variant(row), "not measured", "–", "–", *["–"] * len(peers)]
+            else:
+                vs = [_vs_cell(row, best_peer[p]) if row["client"] == "fastnsq" else "" for p in peers]
+                loop = f" [{row['loop']}]" if row.get("loop") else ""
+                cells = [f"**{row['client']}**" if row["client"] == "fastnsq" else row["client"],
+                         _variant(row) + loop, _num(row["msgs_per_s"], 0), _num(row["cpu_per_million"]),
+                         _num(row.get("server_cpu_per_million")), *vs]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += targets(data)
+    lines += not_measured(data)
+    lines += method_notes(data)
+    lines += ["", f"Data: `bench/results/{json_name}`. Reproduce: `{data['command']}` "
+              f"(took {data.get('duration_s', '?')} s).", ""]
+    return "\n".join(lines)
+
+
+def targets(data: dict[str, Any]) -> list[str]:
+    out = ["## Targets", ""]
+    for workload, name in (("pub", "single publishes"), ("consume", "consumer")):
+        rows = _rows(data, workload)
+        fast = _best(rows, "fastnsq")
+        python_peers = [r for r in (_best(rows, p) for p in PEER_NAMES if p != "go-nsq") if r]
+        if fast is None or not python_peers:
+            out.append(f"- {name}: not measured")
+            continue
+        peer = max(python_peers, key=lambda r: r["msgs_per_s"])
+        ratio = fast["msgs_per_s"] / peer["msgs_per_s"]
+        verdict = "**met**" if ratio >= SPEED_TARGET else "**not met**"
+        out.append(f"- fastnsq {name} ≥ {SPEED_TARGET:g}× the best Python peer: {verdict}: "
+                   f"{_variant(fast)} {fast['msgs_per_s']:,.0f} msg/s vs {peer['client']} "
+                   f"{peer['msgs_per_s']:,.0f} msg/s = {ratio:.1f}×.")
+    mpub = _best(_rows(data, "mpub"), "fastnsq")
+    if mpub is None:
+        out.append("- MPUB limited by the server: not measured")
+    elif mpub.get("server_cpu") is None:
+        out.append("- MPUB limited by the server: unknown (the server's CPU was not measured: give --nsqd-pid)")
+    else:
+        client_busy = mpub["cpu_s"] / mpub["seconds"]
+        server_busy = mpub["server_cpu"] / mpub["seconds"]
+        verdict = "**met**" if server_busy > client_busy else "**not met**"
+        out.append(f"- MPUB throughput limited by the server, not the client: {verdict}: during the window the "
+                   f"server process was busy {server_busy:.0%} of a core and fastnsq {client_busy:.0%} "
+                   f"({mpub['server_cpu_per_million']:.2f} vs {mpub['cpu_per_million']:.2f} CPU s per million).")
+    return out + [""]
+
+
+def not_measured(data: dict[str, Any]) -> list[str]:
+    out = []
+    for name, peer in data.get("peers", {}).items():
+        if peer.get("error"):
+            out.append(f"- {name}: {peer['error']}")
+    for row in data["rows"]:
+        if not _ok(row):
+            out.append(f"- {row['client']} {row['workload']}: {row.get('error', 'no messages measured')}")
+    return (["## Not measured", "", *out, ""]) if out else []
+
+
+def method_notes(data: dict[str, Any]) -> list[str]:
+    out = ["## How each client was driven", ""]
+    for name, peer in data.get("peers", {}).items():
+        if "error" not in peer:
+            out.append(f"- {name} {peer.get('version', '')} on Python {peer.get('python', '?')}: {peer.get('notes', '')}")
+    seen = set()
+    for row in data["rows"]:
+        if _ok(row) and row.get("notes") and (row["client"], row["notes"]) not in seen:
+            seen.add((row["client"], row["notes"]))
+            out.append(f"- {row['client']} {row['workload']}: {row['notes']}")
+    capped = [f"{r['client']} {r['workload']}" for r in data["rows"] if _ok(r) and r.get("capped")]
+    if capped:
+        out.append(f"- stopped by --max-seconds before the full count (rate from what was done): {', '.join(capped)}")
+    return out
+
+
+# ---- chart ------------------------------------------------------------------------------------
+
+
+def chart(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    panels = [(w, [r for r in _rows(data, w) if _ok(r)]) for w in ("pub", "mpub", "consume")]
+    panels = [(w, rows) for w, rows in panels if rows]
+    if not panels:
+        return
+    heights = [max(len(rows), 1) for _, rows in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 1.2 + 0.42 * sum(heights) + 0.6 * len(panels)),
+                             gridspec_kw={"height_ratios": heights}, sharex=True, squeeze=False)
+    values = [r["msgs_per_s"] for _, rows in panels for r in rows]
+    low, high = min(values), max(values)
+    for ax, (workload, rows) in zip(axes[:, 0], panels):
+        labels = [f"{r['client']} · {_variant(r)}" if r["client"] == "fastnsq" else r["client"] for r in rows]
+        y = list(range(len(rows)))[::-1]
+        bars = ax.barh(y, [r["msgs_per_s"] for r in rows], color=[COLORS.get(r["client"], "#999") for r in rows],
+                       height=0.7)
+        for bar, row in zip(bars, rows):
+            ax.text(bar.get_width() * 1.06, bar.get_y() + bar.get_height() / 2, f"{row['msgs_per_s']:,.0f}",
+                    va="center", fontsize=8.5)
+        ax.set_yticks(y, labels, fontsize=9)
+        ax.set_title(WORKLOAD_TITLES[workload], fontsize=10, loc="left")
+        ax.set_xscale("log")
+        ax.set_xlim(low / 2, high * 4)
+        ax.grid(axis="x", which="major", alpha=0.3)
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[-1, 0].xaxis.set_major_formatter(FuncFormatter(_si))
+    axes[-1, 0].set_xlabel("messages per second (log scale; higher is better)")
+    server = data["server"]["version"]
+    fig.suptitle(f"fastnsq vs Python NSQ clients — {data['date'][:10]}, {data['machine']['cores']} cores, "
+                 f"100-byte messages, server: {server}", fontsize=9.5)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _si(value: float, _pos: Any = None) -> str:
+    for unit, scale in (("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{value / scale:g}{unit}"
+    return f"{value:g}"
+
+
+def render(json_path: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
+    """Write report.md and chart.png for ``json_path`` (next to it unless ``out_dir``)."""
+    json_path = Path(json_path)
+    out_dir = out_dir or json_path.parent
+    data = load(json_path)
+    md = out_dir / "report.md"
+    png = out_dir / "chart.png"
+    md.write_text(markdown(data, json_path.name) + f"\n![chart](chart.png)\n")
+    chart(data, png)
+    return md, png
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Render report.md and chart.png from a run_all.py JSON.")
+    parser.add_argument("json", nargs="?", default=None, help="default: the newest bench/results/<date>-<host>.json")
+    parser.add_argument("--out-dir", default=None)
+    args = parser.parse_args(argv)
+    md, png = render(Path(args.json) if args.json else newest_json(), Path(args.out_dir) if args.out_dir else None)
+    print(f"wrote {md} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
