@@ -1,0 +1,40 @@
+"""The `nsq` data source for PySpark (>= 4.0): stream a topic in, publish DataFrames out.
+
+Install with ``pip install fastnsq[spark]``, then register the source once per session::
+
+    from fastnsq.spark import register
+    register(spark)                      # or spark.dataSource.register(NSQDataSource)
+
+    stream = (spark.readStream.format("nsq")
+              .option("nsqd", "127.0.0.1:4150")
+              .option("topic", "events").option("channel", "spark")
+              .load())                   # id, body, attempts, timestamp, nsqd, topic
+
+    df.select("body").write.format("nsq").mode("append") \\
+        .option("nsqd", "127.0.0.1:4150").option("topic", "out").save()
+
+Guarantee: at-least-once in both directions (duplicates after crashes and failed
+batches, no ordering); the ``id`` column is the dedupe key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import pyspark  # noqa: F401
+    import pyarrow  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"fastnsq.spark needs PySpark >= 4.0 and pyarrow ({exc}); install them with: pip install 'fastnsq[spark]'"
+    ) from exc
+
+from ._options import KNOWN_OPTIONS
+from .datasource import NSQDataSource
+
+__all__ = ["NSQDataSource", "register", "KNOWN_OPTIONS"]
+
+
+def register(spark: Any) -> None:
+    """Register the ``nsq`` format with a SparkSession (once per session)."""
+    spark.dataSource.register(NSQDataSource)

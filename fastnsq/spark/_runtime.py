@@ -1,0 +1,363 @@
+"""The source's live half: a fastnsq Consumer on its own event loop, and the batches it holds.
+
+One job: keep every message that Spark has not committed in flight at nsqd, and
+answer it exactly when Spark says so. It lives only in Spark's long-lived
+driver-side streaming-source process, is created there on first use and never
+pickled. Everything that touches a message (FIN, REQ, TOUCH, the bookkeeping)
+runs on the loop thread; the Spark thread asks for it through :meth:`call`.
+
+Bookkeeping, all on the loop thread:
+
+* ``buffer``: delivered, not yet part of a batch;
+* ``sealed``: part of a batch (``seq`` numbers ``base .. next_seq-1``), not FINed;
+* ``held``: message id -> its deliveries. A redelivery of an id still held (its
+  timeout passed during a stall, or its connection was replaced) does not become a
+  new row: the delivery is added to the entry and answered with it, newest first,
+  so the FIN/REQ reaches the delivery nsqd currently has in flight.
+
+The offsets Spark checkpoints are ``{"session": <this process>, "seq": n}``:
+a batch whose end belongs to another session was planned by a process that is
+gone; its messages went back to nsqd (by REQ, or at msg_timeout) and are
+delivered again, so it replays as empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import json
+import logging
+import os
+import signal
+import threading
+import urllib.request
+import uuid
+from collections import deque
+from typing import Any, Callable, TypeVar
+
+from ..consumer import Consumer
+from ..errors import NSQError
+from ..loop import new_event_loop
+from ._options import SourceOptions
+
+__all__ = ["SourceRuntime", "SIGTERM_EXIT_CODE"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
+_START_TIMEOUT = 60.0
+_CALL_TIMEOUT = 120.0
+_SHUTDOWN_TIMEOUT = 15.0  # CLS, CLOSE_WAIT, REQ and close; past it the process exits anyway
+_PARENT_CHECK_INTERVAL = 1.0
+_HTTP_TIMEOUT = 10.0
+
+
+class SourceRuntime:
+    """The consumer and its held messages, driven from Spark's source process.
+
+    >>> rt = SourceRuntime(options)                    # doctest: +SKIP
+    >>> rt.start()
+    >>> end = rt.call(rt.seal_after, start, None)      # in latestOffset
+    """
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.session = uuid.uuid4().hex  # this process; offsets of any other session are dead
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name="fastnsq-spark-source", daemon=True)
+        self.consumer: Consumer | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self.buffer: deque[Any] = deque()
+        self.sealed: list[Any] = []  # sealed[i] has seq base + i
+        self.base = 0
+        self.held: dict[bytes, list[Any]] = {}
+        self.arrived = threading.Event()  # set by the loop thread when the buffer grows
+        self.redeliveries_dropped = 0
+        self.finished = 0
+        self._shutdown_started = False
+        self._shutdown_done = threading.Event()
+        self._parent_pid = os.getppid()
+        self._started = False
+
+    # ---- life cycle (Spark thread) ----------------------------------------------------
+
+    def start(self) -> None:
+        """Start the loop thread and the consumer; install the SIGTERM and exit paths."""
+        if self._started:
+            return
+        self._started = True
+        self._thread.start()
+        future = asyncio.run_coroutine_threadsafe(self._start_consumer(), self.loop)
+        try:
+            future.result(_START_TIMEOUT)
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._install_exit_paths()
+
+    async def _start_consumer(self) -> None:
+        opts = self.options
+        self.consumer = Consumer(opts.topic, opts.channel, **opts.consumer_kwargs())
+        await self.consumer.start()
+        self._pump = asyncio.get_running_loop().create_task(self._consume())
+        self.loop.call_later(_PARENT_CHECK_INTERVAL, self._check_parent)
+
+    async def _consume(self) -> None:
+        assert self.consumer is not None
+        async for message in self.consumer:
+            self._on_message(message)
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def _stop_loop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+
+    def call(self, func: Callable[..., T], *args: Any, timeout: float = _CALL_TIMEOUT) -> T:
+        """Run ``func(*args)`` on the loop thread and return its result (Spark thread only)."""
+        if self._shutdown_started:
+            raise NSQError("the nsq source is shutting down")
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(func(*args))
+            except BaseException as exc:  # handed to the caller
+                future.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(run)
+        return future.result(timeout)
+
+    def stop(self) -> None:
+        """Requeue what is held and close (blocking; never call from a signal handler)."""
+        if not self._started:
+            return
+        self._begin_shutdown(exit_code=None)
+        self._shutdown_done.wait(_SHUTDOWN_TIMEOUT + 5)
+
+    def _install_exit_paths(self) -> None:
+        # Spark does not call stop() on the source: its process gets SIGTERM, or sees
+        # EOF on its socket and exits. Both end here, with the held messages requeued.
+        atexit.register(self.stop)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        except (ValueError, OSError) as exc:  # not the main thread of the interpreter
+            logger.debug("cannot install the SIGTERM handler: %s", exc)
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # A signal handler must not block (the interrupted thread may hold a lock the
+        # shutdown needs) and must not log: hand everything to the loop thread, which
+        # ends the process when the messages are back at nsqd.
+        self._begin_shutdown(exit_code=SIGTERM_EXIT_CODE)
+
+    def _begin_shutdown(self, exit_code: int | None) -> None:
+        if self._shutdown_started:
+            return
+        self._shutdown_started = True
+        if exit_code is not None:
+            # If the loop thread is wedged, still exit, a bit later.
+            timer = threading.Timer(_SHUTDOWN_TIMEOUT + 5, os._exit, (exit_code,))
+            timer.daemon = True
+            timer.start()
+        try:
+            self.loop.call_soon_threadsafe(self._spawn_shutdown, exit_code)
+        except RuntimeError:  # the loop is closed already
+            self._shutdown_done.set()
+
+    def _spawn_shutdown(self, exit_code: int | None) -> None:
+        self.loop.create_task(self._shutdown(exit_code))
+
+    async def _shutdown(self, exit_code: int | None) -> None:
+        """RDY 0 and CLS, wait for CLOSE_WAIT, REQ everything held (newest delivery first), close."""
+        try:
+            if self.consumer is not None:
+                # Consumer.stop sends RDY 0 and CLS, waits for CLOSE_WAIT (nothing new can
+                # arrive after it), then REQs every unanswered delivery and closes.
+                report = await asyncio.wait_for(self.consumer.stop(timeout=0.0), _SHUTDOWN_TIMEOUT)
+                logger.info("nsq source session %s stopped: %d requeued", self.session, report.requeued)
+                self._forget_held()
+        except BaseException as exc:  # noqa: BLE001 - the process is ending; say why, then go on
+            logger.warning("nsq source shutdown did not complete: %r", exc)
+        finally:
+            self._shutdown_done.set()
+            if exit_code is not None:
+                os._exit(exit_code)
+            self.loop.stop()
+
+    def _forget_held(self) -> None:
+        for deliveries in self.held.values():
+            for message in deliveries:
+                if not message.has_responded:  # its connection closed earlier
+                    logger.debug("message %r: its connection is gone, nsqd requeues it at msg_timeout", message)
+        self.held.clear()
+        self.buffer.clear()
+        self.sealed.clear()
+
+    def _check_parent(self) -> None:
+        # Spark's JVM died without closing our socket (SIGKILL): a runner that outlives
+        # it keeps its connections and would hold (and TOUCH) its messages forever.
+        if self._shutdown_started:
+            return
+        if os.getppid() != self._parent_pid:
+            logger.warning("the Spark process that started this nsq source is gone; requeueing and exiting")
+            self._shutdown_started = True
+            self.loop.create_task(self._shutdown(SIGTERM_EXIT_CODE))
+            return
+        self.loop.call_later(_PARENT_CHECK_INTERVAL, self._check_parent)
+
+    # ---- messages (loop thread) -------------------------------------------------------
+
+    def _on_message(self, message: Any) -> None:
+        deliveries = self.held.get(message.id)
+        if deliveries is not None:
+            deliveries.append(message)  # answered with the first delivery: never a second row
+            self.redeliveries_dropped += 1
+            return
+        self.held[message.id] = [message]
+        self.buffer.append(message)
+        if not self.arrived.is_set():
+            self.arrived.set()
+
+    @property
+    def next_seq(self) -> int:
+        return self.base + len(self.sealed)
+
+    def seal_after(self, start: dict[str, Any], max_rows: int | None) -> dict[str, Any]:
+        """``latestOffset``: FIN what Spark has committed (``< start``), seal a new batch."""
+        if start.get("session") == self.session:
+            self.finish_before(int(start["seq"]))
+        take = len(self.buffer) if max_rows is None else min(max_rows, len(self.buffer))
+        for _ in range(take):
+            self.sealed.append(self.buffer.popleft())
+        if not self.buffer:
+            self.arrived.clear()
+        if start.get("session") == self.session and int(start["seq"]) == self.next_seq:
+            return start
+        if start.get("session") != self.session and not self.sealed:
+            return start
+        return {"session": self.session, "seq": self.next_seq}
+
+    def finish_before(self, seq: int) -> int:
+        """FIN every sealed message with a seq below ``seq`` (Spark committed them)."""
+        count = min(seq, self.next_seq) - self.base
+        if count <= 0:
+            return 0
+        done, self.sealed = self.sealed[:count], self.sealed[count:]
+        self.base += count
+        held = self.held
+        for message in done:
+            for delivery in reversed(held.pop(message.id, (message,))):
+                if not delivery.has_responded:
+                    delivery.finish()
+        self.finished += count
+        return count
+
+    def batch(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any] | None:
+        """The messages of batch ``start .. end``; None when ``end`` is of another session."""
+        if end.get("session") != self.session:
+            return None
+        first = int(start["seq"]) if start.get("session") == self.session else 0
+        last = int(end["seq"])
+        if first < self.base:
+            logger.error(
+                "batch %s..%s asks for seq %d, already finished up to %d: those rows are not replayed",
+                start, end, first, self.base,
+            )
+            first = self.base
+        return self.sealed[first - self.base:last - self.base]
+
+    def counts(self) -> dict[str, int]:
+        """What is held right now (for logs, tests and the AvailableNow target)."""
+        return {
+            "buffered": len(self.buffer),
+            "sealed": len(self.sealed),
+            "held": len(self.held),
+            "finished": self.finished,
+            "redeliveries_dropped": self.redeliveries_dropped,
+            "connections": len(self.consumer.connections) if self.consumer is not None else 0,
+        }
+
+    # ---- Trigger.AvailableNow (Spark thread) ------------------------------------------
+
+    def available_now_target(self) -> int:
+        """How many messages this run should deliver: what nsqd holds for the channel now.
+
+        Our own buffer is counted first, then nsqd's /stats (a message cannot go back from
+        our buffer to the queue, so nothing is counted twice). When we are the channel's
+        only consumer, its in-flight messages that are not in our batches (on their way
+        to us) count as well.
+        """
+        counts = self.call(self.counts)
+        depth = 0
+        in_flight_elsewhere = 0
+        only_us = True
+        for address in self._http_addresses():
+            stats = _channel_stats(address, self.options.topic, self.options.channel)
+            depth += stats["depth"]
+            in_flight_elsewhere += stats["in_flight"]
+            only_us = only_us and stats["clients"] <= self.options.connections_per_nsqd
+        extra = max(0, in_flight_elsewhere - counts["sealed"] - counts["buffered"]) if only_us else 0
+        return counts["buffered"] + depth + extra
+
+    def _http_addresses(self) -> list[str]:
+        opts = self.options.common
+        if opts.nsqd_http:
+            return list(opts.nsqd_http)
+        if opts.lookupd:
+            future = asyncio.run_coroutine_threadsafe(self._lookup_http_addresses(), self.loop)
+            return future.result(_HTTP_TIMEOUT * 3)
+        raise NSQError(
+            "Trigger.AvailableNow needs nsqd's HTTP address to read the channel depth: "
+            "give option 'nsqdHttp' (one per 'nsqd' address) or use option 'lookupd'"
+        )
+
+    async def _lookup_http_addresses(self) -> list[str]:
+        from ..lookupd import LookupdClient
+
+        found: list[str] = []
+        async with LookupdClient(timeout=_HTTP_TIMEOUT) as client:
+            for address in self.options.common.lookupd:
+                result = await client.lookup(address, self.options.topic)
+                for node in result.producers:
+                    if node.http_address not in found:
+                        found.append(node.http_address)
+        return found
+
+
+def _channel_stats(http_address: str, topic: str, channel: str) -> dict[str, int]:
+    """Depth, in-flight count and consumers of ``topic/channel`` on one nsqd (``GET /stats``).
+
+    A channel that does not exist yet has the topic's depth (nsqd copies the topic's
+    queue into the first channel).
+    """
+    base = http_address if "://" in http_address else f"http://{http_address}"
+    url = f"{base.rstrip('/')}/stats?format=json&topic={topic}"
+    request = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
+    with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:  # noqa: S310 - http(s) only
+        payload = json.loads(response.read())
+    if isinstance(payload, dict) and "data" in payload and "topics" not in payload:
+        payload = payload["data"]  # nsqd before 1.0 wrapped every answer
+    for entry in payload.get("topics") or ():
+        if entry.get("topic_name") != topic:
+            continue
+        for chan in entry.get("channels") or ():
+            if chan.get("channel_name") == channel:
+                clients = chan.get("client_count")
+                if clients is None:
+                    clients = len(chan.get("clients") or ())
+                return {
+                    "depth": int(chan.get("depth", 0)),
+                    "in_flight": int(chan.get("in_flight_count", 0)),
+                    "clients": int(clients),
+                }
+        return {"depth": int(entry.get("depth", 0)), "in_flight": 0, "clients": 0}
+    return {"depth": 0, "in_flight": 0, "clients": 0}

@@ -1,0 +1,335 @@
+"""The streaming read side of the `nsq` data source: offsets, batches and rows.
+
+Two flavours share one behaviour (see :mod:`fastnsq.spark._runtime` for how the
+messages are held):
+
+* :class:`NSQStreamReader` (``readMode=partitioned``, the default): each
+  micro-batch is planned in Spark's driver-side source process and its rows
+  travel inside ``numPartitions`` input partitions (Arrow record batches), so
+  task retries and stage retries re-read exactly the same rows.
+* :class:`NSQSimpleStreamReader` (``readMode=simple``): Spark's
+  ``SimpleDataSourceStreamReader``: one partition, prefetched by Spark itself.
+
+Every delivered message stays in flight at nsqd (TOUCHed) until Spark has
+committed the batch holding it; then it is FINed. Offsets are
+``{"session": ..., "seq": n}``; a batch from another (dead) session replays as
+empty, because nsqd delivers its messages again.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition, SimpleDataSourceStreamReader
+from pyspark.sql.types import StructType
+
+from ..errors import InvalidValueError
+from ._options import SourceOptions
+from ._runtime import SourceRuntime
+
+try:  # PySpark >= 4.2: admission control and Trigger.AvailableNow for Python sources
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
+except ImportError:  # PySpark 4.0 / 4.1
+    ReadAllAvailable = ReadMaxRows = None  # type: ignore[assignment,misc]
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stand-in on PySpark < 4.2, where Python sources cannot support Trigger.AvailableNow."""
+
+
+__all__ = [
+    "NSQStreamReader",
+    "NSQSimpleStreamReader",
+    "NSQInputPartition",
+    "SOURCE_SCHEMA",
+    "HA_COLUMNS",
+    "source_schema",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The columns of a streaming read (DDL).
+SOURCE_SCHEMA = "id string, body binary, attempts int, timestamp timestamp, nsqd string, topic string"
+#: Added with option ``ha=true`` (the partitioned HA nsqd).
+HA_COLUMNS = "partition int, offset bigint, trace_id bigint"
+_COLUMNS = ("id", "body", "attempts", "timestamp", "nsqd", "topic", "partition", "offset", "trace_id")
+_INITIAL_OFFSET: dict[str, Any] = {"session": "", "seq": 0}
+
+
+def source_schema(ha: bool) -> str:
+    """The DDL schema of a read, with the HA columns when ``ha``."""
+    return f"{SOURCE_SCHEMA}, {HA_COLUMNS}" if ha else SOURCE_SCHEMA
+
+
+def _arrow_schema(schema: StructType) -> pa.Schema:
+    """The Arrow schema PySpark expects for ``schema`` (it compares record batches against it)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        return to_arrow_schema(schema, timezone="UTC")  # PySpark >= 4.1
+    except TypeError:
+        return to_arrow_schema(schema)
+
+
+def _arrow_reads_supported() -> bool:
+    """Whether this PySpark accepts ``pyarrow.RecordBatch`` from a reader's ``read`` (else tuples)."""
+    try:
+        from pyspark.sql.worker import plan_data_source_read
+    except ImportError:
+        return False
+    convert = getattr(plan_data_source_read, "records_to_arrow_batches", None)
+    if convert is None:
+        return False
+    try:
+        return "RecordBatch" in inspect.getsource(convert)
+    except (OSError, TypeError):
+        return False
+
+
+def _check_columns(schema: StructType, ha: bool) -> None:
+    allowed = set(_COLUMNS if ha else _COLUMNS[:6])
+    unknown = [f.name for f in schema.fields if f.name not in allowed]
+    if unknown:
+        raise InvalidValueError(
+            f"format 'nsq' has no column(s) {', '.join(unknown)}; its columns are: {source_schema(ha)}"
+        )
+
+
+def _origin(message: Any) -> tuple[str | None, int | None]:
+    # The consumer's delegate of a message knows its connection (the nsqd address) and,
+    # on HA, its partition.
+    endpoint = getattr(message.delegate, "endpoint", None)
+    if endpoint is None:
+        return None, None
+    return endpoint.address, endpoint.partition
+
+
+def _column(name: str, messages: Sequence[Any], topic: str, ha: bool) -> pa.Array:
+    n = len(messages)
+    if name == "id":
+        if ha:  # binary ids: their hex form is the dedupe key
+            return pa.array([m.id.hex() for m in messages], pa.string())
+        return pa.array([m.id for m in messages], pa.binary()).cast(pa.string())
+    if name == "body":
+        return pa.array([m.body for m in messages], pa.binary())
+    if name == "attempts":
+        return pa.array([m.attempts for m in messages], pa.int32())
+    if name == "timestamp":
+        return pa.array([m.timestamp // 1000 for m in messages], pa.timestamp("us", tz="UTC"))
+    if name == "nsqd":
+        return pa.array([_origin(m)[0] for m in messages], pa.string())
+    if name == "topic":
+        return pa.repeat(pa.scalar(topic, pa.string()), n)
+    if name == "partition":
+        return pa.array([_origin(m)[1] for m in messages], pa.int32())
+    if name == "offset":
+        return pa.array([m.offset for m in messages], pa.int64())
+    if name == "trace_id":
+        return pa.array([m.trace_id for m in messages], pa.int64())
+    raise InvalidValueError(f"format 'nsq' has no column {name!r}")
+
+
+def messages_to_batch(messages: Sequence[Any], schema: pa.Schema, topic: str, ha: bool) -> pa.RecordBatch:
+    """One Arrow record batch of ``messages`` with exactly ``schema`` (names, types, order)."""
+    arrays = []
+    for field in schema:
+        array = _column(field.name, messages, topic, ha)
+        if array.type != field.type:
+            array = array.cast(field.type)
+        arrays.append(array)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _batch_rows(batch: pa.RecordBatch) -> Iterator[tuple[Any, ...]]:
+    """Tuples for a PySpark that cannot take record batches from a reader."""
+    return zip(*(column.to_pylist() for column in batch.columns))
+
+
+class NSQInputPartition(InputPartition):
+    """The rows of one slice of a micro-batch, as an Arrow record batch.
+
+    The rows ride inside the partition (planned once, on the driver), so a retried
+    task or stage reads exactly what the first attempt read.
+    """
+
+    def __init__(self, batch: pa.RecordBatch, session: str, index: int) -> None:
+        super().__init__(index)
+        self.batch = batch
+        self.session = session
+        self.index = index
+
+    def __repr__(self) -> str:
+        return f"NSQInputPartition(session={self.session}, index={self.index}, rows={self.batch.num_rows})"
+
+
+class _NSQReaderBase(SupportsTriggerAvailableNow):
+    """What both flavours share: the runtime, offsets, FIN on commit, Trigger.AvailableNow."""
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        _check_columns(schema, options.ha)
+        # Plain data only: this object is pickled (and built twice) by Spark.
+        self._options = options
+        self._schema = schema
+        self._runtime: SourceRuntime | None = None
+        self._last_end: dict[str, Any] | None = None  # PySpark < 4.2 calls latestOffset() without start
+        self._target: tuple[int, int] | None = None  # AvailableNow: (messages to seal, next_seq when prepared)
+        self._target_done = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_runtime"] = None  # threads and sockets stay in the process that made them
+        return state
+
+    def _ensure_runtime(self) -> SourceRuntime:
+        if self._runtime is None:
+            runtime = SourceRuntime(self._options)
+            runtime.start()
+            self._runtime = runtime
+            logger.info(
+                "nsq source session %s consuming %s/%s", runtime.session, self._options.topic, self._options.channel
+            )
+        return self._runtime
+
+    # ---- offsets ----------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, Any]:
+        return dict(_INITIAL_OFFSET)
+
+    def _max_rows(self, limit: Any) -> int | None:
+        if limit is None:  # PySpark < 4.2: apply maxRecordsPerBatch here
+            return self._options.max_records_per_batch
+        max_rows = getattr(limit, "max_rows", None)
+        return int(max_rows) if max_rows is not None else None
+
+    def _latest(self, start: dict[str, Any] | None, limit: Any) -> dict[str, Any]:
+        runtime = self._ensure_runtime()
+        if start is None:
+            start = self._last_end if self._last_end is not None else self.initialOffset()
+        max_rows = self._max_rows(limit)
+        if self._target is None:
+            end = runtime.call(runtime.seal_after, start, max_rows)
+        else:
+            end = self._latest_available_now(runtime, start, max_rows)
+        self._last_end = end
+        return end
+
+    def _latest_available_now(self, runtime: SourceRuntime, start: dict[str, Any], max_rows: int | None) -> dict[str, Any]:
+        """Trigger.AvailableNow: seal until the target prepared from /stats is reached.
+
+        An empty buffer does not mean the channel is drained (messages may be on their
+        way, or held by RDY until the last batch is FINed), so wait for arrivals; stop
+        early only after ``availableNowTimeoutMs`` without a message.
+        """
+        assert self._target is not None
+        target, origin = self._target
+        deadline = time.monotonic() + self._options.available_now_timeout
+        while True:
+            remaining = 0 if self._target_done else target - (runtime.call(lambda: runtime.next_seq) - origin)
+            cap = remaining if max_rows is None else min(max_rows, remaining)
+            end = runtime.call(runtime.seal_after, start, max(cap, 0))
+            if end != start or remaining <= 0:
+                return end
+            left = deadline - time.monotonic()
+            if left <= 0 or not runtime.arrived.wait(left):
+                logger.warning(
+                    "Trigger.AvailableNow: %d of %d messages were not delivered within %.1f s "
+                    "(another consumer of channel %s may hold them); ending the run",
+                    remaining, target, self._options.available_now_timeout, self._options.channel,
+                )
+                self._target_done = True
+                return runtime.call(runtime.seal_after, start, 0)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        runtime = self._ensure_runtime()
+        origin = runtime.call(lambda: runtime.next_seq)
+        target = runtime.available_now_target()
+        self._target = (target, origin)
+        self._target_done = False
+        logger.info("Trigger.AvailableNow: %d messages to deliver from %s/%s", target, self._options.topic,
+                    self._options.channel)
+
+    def _batch_messages(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any] | None:
+        if end == start:
+            return []
+        runtime = self._runtime
+        messages = runtime.call(runtime.batch, start, end) if runtime is not None else None
+        if messages is None:
+            logger.info(
+                "batch %s .. %s belongs to session %r, which is gone: it replays as empty "
+                "(nsqd delivers its messages again)", start, end, end.get("session"),
+            )
+        return messages
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark committed everything up to ``end``: FIN it."""
+        runtime = self._runtime
+        if runtime is not None and end.get("session") == runtime.session:
+            runtime.call(runtime.finish_before, int(end["seq"]))
+
+    def stop(self) -> None:
+        if self._runtime is not None:
+            self._runtime.stop()
+
+    def _record_batches(self, messages: Sequence[Any], slices: int) -> list[pa.RecordBatch]:
+        arrow_schema = _arrow_schema(self._schema)
+        count = len(messages)
+        slices = max(1, min(slices, count))
+        bounds = [count * i // slices for i in range(slices + 1)]
+        return [
+            messages_to_batch(messages[bounds[i]:bounds[i + 1]], arrow_schema, self._options.topic, self._options.ha)
+            for i in range(slices)
+        ]
+
+
+class NSQStreamReader(_NSQReaderBase, DataSourceStreamReader):
+    """``readMode=partitioned``: rows spread over ``numPartitions`` input partitions."""
+
+    def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
+        """Plan the next batch: FIN what is committed (everything before ``start``), seal
+        what has arrived (at most ``maxRecordsPerBatch``) and return its end."""
+        return self._latest(start, limit)
+
+    def getDefaultReadLimit(self) -> Any:
+        if self._options.max_records_per_batch is not None and ReadMaxRows is not None:
+            return ReadMaxRows(self._options.max_records_per_batch)
+        return ReadAllAvailable() if ReadAllAvailable is not None else None
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        messages = self._batch_messages(start, end)
+        if not messages:
+            return []
+        session = str(end.get("session"))
+        batches = self._record_batches(messages, self._options.num_partitions)
+        return [NSQInputPartition(batch, session, i) for i, batch in enumerate(batches)]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        batch = partition.batch  # type: ignore[attr-defined]
+        if batch.num_rows == 0:
+            return iter(())
+        if _arrow_reads_supported():
+            return iter([batch])
+        return _batch_rows(batch)
+
+
+class NSQSimpleStreamReader(_NSQReaderBase, SimpleDataSourceStreamReader):
+    """``readMode=simple``: one partition, read and planned in one call by Spark's simple-reader path."""
+
+    def read(self, start: dict[str, Any]) -> tuple[Iterator[Any], dict[str, Any]]:
+        end = self._latest(start, None)
+        return self._rows(start, end), end
+
+    def readBetweenOffsets(self, start: dict[str, Any], end: dict[str, Any]) -> Iterator[Any]:
+        return self._rows(start, end)
+
+    def _rows(self, start: dict[str, Any], end: dict[str, Any]) -> Iterator[Any]:
+        messages = self._batch_messages(start, end)
+        if not messages:
+            return iter(())
+        batch = self._record_batches(messages, 1)[0]
+        if _arrow_reads_supported():
+            return iter([batch])  # a list iterator: Spark copies it to replay a batch
+        return iter(list(_batch_rows(batch)))
+
