@@ -785,7 +785,9 @@ class Consumer:
 
     def _schedule_touch(self) -> None:
         assert self._loop is not None
-        interval = max(0.5, min(link.msg_timeout for link in self._all_links()) / 4) if self._links else 1.0
+        # Checking every quarter of the timeout and touching past half of it leaves a
+        # quarter of the timeout for the TOUCH to reach nsqd.
+        interval = max(0.05, min(link.msg_timeout for link in self._all_links()) / 4) if self._links else 0.25
         self._touch_timer = self._loop.call_later(interval, self._auto_touch)
 
     def _auto_touch(self) -> None:
