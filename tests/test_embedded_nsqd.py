@@ -1736,3 +1736,42 @@ async def test_restart_without_messages_keeps_topics_and_channels(make_nsqd: Cal
         data = json.loads(await response.read())
     (channel,) = data["topics"][0]["channels"]
     assert (channel["channel_name"], channel["depth"], channel["message_count"]) == ("c", 0, 0)
+
+
+# ---- pure helpers (no sockets) -------------------------------------------------------------
+
+
+def test_go_quote_matches_go_percent_q() -> None:
+    from fastnsq.testing._nsqd_parse import go_quote
+
+    assert go_quote(b"bad*topic") == '"bad*topic"'
+    assert go_quote(b'a"b\\c') == '"a\\"b\\\\c"'
+    assert go_quote(b"tab\there\n") == '"tab\\there\\n"'
+    assert go_quote(b"\x01\xff") == '"\\x01\\xff"'  # a control byte, an invalid UTF-8 byte
+    assert go_quote("é".encode()) == '"' + "é".encode().decode("latin-1") + '"'  # printable UTF-8 stays
+
+
+def test_base10_is_nsqds_byte_to_base10() -> None:
+    from fastnsq.testing._nsqd_parse import as_int64, base10
+
+    assert base10(b"") == 0  # empty is 0, not an error
+    assert base10(b"2500") == 2500
+    assert base10(b"-1") is None and base10(b"1.5") is None and base10("٣".encode()) is None
+    assert as_int64(base10(b"18446744073709551615")) == -1  # wraps like Go's uint64 -> int64
+
+
+def test_parse_identify_like_go_json() -> None:
+    from fastnsq.testing._nsqd_parse import parse_identify
+
+    data = parse_identify(b'{"Heartbeat_Interval": 1000, "msg_timeout": null, "unknown": [1]}')
+    assert (data["heartbeat_interval"], data["msg_timeout"], data["feature_negotiation"]) == (1000, 0, False)
+    assert parse_identify(b"null")["client_id"] == ""
+    for body in (
+        b"[]",
+        b'{"sample_rate": 2147483648}',
+        b'{"tls_v1": "yes"}',
+        b'{"msg_timeout": 1e3}',
+        b"NaN",
+    ):
+        with pytest.raises(ValueError):
+            parse_identify(body)

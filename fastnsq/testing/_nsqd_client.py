@@ -33,6 +33,7 @@ from fastnsq import codec
 from fastnsq.compression import DeflateStream, SnappyStream
 from fastnsq.errors import ProtocolError
 
+from ._nsqd_parse import as_int64, base10, go_quote, parse_identify, text
 from ._nsqd_queue import new_message
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,115 +83,6 @@ class _Suspend(Exception):
 
 def _fatal(code: str, description: str) -> _ClientError:
     return _ClientError(code, description, True)
-
-
-def _text(raw: bytes) -> str:
-    """Parameter bytes as text for error messages (byte for byte, like Go's %s)."""
-    return raw.decode("latin-1")
-
-
-def go_quote(raw: bytes) -> str:
-    """Go's ``%q`` of a string, as latin-1 text of the output bytes.
-
-    Printable characters stay (UTF-8 bytes as they are), quotes and backslashes are
-    escaped, control characters and invalid UTF-8 bytes become escapes.
-
-    >>> go_quote(b'bad*topic')
-    '"bad*topic"'
-    """
-    out = ['"']
-    text = raw.decode("utf-8", "surrogateescape")
-    for ch in text:
-        code = ord(ch)
-        if ch == '"' or ch == "\\":
-            out.append("\\" + ch)
-        elif 0xDC80 <= code <= 0xDCFF:  # an invalid UTF-8 byte
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif ch.isprintable():
-            out.append(ch.encode("utf-8").decode("latin-1"))
-        elif ch in "\a\b\f\n\r\t\v":
-            out.append(
-                {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}[
-                    ch
-                ]
-            )
-        elif code < 0x80:
-            out.append(f"\\x{code:02x}")
-        elif code <= 0xFFFF:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
-
-
-def _base10(raw: bytes) -> int | None:
-    """nsqd's ByteToBase10: ASCII digits only, empty is 0, wraps like a uint64."""
-    if raw and not raw.isdigit():
-        return None
-    if raw and not raw.isascii():
-        return None
-    return int(raw) % (1 << 64) if raw else 0
-
-
-def _as_int64(value: int) -> int:
-    """A uint64 read as Go's int64 (what ``int64(b10)`` does)."""
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-# IDENTIFY fields nsqd 1.3 reads, with their Go types (others are ignored).
-_IDENTIFY_FIELDS: dict[str, str] = {
-    "client_id": "string",
-    "hostname": "string",
-    "heartbeat_interval": "int",
-    "output_buffer_size": "int",
-    "output_buffer_timeout": "int",
-    "feature_negotiation": "bool",
-    "tls_v1": "bool",
-    "deflate": "bool",
-    "deflate_level": "int",
-    "snappy": "bool",
-    "sample_rate": "int32",
-    "user_agent": "string",
-    "msg_timeout": "int",
-    "topology_region": "string",
-    "topology_zone": "string",
-}
-_ZERO = {"string": "", "int": 0, "int32": 0, "bool": False}
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"invalid JSON constant {name}")
-
-
-def parse_identify(body: bytes) -> dict[str, Any]:
-    """Decode an IDENTIFY body the way Go's json.Unmarshal fills nsqd's struct.
-
-    Keys match case-insensitively, unknown keys are ignored, ``null`` leaves the
-    zero value, and a value of the wrong type is an error (ValueError).
-    """
-    data = json.loads(body, parse_constant=_reject_constant)
-    out = {key: _ZERO[kind] for key, kind in _IDENTIFY_FIELDS.items()}
-    if data is None:
-        return out
-    if not isinstance(data, dict):
-        raise ValueError("IDENTIFY body is not a JSON object")  # noqa: TRY004 - a decoding error
-    for key, value in data.items():
-        name = key.lower()
-        kind = _IDENTIFY_FIELDS.get(name)
-        if kind is None or value is None:
-            continue
-        if kind == "string":
-            ok = isinstance(value, str)
-        elif kind == "bool":
-            ok = isinstance(value, bool)
-        else:
-            bits = 31 if kind == "int32" else 63
-            ok = type(value) is int and -(1 << bits) <= value < (1 << bits)
-        if not ok:
-            raise ValueError(f"IDENTIFY field {name} has the wrong type")
-        out[name] = value
-    return out
 
 
 class ClientConnection(asyncio.BufferedProtocol):
@@ -383,9 +275,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         handler = self.COMMANDS.get(name)
         try:
             if handler is None:
-                raise _fatal("E_INVALID", f"invalid command {_text(name)}")
+                raise _fatal("E_INVALID", f"invalid command {text(name)}")
             if name != b"IDENTIFY" and self.options.tls_required and not self.tls:
-                raise _fatal("E_INVALID", f"cannot {_text(name)} in current state (TLS required)")
+                raise _fatal("E_INVALID", f"cannot {text(name)} in current state (TLS required)")
             handler(self, params, body)
         except _ClientError as err:
             self._send_error(err.text)
@@ -405,7 +297,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         except Exception:
             # Running the command again would only suspend it again: give up on
             # this connection (an nsqd would have failed it in some other way).
-            log.exception("client %s: preparing %s failed", self, _text(name))
+            log.exception("client %s: preparing %s failed", self, text(name))
             self.close()
             return
         if self._closing:
@@ -778,10 +670,10 @@ class ClientConnection(asyncio.BufferedProtocol):
         if len(params) < 2:
             raise _fatal("E_INVALID", "SUB insufficient number of parameters")
         raw_topic, raw_channel = params[0], params[1]
-        topic_name = _text(raw_topic)
+        topic_name = text(raw_topic)
         if not _valid_topic(topic_name):
             raise _fatal("E_BAD_TOPIC", f"SUB topic name {go_quote(raw_topic)} is not valid")
-        channel_name = _text(raw_channel)
+        channel_name = text(raw_channel)
         if not _valid_channel(channel_name):
             raise _fatal("E_BAD_CHANNEL", f"SUB channel name {go_quote(raw_channel)} is not valid")
         self._check_auth("SUB", topic_name, channel_name)
@@ -805,10 +697,10 @@ class ClientConnection(asyncio.BufferedProtocol):
             raise _fatal("E_INVALID", "cannot RDY in current state")
         count = 1
         if params:
-            parsed = _base10(params[0])
+            parsed = base10(params[0])
             if parsed is None:
-                raise _fatal("E_INVALID", f"RDY could not parse count {_text(params[0])}")
-            count = _as_int64(parsed)
+                raise _fatal("E_INVALID", f"RDY could not parse count {text(params[0])}")
+            count = as_int64(parsed)
         max_rdy = self.options.max_rdy_count
         if count < 0 or count > max_rdy:
             raise _fatal("E_INVALID", f"RDY count {count} out of range 0-{max_rdy}")
@@ -832,21 +724,21 @@ class ClientConnection(asyncio.BufferedProtocol):
         channel = self.channel
         error = channel.finish(self, message_id)  # type: ignore[union-attr]
         if error is not None:
-            raise _ClientError("E_FIN_FAILED", f"FIN {_text(message_id)} failed {error}", fatal=False)
+            raise _ClientError("E_FIN_FAILED", f"FIN {text(message_id)} failed {error}", fatal=False)
         self.finish_count += 1
         self.in_flight -= 1
         channel.client_may_be_ready(self)  # type: ignore[union-attr]
 
     def _cmd_req(self, params: list[bytes], body: Any) -> None:
         message_id = self._message_id(params, "REQ", 2)
-        parsed = _base10(params[1])
+        parsed = base10(params[1])
         if parsed is None:
-            raise _fatal("E_INVALID", f"REQ could not parse timeout {_text(params[1])}")
+            raise _fatal("E_INVALID", f"REQ could not parse timeout {text(params[1])}")
         delay_ms = min(parsed, int(self.options.max_req_timeout * 1000))
         channel = self.channel
         error = channel.requeue(self, message_id, delay_ms / 1000.0)  # type: ignore[union-attr]
         if error is not None:
-            raise _ClientError("E_REQ_FAILED", f"REQ {_text(message_id)} failed {error}", fatal=False)
+            raise _ClientError("E_REQ_FAILED", f"REQ {text(message_id)} failed {error}", fatal=False)
         self.requeue_count += 1
         self.in_flight -= 1
         channel.client_may_be_ready(self)  # type: ignore[union-attr]
@@ -855,7 +747,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         message_id = self._message_id(params, "TOUCH", 1)
         error = self.channel.touch(self, message_id, self.msg_timeout)  # type: ignore[union-attr]
         if error is not None:
-            raise _ClientError("E_TOUCH_FAILED", f"TOUCH {_text(message_id)} failed {error}", fatal=False)
+            raise _ClientError("E_TOUCH_FAILED", f"TOUCH {text(message_id)} failed {error}", fatal=False)
 
     def _cmd_cls(self, params: list[bytes], body: Any) -> None:
         if self.state != STATE_SUBSCRIBED:
@@ -868,7 +760,7 @@ class ClientConnection(asyncio.BufferedProtocol):
     def _publish_topic(self, params: list[bytes], command: str, needed: int, prefix: str = "") -> str:
         if len(params) < needed:
             raise _fatal("E_INVALID", f"{command} insufficient number of parameters")
-        name = _text(params[0])
+        name = text(params[0])
         if not _valid_topic(name):
             raise _fatal("E_BAD_TOPIC", f"{prefix}{command} topic name {go_quote(params[0])} is not valid")
         return name
@@ -913,11 +805,11 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     def _cmd_dpub(self, params: list[bytes], body: bytes | int | None) -> None:
         name = self._publish_topic(params, "DPUB", 2)
-        parsed = _base10(params[1])
+        parsed = base10(params[1])
         if parsed is None:
-            raise _fatal("E_INVALID", f"DPUB could not parse timeout {_text(params[1])}")
+            raise _fatal("E_INVALID", f"DPUB could not parse timeout {text(params[1])}")
         max_ms = int(self.options.max_req_timeout * 1000)
-        if _as_int64(parsed) < 0 or parsed > max_ms:
+        if as_int64(parsed) < 0 or parsed > max_ms:
             raise _fatal("E_INVALID", f"DPUB timeout {parsed} out of range 0-{max_ms}")
         data = self._check_message_size(body, "DPUB")
         self._check_auth("DPUB", name, "")
