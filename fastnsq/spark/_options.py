@@ -163,7 +163,7 @@ class CommonOptions:
     lookupd: tuple[str, ...] = ()
     nsqd_http: tuple[str, ...] = ()
     topic: str | None = None
-    connection: dict[str, Any] = field(default_factory=dict)  # fastnsq connection keyword arguments
+    connection: dict[str, Any] = field(default_factory=dict, repr=False)  # fastnsq keywords; may hold authSecret
     values: dict[str, Any] = field(default_factory=dict, repr=False)  # every parsed option by documented name
 
     def __post_init__(self) -> None:
@@ -255,7 +255,12 @@ def _parse_values(options: Mapping[str, str]) -> dict[str, Any]:
             )
         if raw is None:
             raise InvalidValueError(f"option {name!r} has no value")
-        values[name] = _PARSERS[name](name, str(raw))
+        try:
+            values[name] = _PARSERS[name](name, str(raw))
+        except InvalidValueError as exc:
+            if repr(name) in str(exc):
+                raise
+            raise InvalidValueError(f"option {name!r}: {exc}") from None
     return values
 
 
