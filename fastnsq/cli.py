@@ -432,6 +432,9 @@ def _configure_logging(args: argparse.Namespace) -> None:
     logging.basicConfig(level=level, format=f"fastnsq {args.command}: %(levelname)s %(name)s: %(message)s")
     if not args.debug:
         logging.getLogger("aiohttp").setLevel(max(level, logging.WARNING))
+        # asyncio's "exception was never retrieved" reports, written when a future is
+        # collected, would add a traceback after the one-line error.
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
 def _run(coro: Any) -> Any:
