@@ -62,8 +62,8 @@ async def fastnsq(*args: str, stdin: bytes | None = None, env: dict[str, str] | 
 
 
 def fastnsq_blocking(*args: str) -> Outcome:
-    done = subprocess.run([*COMMAND, *args], capture_output=True, text=True, env=ENV, timeout=60,
-                          stdin=subprocess.DEVNULL)
+    done = subprocess.run([*COMMAND, *args], check=False, capture_output=True, text=True, env=ENV,
+                          timeout=60, stdin=subprocess.DEVNULL)
     return Outcome(done.returncode, done.stdout, done.stderr)
 
 
@@ -216,7 +216,7 @@ def runtime_outcomes() -> dict[str, Outcome]:
 
 @pytest.mark.parametrize("case", sorted(RUNTIME_ERRORS))
 def test_failure_is_one_line_and_a_nonzero_exit(case: str, runtime_outcomes: dict[str, Outcome]) -> None:
-    args, status, command, words = RUNTIME_ERRORS[case]
+    _, status, command, words = RUNTIME_ERRORS[case]
     assert_one_error_line(runtime_outcomes[case], status, command, words)
 
 
@@ -316,27 +316,27 @@ async def test_pub_lines_in_batches_and_count_limit(nsqd) -> None:
 async def test_tls_snappy_and_auth_from_the_environment() -> None:
     files = tls_files()
     secret = "s3cret-" + unique("x")
-    async with AuthServer({secret: ("cli-tester", [authorization()])}) as auth:
-        async with NSQD(tls_cert=files.server_cert, tls_key=files.server_key, tls_required=True,
-                        auth_http_addresses=[auth.address]) as server:
-            topic = unique("cli")
-            tls = ["--nsqd-tcp-address", server.tcp_address, "--tls-root-ca-file", files.ca]
-            env = dict(ENV, NSQ_AUTH_SECRET=secret)
-            assert_ok(await fastnsq("pub", *tls, "--snappy", topic, "secure", env=env))
-            tail = await fastnsq("tail", *tls, "--deflate", topic, "-n", "1", env=env)
-            assert_ok(tail)
-            assert tail.stdout == "secure\n"
-            assert auth.requests and {request.identity for request in auth.requests} == {"cli-tester"}
-            assert secret not in tail.stderr
+    async with AuthServer({secret: ("cli-tester", [authorization()])}) as auth, NSQD(
+        tls_cert=files.server_cert, tls_key=files.server_key, tls_required=True, auth_http_addresses=[auth.address]
+    ) as server:
+        topic = unique("cli")
+        tls = ["--nsqd-tcp-address", server.tcp_address, "--tls-root-ca-file", files.ca]
+        env = dict(ENV, NSQ_AUTH_SECRET=secret)
+        assert_ok(await fastnsq("pub", *tls, "--snappy", topic, "secure", env=env))
+        tail = await fastnsq("tail", *tls, "--deflate", topic, "-n", "1", env=env)
+        assert_ok(tail)
+        assert tail.stdout == "secure\n"
+        assert auth.requests and {request.identity for request in auth.requests} == {"cli-tester"}
+        assert secret not in tail.stderr
 
-            refused = await fastnsq("tail", *tls, topic, "-n", "1", "--auth-secret", "wrong", env=ENV)
-            assert refused.returncode == 1
-            assert len(refused.error_lines) == 1 and "E_AUTH_FAILED" in refused.stderr
-            assert "wrong" not in refused.stderr
-            unverified = await fastnsq("pub", "--nsqd-tcp-address", server.tcp_address, "--tls", topic, "x",
-                                       env=env)
-            assert unverified.returncode == 1
-            assert len(unverified.error_lines) == 1 and "certificate" in unverified.stderr.lower()
+        refused = await fastnsq("tail", *tls, topic, "-n", "1", "--auth-secret", "wrong", env=ENV)
+        assert refused.returncode == 1
+        assert len(refused.error_lines) == 1 and "E_AUTH_FAILED" in refused.stderr
+        assert "wrong" not in refused.stderr
+        unverified = await fastnsq("pub", "--nsqd-tcp-address", server.tcp_address, "--tls", topic, "x",
+                                   env=env)
+        assert unverified.returncode == 1
+        assert len(unverified.error_lines) == 1 and "certificate" in unverified.stderr.lower()
 
 
 # ---- stats ------------------------------------------------------------------------------------
