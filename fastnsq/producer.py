@@ -16,10 +16,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from collections import deque
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import mmh3
 
 from . import codec
 from .config import ConnectionOptions, check_range, parse_address, split_options
@@ -27,15 +30,25 @@ from .conn import Connection
 from .errors import (
     BadBodyError,
     BadMessageError,
+    BadPartitionError,
     BadTopicError,
     ConnectionClosedError,
+    ExtNotSupportError,
+    InvalidJsonHeaderError,
+    InvalidTraceIdError,
     InvalidValueError,
+    MPubFailedError,
     NoConnectionError,
+    NotLeaderError,
+    NotWritableError,
     NSQError,
     PublishTimeoutError,
+    PubFailedError,
     ServerError,
+    TopicNotExistError,
 )
-from .lookupd import LookupdClient
+from .lookupd import LookupdClient, LookupdPoller
+from . import tracing
 
 __all__ = ["Producer", "PRODUCER_DEFAULTS"]
 
@@ -51,10 +64,23 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "max_reconnect_delay": 30.0,
     "lookupd_poll_interval": 60.0,
     "lookupd_poll_jitter": 0.3,
+    "hasher": None,
 }
 
 #: Server errors a retry cannot fix: the same bytes would be refused again.
-NOT_RETRYABLE = (BadTopicError, BadMessageError, BadBodyError)
+NOT_RETRYABLE = (
+    BadTopicError,
+    BadMessageError,
+    BadBodyError,
+    BadPartitionError,
+    ExtNotSupportError,
+    InvalidJsonHeaderError,
+    InvalidTraceIdError,
+)
+#: HA: the partition moved or is not on that node: look it up again, then retry (protocol.md §9.14).
+_REFRESH_ERRORS = (NotLeaderError, NotWritableError, TopicNotExistError)
+#: HA's non-fatal publish failures are transient (e.g. "pub to wait channel timeout").
+_TRANSIENT = (PubFailedError, MPubFailedError)
 
 _MPUB_FRAMING = 4 + 4  # u32 body length + u32 message count
 
@@ -140,8 +166,17 @@ class Producer:
         self._slots: dict[str, list[_Slot]] = {}
         self._open: list[Connection] = []
         self._next = 0
-        self._batches: dict[str, list[tuple[Any, asyncio.Future[Any]]]] = {}
+        self._batches: dict[tuple[str, str | None, int | None], list[tuple[Any, asyncio.Future[Any]]]] = {}
         self._valid_topics: set[str] = set()
+        self._open_by_address: dict[str, list[Connection]] = {}
+        self._routes: dict[str, _Route] = {}
+        self._refreshing: dict[str, asyncio.Task[None]] = {}
+        self._pollers: dict[str, LookupdPoller] = {}
+        self._lookupd_client: LookupdClient | None = None
+        hasher = settings["hasher"]
+        if hasher is not None and not callable(hasher):
+            raise InvalidValueError("hasher must be a callable taking bytes and returning an int")
+        self._hasher: Callable[[bytes], int] = hasher if hasher is not None else murmur3_32
         self._flush_handle: asyncio.Handle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connected: asyncio.Event | None = None
@@ -168,6 +203,7 @@ class Producer:
         self._connected = asyncio.Event()
         addresses = list(self._nsqd_addresses)
         if self._lookupd_addresses:
+            self._lookupd_client = LookupdClient(auth_secret=_secret_text(self.options.auth_secret))
             addresses += [a for a in await self._discover() if a not in addresses]
         results = await asyncio.gather(*(self._add_node(a) for a in addresses), return_exceptions=True)
         if self._lookupd_addresses:
@@ -190,6 +226,10 @@ class Producer:
                 logger.warning("closing with %d publishes still waiting for nsqd", self._active)
         if self._lookupd_task is not None:
             self._lookupd_task.cancel()
+        for poller in self._pollers.values():
+            await poller.close()
+        if self._lookupd_client is not None:
+            await self._lookupd_client.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
         slots = [slot for pool in self._slots.values() for slot in pool]
@@ -231,51 +271,108 @@ class Producer:
         *,
         defer: float | None = None,
         timeout: float | None = None,
+        partition: int | None = None,
+        sharding_key: Any = None,
+        trace_id: int | None = None,
+        ext: Mapping[str, Any] | None = None,
     ) -> Any:
         """Publish one message; returns nsqd's answer once it has the message.
 
-        ``defer`` (seconds) delays delivery (DPUB; upstream nsqd only). Raises
-        ``InvalidValueError`` for a bad topic or body before sending, ``ServerError``
-        when nsqd refuses, ``PublishTimeoutError`` or ``NoConnectionError``.
+        ``defer`` (seconds) delays delivery (DPUB; upstream nsqd only). On an HA nsqd
+        (found by itself, from lookupd or IDENTIFY): ``partition`` names the
+        partition, ``sharding_key`` picks one by hash (the same key always lands on
+        the same partition), otherwise partitions take turns; ``trace_id`` publishes
+        with PUB_TRACE and returns the ``TracedResponse`` (internal id, trace id,
+        offset, size); ``ext`` (a JSON object) publishes with PUB_EXT.
+
+        Raises ``InvalidValueError`` for a bad topic, body or option before sending,
+        ``ServerError`` when nsqd refuses, ``PublishTimeoutError`` or ``NoConnectionError``.
         """
         self._check_topic(topic)
-        size = _body_size(body)
-        if size == 0:
-            raise InvalidValueError("empty message body: nsqd rejects empty messages")
-        if size > self.options.max_msg_size:
-            raise InvalidValueError(f"message of {size} bytes exceeds max_msg_size {self.options.max_msg_size}")
+        _check_message_size(_body_size(body), self.options.max_msg_size, 0)
+        plain = defer is None and trace_id is None and ext is None
+        if plain and partition is None and sharding_key is None and self.coalesce and timeout is None:
+            target = self._target_now(topic, None, None)
+            if target is not None and self._connected_to(target[0]):
+                # The fast path: one future, no further coroutine; retries take the slow path.
+                self._active += 1
+                try:
+                    result = await self._enqueue(topic, body, target)
+                    self.published += 1
+                    return result
+                except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+                    if not _retryable(exc):
+                        self.failed += 1
+                        raise
+                    self._forget_route(topic, exc)
+                    self.retried += 1
+                finally:
+                    self._active -= 1
+                    if not self._active and self._idle_waiter is not None:
+                        _resolve(self._idle_waiter)
         if defer is not None:
             defer_ms = round(check_range("defer", defer, 0, 3600) * 1000)
-            return await self._call(lambda conn: conn.dpublish(topic, defer_ms, body), timeout)
-        if self.coalesce and timeout is None and self._open:
-            # The fast path: one future, no further coroutine; retries take the slow path.
-            self._active += 1
-            try:
-                result = await self._enqueue(topic, body)
-                self.published += 1
-                return result
-            except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
-                if not self._retryable(exc):
-                    self.failed += 1
-                    raise
-                self.retried += 1
-            finally:
-                self._active -= 1
-                if not self._active and self._idle_waiter is not None:
-                    _resolve(self._idle_waiter)
-        if self.coalesce:
-            return await self._call(None, timeout, coalesced=(topic, body))
-        return await self._call(lambda conn: conn.publish(topic, body), timeout)
+            send = lambda conn, pid: conn.dpublish(topic, defer_ms, body)  # noqa: E731
+        elif ext is not None:
+            ext_json = _ext_json(ext, trace_id)
+            send = lambda conn, pid: conn.publish_ext(topic, pid, ext_json, body)  # noqa: E731
+        elif trace_id is not None:
+            check_range("trace_id", trace_id, 0, 2**64 - 1, integer=True)
+            send = lambda conn, pid: conn.publish_trace(topic, pid, trace_id, body)  # noqa: E731
+        elif self.coalesce and timeout is None:
+            send = None  # coalesced with the other publishes of this loop pass
+        else:
+            send = lambda conn, pid: conn.publish(topic, body, partition=pid)  # noqa: E731
+        traced = trace_id is not None or ext is not None
+        return await self._call(topic, send, timeout, partition, sharding_key, body=body, traced=traced)
 
-    async def mpublish(self, topic: str, bodies: Sequence[Any], *, timeout: float | None = None) -> Any:
-        """Publish a batch with MPUB (split into several when above nsqd's max body size)."""
+    async def mpublish(
+        self,
+        topic: str,
+        bodies: Sequence[Any],
+        *,
+        timeout: float | None = None,
+        partition: int | None = None,
+        sharding_key: Any = None,
+        trace_ids: Sequence[int] | None = None,
+        exts: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Any:
+        """Publish a batch with MPUB (split into several under nsqd's max body size).
+
+        On HA: ``partition`` / ``sharding_key`` as for :meth:`publish`; ``trace_ids``
+        (one per body) uses MPUB_TRACE, ``exts`` (one JSON object per body) MPUB_EXT.
+        """
         self._check_topic(topic)
         batch = list(bodies)
         if not batch:
             raise InvalidValueError("mpublish needs at least one message")
-        chunks = self._chunks([(body, _body_size(body)) for body in batch])
+        for name, extra in (("trace_ids", trace_ids), ("exts", exts)):
+            if extra is not None and len(extra) != len(batch):
+                raise InvalidValueError(f"{name} must have one entry per body ({len(batch)}), got {len(extra)}")
+        if exts is not None:
+            ids = trace_ids if trace_ids is not None else [None] * len(batch)
+            items = [(_ext_json(e, t), b) for e, t, b in zip(exts, ids, batch)]
+            header = lambda item: 2 + len(item[0])  # noqa: E731
+            body_of = _second
+            make = lambda conn, pid, chunk: conn.mpublish_ext(topic, pid, chunk)  # noqa: E731
+        elif trace_ids is not None:
+            for trace_id in trace_ids:
+                check_range("trace_ids[]", trace_id, 0, 2**64 - 1, integer=True)
+            items = list(zip(trace_ids, batch))
+            header = lambda item: 8  # noqa: E731
+            body_of = _second
+            make = lambda conn, pid, chunk: conn.mpublish_trace(topic, pid, chunk)  # noqa: E731
+        else:
+            items = batch
+            header = body_of = None
+            make = lambda conn, pid, chunk: conn.mpublish(topic, chunk, partition=pid)  # noqa: E731
+        chunks = self._chunks(items, header, body_of)
         results = await asyncio.gather(
-            *(self._call(lambda conn, c=chunk: conn.mpublish(topic, c), timeout) for chunk in chunks)
+            *(
+                self._call(topic, lambda conn, pid, c=chunk: make(conn, pid, c), timeout, partition, sharding_key,
+                           traced=trace_ids is not None)
+                for chunk in chunks
+            )
         )
         return results[-1]
 
@@ -293,25 +390,45 @@ class Producer:
         if len(self._valid_topics) < 10_000:  # names repeat; validate each once
             self._valid_topics.add(topic)
 
-    def _chunks(self, sized: list[tuple[Any, int]]) -> list[list[Any]]:
+    def _chunks(
+        self,
+        items: list[Any],
+        header: Callable[[Any], int] | None = None,
+        body_of: Callable[[Any], Any] | None = None,
+    ) -> list[list[Any]]:
+        """Split a batch so each MPUB stays under max_body_size and nsqd's count limit.
+
+        ``header(item)``: bytes each message carries before its body (trace id, ext);
+        ``body_of(item)``: the body, when items are not bodies themselves.
+        """
         limit = self.options.max_body_size - _MPUB_FRAMING
         max_count = (self.options.max_body_size - 4) // 5
         chunks: list[list[Any]] = [[]]
         used = 0
-        for body, size in sized:
-            if size == 0:
-                raise InvalidValueError("empty message body: nsqd rejects empty messages")
-            if size > self.options.max_msg_size:
-                raise InvalidValueError(f"message of {size} bytes exceeds max_msg_size {self.options.max_msg_size}")
-            if chunks[-1] and (used + 4 + size > limit or len(chunks[-1]) >= max_count):
+        for item in items:
+            extra = 0 if header is None else header(item)
+            size = _body_size(item if body_of is None else body_of(item))
+            _check_message_size(size, self.options.max_msg_size, extra)
+            if chunks[-1] and (used + 4 + extra + size > limit or len(chunks[-1]) >= max_count):
                 chunks.append([])
                 used = 0
-            chunks[-1].append(body)
-            used += 4 + size
+            chunks[-1].append(item)
+            used += 4 + extra + size
         return chunks
 
-    async def _call(self, send: Any, timeout: float | None, coalesced: tuple[str, Any] | None = None) -> Any:
-        """Send (via ``send(conn)`` or the coalescing batch), await the answer, retry if the link died."""
+    async def _call(
+        self,
+        topic: str,
+        send: Any,
+        timeout: float | None,
+        partition: int | None,
+        sharding_key: Any,
+        *,
+        body: Any = None,
+        traced: bool = False,
+    ) -> Any:
+        """Route, send (``send(conn, partition)``, or the coalescing batch when ``send`` is
+        None), await the answer; retry after a lost link or a moved partition leader."""
         assert self._loop is not None
         self._active += 1
         deadline = self._loop.time() + (self.publish_timeout if timeout is None else timeout)
@@ -319,14 +436,24 @@ class Producer:
             attempt = 0
             while True:
                 try:
-                    future = await self._submit(send, coalesced, deadline)
+                    target = await self._target(topic, partition, sharding_key, deadline)
+                    if send is None:
+                        await self._connection_for(target[0], deadline)
+                        future = self._enqueue(topic, body, target)
+                    else:
+                        conn = await self._connection_for(target[0], deadline)
+                        future = send(conn, target[1])
+                        self._track(future)
                     result = await self._await_answer(future, deadline, timeout is not None)
                     self.published += 1
+                    if traced and tracing.ENABLED:
+                        tracing.published(topic, target[1], result, target[0] or "")
                     return result
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
-                    if not self._retryable(exc):
+                    if not _retryable(exc):
                         self.failed += 1
                         raise
+                    self._forget_route(topic, exc)
                     attempt += 1
                     if attempt > self.max_retries or self._closing or self._loop.time() >= deadline:
                         self.failed += 1
@@ -340,35 +467,19 @@ class Producer:
             if not self._active and self._idle_waiter is not None:
                 _resolve(self._idle_waiter)
 
-    @staticmethod
-    def _retryable(exc: BaseException) -> bool:
-        """A lost connection may be retried elsewhere; a refusal that would repeat may not."""
-        if isinstance(exc, NOT_RETRYABLE):
-            return False
-        return not (isinstance(exc, ServerError) and not exc.fatal)
-
-    def _enqueue(self, topic: str, body: Any) -> "asyncio.Future[Any]":
-        """Add a publish to this loop pass's batch for ``topic``; flushed once per pass."""
+    def _enqueue(self, topic: str, body: Any, target: tuple[str | None, int | None]) -> "asyncio.Future[Any]":
+        """Add a publish to this loop pass's batch for (topic, nsqd, partition); flushed once per pass."""
         assert self._loop is not None
         future = self._loop.create_future()
-        batch = self._batches.get(topic)
+        key = (topic, target[0], target[1])
+        batch = self._batches.get(key)
         if batch is None:
-            self._batches[topic] = [(body, future)]
+            self._batches[key] = [(body, future)]
         else:
             batch.append((body, future))
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush_batches)
         return future
-
-    async def _submit(self, send: Any, coalesced: tuple[str, Any] | None, deadline: float) -> asyncio.Future[Any]:
-        if coalesced is None:
-            conn = self._pick() or await self._wait_for_connection(deadline)
-            future = send(conn)
-            self._track(future)
-            return future  # type: ignore[no-any-return]
-        if not self._open:
-            await self._wait_for_connection(deadline)
-        return self._enqueue(*coalesced)
 
     async def _await_answer(self, future: asyncio.Future[Any], deadline: float, explicit: bool) -> Any:
         if not explicit:
@@ -381,25 +492,25 @@ class Producer:
             raise PublishTimeoutError(f"no answer from nsqd within {remaining:.3f} s") from None
 
     def _flush_batches(self) -> None:
-        """Once per loop pass: one PUB or MPUB per topic for the publishes gathered."""
+        """Once per loop pass: one PUB or MPUB per (topic, nsqd, partition) for the publishes gathered."""
         self._flush_handle = None
         batches, self._batches = self._batches, {}
-        for topic, entries in batches.items():
-            conn = self._pick()
+        for (topic, address, pid), entries in batches.items():
+            conn = self._pick(address)
             if conn is None:
-                error = NoConnectionError("no open connection to nsqd")
+                error = NoConnectionError(f"no open connection to {address or 'any nsqd'}")
                 for _, member in entries:
                     if not member.done():
                         member.set_exception(error)
                 continue
             try:
                 if len(entries) == 1:
-                    sent = conn.publish(topic, entries[0][0])
+                    sent = conn.publish(topic, entries[0][0], partition=pid)
                     self._track(sent)
                     _chain(sent, [entries[0][1]])
                     continue
-                for chunk in self._entry_chunks(entries):
-                    sent = conn.mpublish(topic, [body for body, _ in chunk])
+                for chunk in self._chunks(entries, body_of=_first):
+                    sent = conn.mpublish(topic, [body for body, _ in chunk], partition=pid)
                     self._track(sent)
                     _chain(sent, [member for _, member in chunk])
             except Exception as exc:  # e.g. the connection closed during this pass
@@ -407,32 +518,114 @@ class Producer:
                     if not member.done():
                         member.set_exception(exc)
 
-    def _entry_chunks(self, entries: list[tuple[Any, asyncio.Future[Any]]]) -> list[list[Any]]:
-        limit = self.options.max_body_size - _MPUB_FRAMING
-        chunks: list[list[Any]] = [[]]
-        used = 0
-        for entry in entries:
-            size = 4 + _body_size(entry[0])
-            if chunks[-1] and used + size > limit:
-                chunks.append([])
-                used = 0
-            chunks[-1].append(entry)
-            used += size
-        return chunks
+    # ---- routing (HA partitions) ------------------------------------------------------
+
+    def _target_now(self, topic: str, partition: int | None, sharding_key: Any) -> tuple[str | None, int | None] | None:
+        """(nsqd address or None for any, partition or None) from what is known now;
+        None when a lookup is needed first."""
+        if not self._lookupd_addresses:
+            if sharding_key is not None:
+                raise InvalidValueError(
+                    "sharding_key needs lookupd_http_addresses: the partition count and leaders come from nsqlookupd"
+                )
+            return (None, partition)
+        route = self._routes.get(topic)
+        assert self._loop is not None
+        if route is None or route.expires < self._loop.time():
+            return None
+        if not route.partitions:
+            if sharding_key is not None:
+                raise InvalidValueError(f"topic {topic!r} has no partitions (not an HA nsqd): sharding_key needs them")
+            return (None, partition)
+        if partition is not None:
+            if partition not in route.partitions:
+                raise InvalidValueError(
+                    f"topic {topic!r} has no partition {partition} (partitions: {sorted(route.partitions)})"
+                )
+            pid = partition
+        elif sharding_key is not None:
+            count = route.partition_num or len(route.partitions)
+            pid = self._hasher(_key_bytes(sharding_key)) % count
+            if pid not in route.partitions:
+                return None  # its leader is not known: look it up again
+        else:
+            route.turn = (route.turn + 1) % len(route.pids)
+            pid = route.pids[route.turn]
+        return (route.partitions[pid], pid)
+
+    async def _target(
+        self, topic: str, partition: int | None, sharding_key: Any, deadline: float
+    ) -> tuple[str | None, int | None]:
+        target = self._target_now(topic, partition, sharding_key)
+        if target is not None:
+            return target
+        await self._refresh_route(topic, deadline)
+        target = self._target_now(topic, partition, sharding_key)
+        if target is None:
+            raise NoConnectionError(f"nsqlookupd knows no nsqd leading the partition for topic {topic!r}")
+        return target
+
+    async def _refresh_route(self, topic: str, deadline: float) -> None:
+        """Ask the lookupds where the topic's partitions are (access=w, metainfo); one lookup at a time."""
+        assert self._loop is not None
+        pending = self._refreshing.get(topic)
+        if pending is None:
+            pending = self._loop.create_task(self._lookup_route(topic))
+            self._refreshing[topic] = pending
+            pending.add_done_callback(lambda _t: self._refreshing.pop(topic, None))
+        await asyncio.wait_for(asyncio.shield(pending), max(0.001, deadline - self._loop.time()))
+
+    async def _lookup_route(self, topic: str) -> None:
+        assert self._loop is not None
+        poller = self._pollers.get(topic)
+        if poller is None:
+            poller = LookupdPoller(self._lookupd_addresses, topic, client=self._lookupd_client, access="w",
+                                   metainfo=True, poll_interval=self.lookupd_poll_interval)
+            self._pollers[topic] = poller
+        discovery = await poller.poll_once()
+        partitions = {e.partition: e.address for e in discovery.endpoints if e.partition is not None}
+        meta = discovery.meta
+        route = _Route(partitions, meta.partition_num if meta is not None else 0,
+                       self._loop.time() + self.lookupd_poll_interval)
+        for address in {e.address for e in discovery.endpoints}:
+            if address not in self._slots:
+                try:
+                    await self._add_node(address)
+                except (OSError, asyncio.TimeoutError, NSQError) as exc:
+                    logger.warning("cannot connect to nsqd %s: %s", address, exc)
+        self._routes[topic] = route
+
+    def _forget_route(self, topic: str, exc: BaseException) -> None:
+        """A moved leader or a missing partition: look the topic up again before retrying."""
+        if isinstance(exc, _REFRESH_ERRORS) and topic in self._routes:
+            logger.info("%s for topic %s: refreshing its partitions from nsqlookupd", exc.code, topic)  # type: ignore[attr-defined]
+            del self._routes[topic]
 
     # ---- connections ------------------------------------------------------------------
 
-    def _pick(self) -> Connection | None:
-        open_conns = self._open
+    def _pick(self, address: str | None = None) -> Connection | None:
+        """Round robin over the open connections (of one nsqd when ``address`` is given)."""
+        open_conns = self._open if address is None else self._open_by_address.get(address)
         if not open_conns:
             return None
         self._next = (self._next + 1) % len(open_conns)
         return open_conns[self._next]
 
-    async def _wait_for_connection(self, deadline: float) -> Connection:
+    def _connected_to(self, address: str | None) -> bool:
+        return bool(self._open if address is None else self._open_by_address.get(address))
+
+    async def _connection_for(self, address: str | None, deadline: float) -> Connection:
+        conn = self._pick(address)
+        if conn is not None:
+            return conn
+        if address is not None and address not in self._slots:
+            await self._add_node(address)
+        return await self._wait_for_connection(deadline, address)
+
+    async def _wait_for_connection(self, deadline: float, address: str | None = None) -> Connection:
         assert self._loop is not None and self._connected is not None
         while True:
-            conn = self._pick()
+            conn = self._pick(address)
             if conn is not None:
                 return conn
             if self._closing:
@@ -466,6 +659,7 @@ class Producer:
         slot.conn = conn
         slot.failures = 0
         self._open.append(conn)
+        self._open_by_address.setdefault(slot.address, []).append(conn)
         assert self._connected is not None
         self._connected.set()
         self._ensure_sweeper()
@@ -473,6 +667,9 @@ class Producer:
     def _on_close(self, slot: _Slot, conn: Connection, error: BaseException | None) -> None:
         if conn in self._open:
             self._open.remove(conn)
+        same_node = self._open_by_address.get(slot.address)
+        if same_node is not None and conn in same_node:
+            same_node.remove(conn)
         if slot.conn is conn:
             slot.conn = None
         if not self._closing:
@@ -524,15 +721,16 @@ class Producer:
     # ---- lookupd ----------------------------------------------------------------------
 
     async def _discover(self) -> list[str]:
+        """Every nsqd the lookupds know (``/nodes``): the pool for topics without partitions."""
+        assert self._lookupd_client is not None
         found: list[str] = []
-        async with LookupdClient(auth_secret=_secret_text(self.options.auth_secret)) as client:
-            for address in self._lookupd_addresses:
-                try:
-                    for node in await client.nodes(address):
-                        if node.address not in found:
-                            found.append(node.address)
-                except NSQError as exc:
-                    logger.warning("lookupd %s: %s", address, exc)
+        for address in self._lookupd_addresses:
+            try:
+                for node in await self._lookupd_client.nodes(address):
+                    if node.address not in found:
+                        found.append(node.address)
+            except NSQError as exc:
+                logger.warning("lookupd %s: %s", address, exc)
         return found
 
     async def _poll_lookupd(self) -> None:
@@ -545,6 +743,75 @@ class Producer:
                     except (OSError, asyncio.TimeoutError, NSQError) as exc:
                         logger.warning("cannot connect to nsqd %s: %s", address, exc)
             await asyncio.sleep(self.lookupd_poll_interval)
+
+
+class _Route:
+    """Where one topic's partitions are led (HA), from a lookup; empty for upstream topics."""
+
+    __slots__ = ("partitions", "pids", "partition_num", "expires", "turn")
+
+    def __init__(self, partitions: dict[int, str], partition_num: int, expires: float) -> None:
+        self.partitions = partitions
+        self.pids = sorted(partitions)
+        self.partition_num = partition_num
+        self.expires = expires
+        self.turn = -1
+
+
+def murmur3_32(key: bytes) -> int:
+    """The default sharding hash: murmur3 32-bit, unsigned (as youzan's documentation uses)."""
+    return mmh3.hash(key, signed=False)  # type: ignore[no-any-return]
+
+
+def _key_bytes(key: Any) -> bytes:
+    if isinstance(key, bytes):
+        return key
+    if isinstance(key, str):
+        return key.encode("utf-8")
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(key).encode()
+    raise InvalidValueError(f"sharding_key must be str, bytes or int, not {type(key).__name__}")
+
+
+def _ext_json(ext: Mapping[str, Any], trace_id: int | None) -> bytes:
+    """PUB_EXT's JSON header; a trace id goes in as ``"##trace_id"``, a decimal string (§9.6)."""
+    if not isinstance(ext, Mapping):
+        raise InvalidValueError(f"ext must be a mapping (a JSON object), not {type(ext).__name__}")
+    header = dict(ext)
+    if trace_id is not None:
+        check_range("trace_id", trace_id, 0, 2**64 - 1, integer=True)
+        header["##trace_id"] = str(trace_id)
+    try:
+        data = json.dumps(header, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as exc:
+        raise InvalidValueError(f"ext is not JSON-serialisable: {exc}") from None
+    if len(data) > 65535:
+        raise InvalidValueError(f"ext header of {len(data)} bytes exceeds 65535")
+    return data
+
+
+def _check_message_size(size: int, max_msg_size: int, header: int) -> None:
+    if size == 0:
+        raise InvalidValueError("empty message body: nsqd rejects empty messages")
+    if header + size > max_msg_size:
+        raise InvalidValueError(f"message of {header + size} bytes exceeds max_msg_size {max_msg_size}")
+
+
+def _retryable(exc: BaseException) -> bool:
+    """A lost link, a moved leader or a transient failure may be retried; a refusal that would repeat may not."""
+    if isinstance(exc, NOT_RETRYABLE):
+        return False
+    if isinstance(exc, ServerError):
+        return exc.fatal or isinstance(exc, _REFRESH_ERRORS + _TRANSIENT)
+    return True
+
+
+def _first(pair: tuple[Any, Any]) -> Any:
+    return pair[0]
+
+
+def _second(pair: tuple[Any, Any]) -> Any:
+    return pair[1]
 
 
 def _resolve(future: "asyncio.Future[None]") -> None:
