@@ -76,12 +76,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _nsqd_address(text: str) -> str:
+    """``host:port`` (``[v6]:port``) with the port required, as the go tools want it."""
+    stripped = text.strip()
+    has_port = "]:" in stripped if stripped.startswith("[") else stripped.count(":") == 1
+    if not has_port:
+        raise argparse.ArgumentTypeError(f"{text!r} has no port: give host:port")
     try:
-        host, port = parse_address(text)
+        host, port = parse_address(stripped)
     except InvalidValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if ":" not in text.strip().lstrip("[").split("]")[-1] and not text.strip().endswith("]"):
-        raise argparse.ArgumentTypeError(f"{text!r} has no port: give host:port")
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
@@ -512,7 +515,17 @@ async def _check_nsqd(address: str, settings: dict[str, Any]) -> None:
         await conn.connect()
     except (OSError, asyncio.TimeoutError, NSQError) as exc:
         raise CommandError(f"cannot connect to nsqd {address}: {describe_error(exc)}") from exc
-    await conn.close()
+    try:
+        _require_tls(conn, settings)
+    finally:
+        await conn.close()
+
+
+def _require_tls(conn: Any, settings: dict[str, Any]) -> None:
+    """nsqd without TLS answers IDENTIFY with tls_v1 false and the client goes on in clear text;
+    a user who asked for TLS gets an error instead."""
+    if settings.get("tls_v1") and not conn.identify_response.get("tls_v1"):
+        raise CommandError(f"nsqd {conn.address} does not offer TLS (asked for by --tls and the --tls-* options)")
 
 
 async def _check_lookupd(address: str, topic: str | None, secret: str | None) -> None:
@@ -627,6 +640,8 @@ async def _publish(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     try:
         if not producer.connections:
             raise CommandError("no nsqd to publish to: the lookupd lists none (publish to --nsqd-tcp-address first)")
+        for conn in producer.connections:
+            _require_tls(conn, settings)
         pacer = _Pacer(args.rate)
         if args.body is not None and args.body != "-":
             chunks = _repeat(args.body.encode(), args.count or 1)

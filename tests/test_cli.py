@@ -339,6 +339,14 @@ async def test_tls_snappy_and_auth_from_the_environment() -> None:
         assert len(unverified.error_lines) == 1 and "certificate" in unverified.stderr.lower()
 
 
+async def test_tls_asked_for_but_not_offered_is_an_error(nsqd) -> None:
+    skip_if_external(nsqd, "needs an nsqd without TLS")
+    for command in (["pub", "--nsqd-tcp-address", nsqd.tcp_address, "--tls", unique("cli"), "x"],
+                    ["tail", "--nsqd-tcp-address", nsqd.tcp_address, "--tls-insecure-skip-verify", unique("cli")]):
+        outcome = await fastnsq(*command)
+        assert_one_error_line(outcome, 1, command[0], ["does not offer TLS", nsqd.tcp_address])
+
+
 # ---- stats ------------------------------------------------------------------------------------
 
 
