@@ -133,20 +133,19 @@ class ThreadedNSQD:
 
         async def consume() -> list[Any]:
             got: list[Any] = []
-            async with Consumer(topic, channel, nsqd_tcp_addresses=[self.tcp_address], max_in_flight=2500) as c:
+            last = [time.monotonic()]
+
+            def handle(message: Any) -> None:  # returning FINs the message
+                got.append((message.id, message.body))
+                last[0] = time.monotonic()
+
+            async with Consumer(topic, channel, nsqd_tcp_addresses=[self.tcp_address], handler=handle,
+                                max_in_flight=2500):
                 deadline = time.monotonic() + timeout
-                last = time.monotonic()
-                iterator = c.__aiter__()
                 while time.monotonic() < deadline:
-                    if len(got) >= expect and time.monotonic() - last > settle:
+                    if len(got) >= expect and time.monotonic() - last[0] > settle:
                         break
-                    try:
-                        message = await asyncio.wait_for(iterator.__anext__(), 0.1)
-                    except asyncio.TimeoutError:
-                        continue
-                    message.finish()
-                    got.append((message.id, message.body))
-                    last = time.monotonic()
+                    await asyncio.sleep(0.05)
             return got
 
         return self.run(consume(), timeout + 30)
@@ -363,3 +362,210 @@ def test_happy_path_every_message_once_nothing_in_flight_while_idle(spark: Any, 
     final = nsqd.channel(topic, channel)
     assert final["depth"] == 0 and final["in_flight_count"] == 0 and final["message_count"] == count
 
+
+
+@spark_test
+def test_batch_slower_than_msg_timeout_causes_no_redelivery(spark: Any, nsqd: ThreadedNSQD) -> None:
+    """msg_timeout 2 s, the first batch takes 6 s: TOUCH keeps its messages (and the
+    ones buffered meanwhile) in flight, nothing times out, nothing comes twice."""
+    topic, channel, count = unique("sp_slow"), "spark", 400
+    nsqd.publish(topic, bodies("slow", count))
+    collected = Collector()
+
+    def slow(batch_df: Any, batch_id: int) -> None:
+        collected(batch_df, batch_id)
+        if len(collected.batches) == 1:
+            time.sleep(6.0)
+
+    stream = read_stream(spark, nsqd, topic, channel, msgTimeoutMs=2000, maxRecordsPerBatch=150, maxInFlight=300)
+    query = stream.writeStream.foreachBatch(slow).trigger(processingTime="100 milliseconds").start()
+    try:
+        wait_until(lambda: len(collected.ids()) >= count, 90, what=f"{count} rows")
+        wait_until(lambda: nsqd.channel(topic, channel).get("in_flight_count") == 0, 20, what="nothing in flight")
+        stats = nsqd.channel(topic, channel)
+    finally:
+        stop_query(query)
+    assert stats["timeout_count"] == 0, "a held message timed out at nsqd"
+    assert stats["requeue_count"] == 0
+    ids = collected.ids()
+    assert len(ids) == count and len(set(ids)) == count
+    assert all(attempts == 1 for _, _, attempts, _ in collected.rows)
+
+
+@spark_test
+def test_failure_in_a_batch_after_a_shuffle_loses_nothing(spark: Any, nsqd: ThreadedNSQD, tmp_path: Path) -> None:
+    """The batch's job fails after a shuffle: the query dies, its held messages go back to
+    nsqd, the restarted query (same checkpoint) replays the dead batch as empty and
+    receives every message again."""
+    topic, channel, count = unique("sp_fail"), "spark", 600
+    nsqd.publish(topic, bodies("fail", count))
+    checkpoint = str(tmp_path / "checkpoint")
+    collected = Collector()
+    failures = []
+
+    def failing(batch_df: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        shuffled = batch_df.repartition(3, "id").groupBy((F.crc32("id") % 7).alias("bucket")).count()
+        if not failures and not batch_df.isEmpty():
+            failures.append(batch_id)
+            bad = shuffled.select(F.raise_error(F.lit("injected failure after a shuffle")).alias("x"))
+            bad.collect()
+        shuffled.collect()
+        collected(batch_df, batch_id)
+
+    def start() -> Any:
+        stream = read_stream(spark, nsqd, topic, channel, msgTimeoutMs=3000, maxInFlight=1000)
+        return (
+            stream.writeStream.foreachBatch(failing)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime="100 milliseconds")
+            .start()
+        )
+
+    query = start()
+    try:
+        with pytest.raises(Exception, match="injected failure after a shuffle"):
+            query.awaitTermination(60)
+    finally:
+        stop_query(query)
+    assert failures and not collected.rows
+    query = start()
+    try:
+        wait_until(lambda: collected.distinct() >= count, 60, what=f"{count} distinct rows after the restart")
+        wait_until(lambda: nsqd.channel(topic, channel).get("in_flight_count") == 0, 20, what="nothing in flight")
+    finally:
+        stop_query(query)
+    ids = collected.ids()
+    assert set(body for _, body, _, _ in collected.rows) == set(bodies("fail", count)), "nothing lost"
+    print(f"\nfailure after shuffle: {len(ids)} rows, {len(ids) - len(set(ids))} duplicates")
+    assert all(attempts >= 2 for _, _, attempts, _ in collected.rows), "all came back from nsqd"
+
+
+@spark_test
+def test_trigger_available_now_drains_the_topic_and_stops(spark: Any, nsqd: ThreadedNSQD) -> None:
+    pyspark_ds = pytest.importorskip("pyspark.sql.streaming.datasource")
+    if not hasattr(pyspark_ds, "SupportsTriggerAvailableNow"):
+        pytest.skip("this PySpark has no Trigger.AvailableNow for Python sources (PySpark < 4.2)")
+    topic, channel, count = unique("sp_now"), "spark", 2500
+    nsqd.publish(topic, bodies("now", count))
+    collected = Collector()
+    stream = read_stream(
+        spark, nsqd, topic, channel, nsqdHttp=nsqd.http_address, maxInFlight=400, maxRecordsPerBatch=300
+    )
+    query = stream.writeStream.foreachBatch(collected).trigger(availableNow=True).start()
+    try:
+        assert query.awaitTermination(120), "the AvailableNow query did not stop by itself"
+    finally:
+        stop_query(query)
+    ids = collected.ids()
+    assert len(set(ids)) == count and len(ids) == count
+    assert all(rows <= 300 for _, rows in collected.batches), "maxRecordsPerBatch caps each batch"
+    wait_until(lambda: nsqd.channel(topic, channel).get("client_count") == 0, 30, what="disconnect")
+    stats = nsqd.channel(topic, channel)
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0
+
+
+@spark_test
+def test_bad_options_fail_on_the_driver_naming_the_option(spark: Any, nsqd: ThreadedNSQD) -> None:
+    cases = [
+        ({"maxInFlight": "lots"}, "maxInFlight"),
+        ({"msgTimeoutMs": "5"}, "msgTimeoutMs"),
+        ({"connectionsPerNsqd": "0"}, "connectionsPerNsqd"),
+        ({"readMode": "turbo"}, "readMode"),
+        ({"maxRecordsPerBatch": "-1"}, "maxRecordsPerBatch"),
+        ({"tlsCert": "/nonexistent.pem"}, "tls_cert and tls_key go together"),
+    ]
+    for options, expected in cases:
+        with pytest.raises(Exception, match=expected):
+            stream = read_stream(spark, nsqd, "t_bad", "c", **options)
+            query = stream.writeStream.format("memory").queryName(unique("bad")).start()
+            stop_query(query)
+    with pytest.raises(Exception, match="channel"):
+        spark.readStream.format("nsq").option("nsqd", nsqd.tcp_address).option("topic", "t").load()
+    df = spark.createDataFrame([(b"x",)], "body binary")
+    with pytest.raises(Exception, match="publishWindow"):
+        df.write.format("nsq").mode("append").option("nsqd", nsqd.tcp_address).option("topic", "t") \
+            .option("publishWindow", "0").save()
+    with pytest.raises(Exception, match="column 'body'"):
+        spark.createDataFrame([(1,)], "n int").write.format("nsq").mode("append") \
+            .option("nsqd", nsqd.tcp_address).option("topic", "t").save()
+
+
+# ---- the sink --------------------------------------------------------------------------
+
+
+@spark_test
+def test_sink_publishes_exactly_the_rows_of_a_dataframe(spark: Any, nsqd: ThreadedNSQD) -> None:
+    topic, count = unique("sp_sink"), 20_000
+    expected = bodies("sink", count)
+    df = spark.createDataFrame([(b,) for b in expected], "body binary").repartition(4)
+    df.write.format("nsq").mode("append").option("nsqd", nsqd.tcp_address).option("topic", topic).save()
+    assert nsqd.topic(topic)["message_count"] == count, "every row once, none twice"
+    got = nsqd.drain(topic, "check", count)
+    assert sorted(body for _, body in got) == expected
+    # string bodies and per-row routing by a `topic` column
+    left, right = unique("sp_left"), unique("sp_right")
+    rows = [(f"text-{i}", left if i % 3 else right) for i in range(300)]
+    spark.createDataFrame(rows, "body string, topic string").write.format("nsq").mode("append") \
+        .option("nsqd", nsqd.tcp_address).save()
+    assert nsqd.topic(left)["message_count"] == 200 and nsqd.topic(right)["message_count"] == 100
+    got_right = sorted(body.decode() for _, body in nsqd.drain(right, "check", 100))
+    assert got_right == sorted(body for body, t in rows if t == right)
+
+
+@spark_test
+def test_sink_raises_clearly_when_nsqd_is_down_or_a_message_is_too_large(spark: Any, nsqd: ThreadedNSQD) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{probe.getsockname()[1]}"
+    df = spark.createDataFrame([(b"x",), (b"y",)], "body binary")
+    with pytest.raises(Exception, match="no nsqd could be reached"):
+        df.write.format("nsq").mode("append").option("nsqd", dead).option("topic", "t") \
+            .option("dialTimeoutMs", "500").save()
+    topic = unique("sp_big")
+    big = spark.createDataFrame([(b"ok",), (b"z" * 2000,)], "body binary").coalesce(1)
+    with pytest.raises(Exception, match=r"2000 bytes exceeds the max message size of 1024"):
+        big.write.format("nsq").mode("append").option("nsqd", nsqd.tcp_address).option("topic", topic) \
+            .option("maxMsgSize", "1024").save()
+    # Checked per Arrow batch before publishing it: the task's one batch published nothing.
+    assert not nsqd.topic(topic), "nothing of the failed task was published"
+    # nsqd's own limit, stricter than what the client was told: nsqd refuses, the task fails.
+    strict = ThreadedNSQD(max_msg_size=1000)
+    try:
+        with pytest.raises(Exception, match="E_BAD_MESSAGE"):
+            big.write.format("nsq").mode("append").option("nsqd", strict.tcp_address).option("topic", topic).save()
+    finally:
+        strict.close()
+    with pytest.raises(Exception, match="only append"):
+        df.write.format("nsq").mode("overwrite").option("nsqd", nsqd.tcp_address).option("topic", "t").save()
+
+
+@spark_test
+def test_nsq_to_spark_to_nsq_keeps_every_id(spark: Any, nsqd: ThreadedNSQD, tmp_path: Path) -> None:
+    from pyspark.sql import functions as F
+
+    source, target, count = unique("sp_in"), unique("sp_out"), 3000
+    nsqd.publish(source, bodies("pipe", count))
+    stream = read_stream(spark, nsqd, source, "spark", maxInFlight=1000, numPartitions=2)
+    out = stream.select(F.concat(F.col("id").cast("binary"), F.lit(b"|"), F.col("body")).alias("body"))
+    query = (
+        out.writeStream.format("nsq")
+        .option("nsqd", nsqd.tcp_address)
+        .option("topic", target)
+        .option("checkpointLocation", str(tmp_path / "cp"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    try:
+        wait_until(lambda: nsqd.topic(target).get("message_count", 0) >= count, 90, what="the pipeline")
+        wait_until(lambda: nsqd.channel(source, "spark").get("in_flight_count") == 0, 20, what="source FINed")
+    finally:
+        stop_query(query)
+    published = nsqd.topic(target)["message_count"]
+    got = nsqd.drain(target, "check", published)
+    ids = [body.split(b"|", 1)[0] for _, body in got]
+    payloads = sorted(body.split(b"|", 1)[1] for _, body in got)
+    assert len(set(ids)) == count, "every source id arrived in the target topic"
+    assert sorted(set(payloads)) == bodies("pipe", count)
+    assert published == count, f"{published - count} duplicates on the happy path"
