@@ -99,15 +99,15 @@ def markdown(data: dict[str, Any], json_name: str) -> str:
     lines = [
         "# fastnsq vs the Python NSQ clients",
         "",
-        f"{data['date'][:10]}, {machine['cpu_model']} ({machine['cores']} cores), {machine['os']}; "
+        (f"{data['date'][:10]}, {machine['cpu_model']} ({machine['cores']} cores), {machine['os']}; "
         f"fastnsq {fast['version']} (codec {fast['codec']}) on uvloop {fast['uvloop']}, Python {data['python']}; "
         f"server: {server['version']} ({server['description']}). Each client runs each workload in its own "
         f"process against the same server process; 100-byte bodies; {settings['warmup']}; one process's CPU "
-        f"(user + system, getrusage) over the measured window; the median of {settings['repeat']} run(s) per row.",
+        f"(user + system, getrusage) over the measured window; the median of {settings['repeat']} run(s) per row."),
         "",
-        "Cells: messages per second; CPU seconds per million messages (client, and the server while serving "
+        ("Cells: messages per second; CPU seconds per million messages (client, and the server while serving "
         "it); for fastnsq rows, **vs. peer** = fastnsq msgs/s ÷ the peer's best msgs/s in that workload, and in "
-        "brackets the peer's client CPU per message ÷ fastnsq's.",
+        "brackets the peer's client CPU per message ÷ fastnsq's."),
         "",
     ]
     header = ["Client", "Variant", "msgs/s", "client CPU s/M", "server CPU s/M", *[f"vs. {p}" for p in peers]]
@@ -132,8 +132,8 @@ def markdown(data: dict[str, Any], json_name: str) -> str:
     lines += targets(data)
     lines += not_measured(data)
     lines += method_notes(data)
-    lines += ["", f"Data: `bench/results/{json_name}`. Reproduce: `{data['command']}` "
-              f"(took {data.get('duration_s', '?')} s).", ""]
+    lines += ["", (f"Data: `bench/results/{json_name}`. Reproduce: `{data['command']}` "
+              f"(took {data.get('duration_s', '?')} s)."), ""]
     return "\n".join(lines)
 
 
@@ -158,12 +158,18 @@ def targets(data: dict[str, Any]) -> list[str]:
     elif mpub.get("server_cpu") is None:
         out.append("- MPUB limited by the server: unknown (the server's CPU was not measured: give --nsqd-pid)")
     else:
-        client_busy = mpub["cpu_s"] / mpub["seconds"]
-        server_busy = mpub["server_cpu"] / mpub["seconds"]
-        verdict = "**met**" if server_busy > client_busy else "**not met**"
-        out.append(f"- MPUB throughput limited by the server, not the client: {verdict}: during the window the "
-                   f"server process was busy {server_busy:.0%} of a core and fastnsq {client_busy:.0%} "
-                   f"({mpub['server_cpu_per_million']:.2f} vs {mpub['cpu_per_million']:.2f} CPU s per million).")
+        # Capacity: one core's worth of messages per second for each side. The side with the
+        # lower capacity is the one that limits a run on dedicated cores.
+        client_capacity = 1e6 / mpub["cpu_per_million"]
+        server_capacity = 1e6 / mpub["server_cpu_per_million"]
+        verdict = "**met**" if server_capacity < client_capacity else "**not met**"
+        out.append(
+            f"- MPUB throughput limited by the server, not the client: {verdict}: per million messages fastnsq "
+            f"used {mpub['cpu_per_million']:.2f} CPU s and the server {mpub['server_cpu_per_million']:.2f}, so one "
+            f"core feeds {client_capacity / 1e6:.1f} M msg/s through fastnsq but only {server_capacity / 1e6:.1f} M "
+            f"through the server (during the window fastnsq was busy {mpub['cpu_s'] / mpub['seconds']:.0%} of a "
+            f"core, the server {mpub['server_cpu'] / mpub['seconds']:.0%})."
+        )
     return out + [""]
 
 
@@ -188,6 +194,13 @@ def method_notes(data: dict[str, Any]) -> list[str]:
         if _ok(row) and row.get("notes") and (row["client"], row["notes"]) not in seen:
             seen.add((row["client"], row["notes"]))
             out.append(f"- {row['client']} {row['workload']}: {row['notes']}")
+    loads = [max(x for x in r["loadavg_1m"] if x is not None) for r in data["rows"]
+             if r.get("loadavg_1m") and any(x is not None for x in r["loadavg_1m"])]
+    cores = data["machine"].get("cores") or 1
+    if loads and max(loads) > cores:
+        out.append(f"- the machine was shared: the 1-minute load average reached {max(loads):.1f} on {cores} "
+                   "cores during the run, so wall-clock rates are lower than on an idle machine; CPU seconds "
+                   "per message are less affected")
     capped = [f"{r['client']} {r['workload']}" for r in data["rows"] if _ok(r) and r.get("capped")]
     if capped:
         out.append(f"- stopped by --max-seconds before the full count (rate from what was done): {', '.join(capped)}")
@@ -251,7 +264,7 @@ def render(json_path: Path, out_dir: Path | None = None) -> tuple[Path, Path]:
     data = load(json_path)
     md = out_dir / "report.md"
     png = out_dir / "chart.png"
-    md.write_text(markdown(data, json_path.name) + f"\n![chart](chart.png)\n")
+    md.write_text(markdown(data, json_path.name) + "\n![chart](chart.png)\n")
     chart(data, png)
     return md, png
 

@@ -26,7 +26,6 @@ import os
 import platform
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ VENVS = BENCH / ".peers"
 RESULTS = BENCH / "results"
 sys.path.insert(0, str(BENCH))
 
-import report  # noqa: E402
+import report
 
 WORKLOADS = ("pub", "mpub", "consume")
 #: Measured messages per workload in the full run (--quick divides by 10); warm-up is 10 % more.
@@ -118,8 +117,8 @@ def machine_info() -> dict[str, Any]:
 def fastnsq_info() -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-c",
-         "import json, fastnsq, uvloop; print(json.dumps({'version': fastnsq.__version__, "
-         "'codec': fastnsq.CODEC_IMPLEMENTATION, 'uvloop': uvloop.__version__}))"],
+         ("import json, fastnsq, uvloop; print(json.dumps({'version': fastnsq.__version__, "
+         "'codec': fastnsq.CODEC_IMPLEMENTATION, 'uvloop': uvloop.__version__}))")],
         capture_output=True, text=True, env=_fastnsq_env(), check=True,
     )
     return json.loads(out.stdout)
@@ -234,7 +233,7 @@ def _python_version(executable: str) -> tuple[int, int] | None:
     try:
         out = subprocess.run(
             [executable, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-            capture_output=True, text=True, timeout=30,
+            check=False, capture_output=True, text=True, timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -255,13 +254,13 @@ def find_python(min_version: tuple[int, int]) -> tuple[str | None, list[str]]:
     looked.append("PATH (python3.N)")
     if shutil.which("uv"):
         out = subprocess.run(["uv", "python", "find", f">={min_version[0]}.{min_version[1]}"],
-                             capture_output=True, text=True)
+                             check=False, capture_output=True, text=True)
         if out.returncode == 0 and out.stdout.strip():
             candidates.append(out.stdout.strip())
         looked.append("uv python find")
     roots = [os.environ.get("PYENV_ROOT", ""), str(Path.home() / ".pyenv")]
     if shutil.which("pyenv"):
-        out = subprocess.run(["pyenv", "root"], capture_output=True, text=True)
+        out = subprocess.run(["pyenv", "root"], check=False, capture_output=True, text=True)
         roots.insert(0, out.stdout.strip())
     for root in filter(None, dict.fromkeys(roots)):
         candidates += sorted(glob.glob(f"{root}/versions/*/bin/python3.[0-9]*"))
@@ -302,7 +301,7 @@ def ensure_peer(peer: Peer, *, reinstall: bool, log: Any) -> dict[str, Any]:
              *peer.requirements],
         ]
         for step in steps:
-            done = subprocess.run(step, capture_output=True, text=True, timeout=900)
+            done = subprocess.run(step, check=False, capture_output=True, text=True, timeout=900)
             if done.returncode:
                 record["error"] = f"install failed: {' '.join(step[:4])} ...: {_tail(done.stderr or done.stdout)}"
                 return record
@@ -322,13 +321,14 @@ def _tail(text: str, lines: int = 6) -> str:
 def run_driver(command: list[str], env: dict[str, str], timeout: float) -> dict[str, Any]:
     """Run one driver process; its last ``RESULT {json}`` (or bare JSON) line, or {"error": ...}."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
+        done = subprocess.run(
+            command, check=False, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}
+        )
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout:.0f} s"}
     for line in reversed(done.stdout.splitlines()):
         line = line.strip()
-        if line.startswith("RESULT "):
-            line = line[len("RESULT "):]
+        line = line.removeprefix("RESULT ")
         if line.startswith("{"):
             result: dict[str, Any] = json.loads(line)
             if done.returncode:
@@ -388,7 +388,9 @@ def run_row(row: Row, server: Server, count: int, args: argparse.Namespace, inde
                        "--max-seconds", str(args.max_seconds)]
             if server.pid:
                 command += ["--server-pid", str(server.pid)]
+            load_before = _loadavg()
             result = run_driver(command, row.env, args.max_seconds + 180)
+            result["loadavg_1m"] = [load_before, _loadavg()]  # others' jobs on the machine skew wall time
             if "error" not in result:
                 result["check"] = verify(server, topic, row.workload, result)
             runs.append(result)
@@ -402,6 +404,13 @@ def run_row(row: Row, server: Server, count: int, args: argparse.Namespace, inde
     chosen = sorted(good, key=lambda r: r["msgs_per_s"])[(len(good) - 1) // 2]
     chosen = {**chosen, "label": row.label, "runs_msgs_per_s": [r["msgs_per_s"] for r in good]}
     return chosen
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
 
 
 def verify(server: Server, topic: str, workload: str, result: dict[str, Any]) -> str:

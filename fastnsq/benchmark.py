@@ -6,7 +6,9 @@ already up (a real one, or ``python -m fastnsq.testing``) and returns a
 process spent per million messages, plus the server's CPU when its pid is
 given (Linux ``/proc``). ``bench/run_all.py`` runs every workload in its own
 process so the CPU figures belong to the client alone; the ``fastnsq bench``
-command reuses the same functions.
+command reuses the same functions: :data:`SCENARIOS` names the six rows fastnsq
+has in the comparison, and :func:`run_scenario` runs one on a fresh topic
+(pre-filled for a consumer, deleted afterwards).
 
 The measured window: the first ``warmup`` messages are not timed (connections,
 allocator and caches warm up), then the clock and the CPU counters start, and
@@ -36,8 +38,9 @@ import platform
 import resource
 import sys
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 import aiohttp
 
@@ -48,14 +51,17 @@ from .producer import Producer
 
 __all__ = [
     "BODY_SIZE",
+    "SCENARIOS",
+    "WORKLOADS",
     "BenchResult",
     "Progress",
-    "WORKLOADS",
+    "Scenario",
     "consume_workload",
     "mpublish_workload",
     "prefill",
     "process_cpu_seconds",
     "publish_workload",
+    "run_scenario",
     "run_workload",
     "wait_drained",
 ]
@@ -84,6 +90,7 @@ class BenchResult:
     client: str = "fastnsq"
     client_version: str = __version__
     python: str = field(default_factory=platform.python_version)
+    acknowledged: int = 0  # every message acknowledged, the warm-up included
     capped: bool = False  # max_seconds stopped it before `count` messages
     end: str = ""  # what marked the end of the window
     settings: dict[str, Any] = field(default_factory=dict)
@@ -183,10 +190,9 @@ class _Meter:
         """How many of the next ``n`` messages a caller may send (0: stop)."""
         if self.issued >= self.total:
             return 0
-        if self.max_seconds is not None and self._start is not None:
-            if time.perf_counter() - self._start[0] >= self.max_seconds:
-                self.capped = True
-                return 0
+        if self.past_deadline():
+            self.capped = True
+            return 0
         take = min(n, self.total - self.issued)
         self.issued += take
         return take
@@ -224,6 +230,7 @@ class _Meter:
             cpu_system=r1.ru_stime - r0.ru_stime,
             server_cpu=None if s0 is None or s1 is None else s1 - s0,
             loop=_loop_name(),
+            acknowledged=self.done,
             capped=self.capped,
             **extra,
         )
@@ -288,8 +295,12 @@ async def prefill(
     size: int = BODY_SIZE,
     batch: int = 1000,
     concurrency: int = 8,
+    options: dict[str, Any] | None = None,
 ) -> None:
-    """Publish ``count`` messages with MPUB; create ``channel`` first so they queue there."""
+    """Publish ``count`` messages with MPUB; create ``channel`` first so they queue there.
+
+    ``options``: Producer/connection options (TLS, AUTH, ...), as for the workloads.
+    """
     if nsqd_http_address and channel:
         async with aiohttp.ClientSession() as session:
             base = f"http://{nsqd_http_address}"
@@ -305,7 +316,7 @@ async def prefill(
             remaining -= n
             await producer.mpublish(topic, [body] * n)
 
-    async with Producer([nsqd_tcp_address], publish_timeout=60.0) as producer:
+    async with Producer([nsqd_tcp_address], **{"publish_timeout": 60.0, **(options or {})}) as producer:
         await asyncio.gather(*(sender(producer) for _ in range(concurrency)))
 
 
@@ -324,14 +335,16 @@ async def publish_workload(
     max_seconds: float | None = None,
     server_pid: int | None = None,
     progress: Progress | None = None,
+    options: dict[str, Any] | None = None,
 ) -> BenchResult:
     """``concurrency`` tasks, each awaiting ``producer.publish(topic, body)`` in a loop.
 
     ``coalesce=True`` (the Producer's default) turns the publishes of one loop pass
     into one MPUB; ``coalesce=False`` sends one PUB each, pipelined on the connection.
+    ``options``: more Producer/connection options (TLS, AUTH, ...).
     """
     body = b"x" * size
-    async with Producer([nsqd_tcp_address], coalesce=coalesce) as producer:
+    async with Producer([nsqd_tcp_address], **{**(options or {}), "coalesce": coalesce}) as producer:
         meter = _Meter(warmup + count, warmup, max_seconds=max_seconds, server_pid=server_pid, progress=progress)
 
         async def caller() -> None:
@@ -361,10 +374,11 @@ async def mpublish_workload(
     max_seconds: float | None = None,
     server_pid: int | None = None,
     progress: Progress | None = None,
+    options: dict[str, Any] | None = None,
 ) -> BenchResult:
     """``concurrency`` tasks, each awaiting ``producer.mpublish(topic, [body] * batch)`` in a loop."""
     body = b"x" * size
-    async with Producer([nsqd_tcp_address]) as producer:
+    async with Producer([nsqd_tcp_address], **(options or {})) as producer:
         meter = _Meter(warmup + count, warmup, max_seconds=max_seconds, server_pid=server_pid, progress=progress)
 
         async def caller() -> None:
@@ -396,6 +410,7 @@ async def consume_workload(
     max_seconds: float | None = None,
     server_pid: int | None = None,
     progress: Progress | None = None,
+    options: dict[str, Any] | None = None,
 ) -> BenchResult:
     """Consume ``warmup + count`` messages already in ``topic``/``channel`` (see :func:`prefill`).
 
@@ -404,7 +419,7 @@ async def consume_workload(
     consumer.batches(batch_size)`` then ``batch.finish()``). With
     ``nsqd_http_address`` the window ends when nsqd's ``/stats`` shows the channel
     drained (the last FIN processed); without it, when the handler has seen the
-    last message.
+    last message. ``options``: more Consumer/connection options (TLS, AUTH, ...).
     """
     if mode not in _CONSUME_MODES:
         raise ValueError(f"mode must be one of {_CONSUME_MODES}, got {mode!r}")
@@ -419,11 +434,15 @@ async def consume_workload(
 
     elif mode == "async":
 
-        async def handler(message: Any) -> None:  # type: ignore[misc]
+        async def handler(message: Any) -> None:
             add()
 
     consumer = Consumer(
-        topic, channel, nsqd_tcp_addresses=[nsqd_tcp_address], handler=handler, max_in_flight=max_in_flight
+        topic,
+        channel,
+        nsqd_tcp_addresses=[nsqd_tcp_address],
+        handler=handler,
+        **{**(options or {}), "max_in_flight": max_in_flight},
     )
     await consumer.start()
     batches_task: asyncio.Task[None] | None = None
@@ -473,6 +492,97 @@ WORKLOADS: dict[str, tuple[Callable[..., Awaitable[BenchResult]], str]] = {
     "mpub": (mpublish_workload, "MPUB batches from a few concurrent tasks"),
     "consume": (consume_workload, "consume a pre-filled topic, FIN each message"),
 }
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named workload with its settings: the rows of fastnsq in bench/run_all.py."""
+
+    name: str
+    workload: str  # a key of WORKLOADS
+    description: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+#: The scenarios ``fastnsq bench`` lists and runs, in order.
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario("pub", "pub", "1,000 tasks awaiting publish(), coalesced into MPUBs (the default)"),
+        Scenario("pub-pipelined", "pub", "1,000 tasks awaiting publish(), coalesce=False: one PUB each, pipelined",
+                 {"coalesce": False}),
+        Scenario("mpub", "mpub", "16 tasks awaiting mpublish() of 200 messages"),
+        Scenario("consume", "consume", "consume a pre-filled topic, sync handler, max_in_flight 2500",
+                 {"mode": "handler"}),
+        Scenario("consume-async", "consume", "the same with an async def handler", {"mode": "async"}),
+        Scenario("consume-batches", "consume", "the same with async for batch in consumer.batches(250)",
+                 {"mode": "batches"}),
+    )
+}
+
+
+async def run_scenario(
+    name: str,
+    nsqd_tcp_address: str,
+    *,
+    nsqd_http_address: str | None = None,
+    count: int | None = None,
+    size: int = BODY_SIZE,
+    topic: str | None = None,
+    progress: Progress | None = None,
+    server_pid: int | None = None,
+    max_seconds: float | None = None,
+    options: dict[str, Any] | None = None,
+) -> BenchResult:
+    """Run one of :data:`SCENARIOS` on a fresh topic: pre-fill it for a consumer, delete it afterwards.
+
+    ``count``: measured messages (the warm-up adds 10 %); ``options``: connection
+    options for every Producer and Consumer (TLS, AUTH, ...). Without
+    ``nsqd_http_address`` the topic is not deleted and a consumer's window ends
+    when its handler has seen the last message.
+
+    >>> result = fastnsq.run(run_scenario("pub", "127.0.0.1:4150", count=50_000))  # doctest: +SKIP
+    """
+    try:
+        scenario = SCENARIOS[name]
+    except KeyError:
+        raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}") from None
+    workload = WORKLOADS[scenario.workload][0]
+    defaults = workload.__kwdefaults__ or {}
+    count = count if count is not None else defaults["count"]
+    warmup = max(count // 10, 1)
+    topic = topic or f"fastnsq_bench_{name.replace('-', '_')}_{os.getpid()}_{time.monotonic_ns() % 10**9}"
+    kwargs: dict[str, Any] = {
+        **scenario.settings,
+        "count": count,
+        "warmup": warmup,
+        "progress": progress,
+        "server_pid": server_pid,
+        "max_seconds": max_seconds,
+        "options": options,
+    }
+    if scenario.workload == "consume":
+        await prefill(
+            nsqd_tcp_address, topic, count + warmup, nsqd_http_address=nsqd_http_address, channel="bench",
+            size=size, options=options,
+        )
+        kwargs.update(channel="bench", nsqd_http_address=nsqd_http_address)
+    else:
+        kwargs["size"] = size
+    try:
+        result = await workload(nsqd_tcp_address, topic, **kwargs)
+    finally:
+        if nsqd_http_address:
+            await _delete_topic(nsqd_http_address, topic)
+    return result
+
+
+async def _delete_topic(http_address: str, topic: str) -> None:
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _http(session, "POST", f"http://{http_address}/topic/delete", topic=topic)
+    except (aiohttp.ClientError, RuntimeError, OSError):
+        pass  # a topic left behind costs nothing but memory
 
 
 def run_workload(name: str, nsqd_tcp_address: str, **options: Any) -> BenchResult:

@@ -21,7 +21,8 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 BODY_SIZE = 100
 
