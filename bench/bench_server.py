@@ -261,13 +261,14 @@ def main() -> None:
     if args.serve:
         asyncio.run(serve())
         return
+    load_before = os.getloadavg()[0]
     process, address, http = start_server(loop_name)
     try:
         results = asyncio.run(run(args, address, http))
     finally:
         process.stdin.close()  # type: ignore[union-attr]
         process.wait(10)
-    report(args, loop_name, results)
+    report(args, loop_name, results, (load_before, os.getloadavg()[0]))
 
 
 def git_commit() -> str:
@@ -279,7 +280,9 @@ def git_commit() -> str:
         return ""
 
 
-def report(args: argparse.Namespace, loop_name: str, results: dict[str, float]) -> None:
+def report(
+    args: argparse.Namespace, loop_name: str, results: dict[str, float], load: tuple[float, float]
+) -> None:
     rows = [
         (f"delivered (1 consumer, RDY {args.rdy}, FIN batched)", results["delivered"]),
         (f"accepted via MPUB of {args.batch}", results["mpub_accepted"]),
@@ -288,6 +291,9 @@ def report(args: argparse.Namespace, loop_name: str, results: dict[str, float]) 
     print(
         f"\nembedded nsqd, {args.size}-byte bodies, {args.messages} messages per run, best of {args.repeat}"
     )
+    # Other processes on the machine skew the numbers: the 1-minute load average
+    # before and after says how quiet it was (2 cores: above ~2 the runs compete).
+    print(f"load average before/after: {load[0]:.2f} / {load[1]:.2f} on {os.cpu_count()} cpus")
     print(f"{'run':<48}{'msg/s':>12}")
     for name, rate in rows:
         print(f"{name:<48}{rate:>12,.0f}")
@@ -297,6 +303,7 @@ def report(args: argparse.Namespace, loop_name: str, results: dict[str, float]) 
         "benchmark": "bench_server",
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine()},
+        "load_average_before_after": list(load),
         "python": platform.python_version(),
         "loop": loop_name,
         "codec": codec.IMPLEMENTATION,
