@@ -35,7 +35,6 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -181,13 +180,17 @@ def _client_options() -> argparse.ArgumentParser:
     )
     _add_tls_options(client)
     _add_auth_option(client)
-    compression = client.add_argument_group("compression (negotiated with nsqd)")
+    _add_compression_options(client)
+    return client
+
+
+def _add_compression_options(parser: argparse.ArgumentParser) -> None:
+    compression = parser.add_argument_group("compression (negotiated with nsqd)")
     compression.add_argument("--snappy", action="store_true", help="snappy-compress the connection")
     compression.add_argument("--deflate", action="store_true", help="deflate-compress the connection")
     compression.add_argument(
         "--deflate-level", type=_int_at_least(1), default=6, metavar="1-9", help="deflate level (default 6)"
     )
-    return client
 
 
 def _add_tls_options(parser: argparse.ArgumentParser) -> None:
@@ -345,9 +348,11 @@ def _build_stats(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _build_bench(commands: Any, common: argparse.ArgumentParser) -> None:
+    from .benchmark import SCENARIOS
+
     sub = commands.add_parser(
         "bench", parents=[common], help="fastnsq's benchmark workloads, with a progress bar and a table",
-        description="Run fastnsq's benchmark workloads (fastnsq.benchmark, the harness of bench/) against "
+        description="Run fastnsq's benchmark scenarios (fastnsq.benchmark, the harness of bench/) against "
         "the embedded nsqd started in a child process, or against --nsqd-tcp-address: a progress line "
         "while each runs, a table at the end (client CPU seconds per million messages; the server's too "
         "when it is the embedded one).",
@@ -356,10 +361,10 @@ def _build_bench(commands: Any, common: argparse.ArgumentParser) -> None:
     where = sub.add_argument_group("servers (default: an embedded nsqd in a child process)")
     where.add_argument("--nsqd-tcp-address", type=_nsqd_address, metavar="HOST:PORT",
                        help="benchmark this nsqd instead")
-    where.add_argument("--nsqd-http-address", type=_http_address, metavar="HOST:PORT",
+    where.add_argument("--nsqd-http-address", type=_nsqd_address, metavar="HOST:PORT",
                        help="its HTTP address: consumers end when /stats shows the channel drained, "
                        "and each workload's topic is deleted afterwards")
-    sub.add_argument("--workload", action="append", choices=sorted(BENCH_RUNS), metavar="NAME",
+    sub.add_argument("--workload", action="append", choices=list(SCENARIOS), metavar="NAME",
                      help="run only this workload (may be given multiple times; --list shows them)")
     sub.add_argument("--list", action="store_true", help="list the workloads and exit")
     sub.add_argument("--count", type=_int_at_least(1), metavar="N",
@@ -367,6 +372,9 @@ def _build_bench(commands: Any, common: argparse.ArgumentParser) -> None:
     sub.add_argument("--size", type=_int_at_least(1), metavar="BYTES", help="message body size (default 100)")
     sub.add_argument("--max-seconds", type=_positive_float, metavar="SECONDS", help="cap each workload's run")
     sub.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    _add_tls_options(sub)
+    _add_auth_option(sub)
+    _add_compression_options(sub)
     sub.set_defaults(run=_run_bench)
 
 
@@ -967,36 +975,22 @@ def stats_rows(nodes: dict[str, Any], *, show_node: bool) -> list[list[Any]]:
 # ---- bench ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class BenchRun:
-    """One row of ``fastnsq bench``: a :mod:`fastnsq.benchmark` workload and its options."""
-
-    workload: str  # a key of fastnsq.benchmark.WORKLOADS
-    options: tuple[tuple[str, Any], ...]
-    about: str
-
-
-#: The rows ``fastnsq bench`` runs by default, in this order.
-BENCH_RUNS: dict[str, BenchRun] = {
-    "pub": BenchRun("pub", (("coalesce", True),), "publish() from 1000 tasks, coalesced into MPUBs"),
-    "pub-pipelined": BenchRun("pub", (("coalesce", False),), "publish() from 1000 tasks, one PUB each, pipelined"),
-    "mpub": BenchRun("mpub", (), "mpublish() of 200 messages from 16 tasks"),
-    "consume": BenchRun("consume", (("mode", "handler"),), "a pre-filled channel, sync handler, FIN each"),
-    "consume-async": BenchRun("consume", (("mode", "async"),), "a pre-filled channel, async handler"),
-    "consume-batches": BenchRun("consume", (("mode", "batches"),), "a pre-filled channel, batches(250)"),
-}
-
-
 def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from .benchmark import SCENARIOS
+
     if args.list:
-        print(format_table(["WORKLOAD", "WHAT IT MEASURES"], [[name, run.about] for name, run in BENCH_RUNS.items()]))
+        rows = [[name, scenario.description] for name, scenario in SCENARIOS.items()]
+        print(format_table(["WORKLOAD", "WHAT IT MEASURES"], rows))
         return 0
     if args.nsqd_http_address and not args.nsqd_tcp_address:
         raise UsageError("--nsqd-http-address goes with --nsqd-tcp-address")
-    names = args.workload or list(BENCH_RUNS)
+    settings = _client_settings(args)
+    names = args.workload or list(SCENARIOS)
     server: NSQDProcess | None = None
     try:
         if args.nsqd_tcp_address is None:
+            if settings["tls_v1"] or settings["auth_secret"]:
+                raise UsageError("TLS and AUTH options need --nsqd-tcp-address (the embedded nsqd runs without them)")
             server = NSQDProcess()
             server.start()
             print(f"embedded nsqd in a child process (pid {server.pid}): tcp {server.tcp_address}  "
@@ -1004,7 +998,7 @@ def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
             tcp, http, pid = server.tcp_address, server.http_address, server.pid
         else:
             tcp, http, pid = args.nsqd_tcp_address, args.nsqd_http_address, None
-        results = _run(_bench(names, args, tcp, http, pid))
+        results = _run(_bench(names, args, settings, tcp, http, pid))
     finally:
         if server is not None:
             server.stop()
@@ -1016,53 +1010,31 @@ def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     return 0
 
 
-async def _bench(names: list[str], args: argparse.Namespace, tcp: str, http: str | None, pid: int | None) -> list[Any]:
+async def _bench(
+    names: list[str], args: argparse.Namespace, settings: dict[str, Any], tcp: str, http: str | None,
+    pid: int | None,
+) -> list[Any]:
     from . import benchmark
 
-    await _check_nsqd(tcp, {})
+    await _check_nsqd(tcp, settings)
     progress = ProgressLine()
     results = []
     for name in names:
-        run = BENCH_RUNS[name]
-        topic = f"fastnsq_bench_{name.replace('-', '_')}_{random.randrange(10**6):06d}"
-        options: dict[str, Any] = dict(run.options)
-        options.update(server_pid=pid, max_seconds=args.max_seconds)
-        if args.count is not None:
-            options.update(count=args.count, warmup=args.count // 10)
-        if args.size is not None and run.workload != "consume":
-            options["size"] = args.size
-        if run.workload == "consume":
-            options["nsqd_http_address"] = http
-            defaults = benchmark.consume_workload.__kwdefaults__ or {}
-            total = options.get("count", defaults.get("count", 0)) + options.get("warmup", defaults.get("warmup", 0))
-            progress.update(name, 0, total, "publishing the messages to consume", force=True)
-            await benchmark.prefill(tcp, topic, total, nsqd_http_address=http, channel="bench",
-                                    size=args.size or benchmark.BODY_SIZE)
 
         def report(done: int, total: int, elapsed: float, name: str = name) -> None:
             rate = f"{done / elapsed:,.0f} msg/s" if elapsed > 0 else ""
             progress.update(name, done, total, f"{rate}  {elapsed:.0f} s")
 
-        options["progress"] = report
-        workload = benchmark.WORKLOADS[run.workload][0]
-        result = await workload(tcp, topic, **options)
+        if benchmark.SCENARIOS[name].workload == "consume":
+            progress.update(name, 0, None, "publishing the messages to consume", force=True)
+        result = await benchmark.run_scenario(
+            name, tcp, nsqd_http_address=http, count=args.count, size=args.size or benchmark.BODY_SIZE,
+            progress=report, server_pid=pid, max_seconds=args.max_seconds, options=settings,
+        )
         results.append(result)
         progress.done(f"{name}: {result.messages:,} messages in {result.seconds:.2f} s, "
                       f"{result.msgs_per_s:,.0f} msg/s")
-        if http:
-            await _delete_topic(http, topic)
     return results
-
-
-async def _delete_topic(http_address: str, topic: str) -> None:
-    """Free what the workload left in nsqd (best effort: a bench result does not depend on it)."""
-    import aiohttp
-
-    with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-            url = f"{_with_scheme(http_address, 'http')}/topic/delete"
-            async with session.post(url, params={"topic": topic}) as response:
-                await response.read()
 
 
 def bench_table(results: Sequence[Any]) -> tuple[list[str], list[list[Any]]]:
@@ -1257,8 +1229,8 @@ def render_progress(label: str, done: float, total: float | None, detail: str = 
         filled = int(fraction * width)
         bar = f"[{'#' * filled}{' ' * (width - filled)}] {fraction * 100:3.0f}%  {_cell(done)}/{_cell(total)}"
     else:
-        bar = _cell(done)
-    return f"{label}  {bar}  {detail}".rstrip()
+        bar = _cell(done) if done else ""
+    return "  ".join(part for part in (label, bar, detail) if part)
 
 
 if __name__ == "__main__":  # pragma: no cover

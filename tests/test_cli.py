@@ -26,6 +26,7 @@ import aiohttp
 import pytest
 
 from fastnsq import cli
+from fastnsq.benchmark import SCENARIOS
 from fastnsq.codec import Message
 from fastnsq.testing import EMBEDDED_HA_AVAILABLE, NSQD, AuthServer, authorization
 
@@ -313,7 +314,7 @@ async def test_pub_lines_in_batches_and_count_limit(nsqd) -> None:
     assert topic_entry(stats, topic)["message_count"] == 3210
 
 
-async def test_tls_snappy_and_auth_from_the_environment() -> None:
+async def test_tls_compression_and_auth_from_the_environment() -> None:
     files = tls_files()
     secret = "s3cret-" + unique("x")
     async with AuthServer({secret: ("cli-tester", [authorization()])}) as auth, NSQD(
@@ -333,6 +334,10 @@ async def test_tls_snappy_and_auth_from_the_environment() -> None:
         assert refused.returncode == 1
         assert len(refused.error_lines) == 1 and "E_AUTH_FAILED" in refused.stderr
         assert "wrong" not in refused.stderr
+        bench = await fastnsq("bench", *tls, "--workload", "pub", "--count", "500", env=env)
+        assert_ok(bench)
+        assert bench.stdout.splitlines()[1].split()[:3] == ["pub", "coalesce", "on"]
+
         unverified = await fastnsq("pub", "--nsqd-tcp-address", server.tcp_address, "--tls", topic, "x",
                                    env=env)
         assert unverified.returncode == 1
@@ -433,7 +438,7 @@ async def test_bench_runs_workloads_with_progress_and_table(nsqd, tmp_path: Path
 def test_bench_list() -> None:
     outcome = fastnsq_blocking("bench", "--list")
     assert_ok(outcome)
-    assert [line.split()[0] for line in outcome.stdout.splitlines()[1:]] == list(cli.BENCH_RUNS)
+    assert [line.split()[0] for line in outcome.stdout.splitlines()[1:]] == list(SCENARIOS)
 
 
 # ---- rendering (no servers) -------------------------------------------------------------------
