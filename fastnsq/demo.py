@@ -6,7 +6,8 @@ fastnsq.demo`` (what ``python3 dev.py demo`` runs):
 1. starts the embedded nsqd (``fastnsq nsqd``) in a child process, so the server
    and the client each get a core of their own;
 2. **publish**: sends ``--count`` messages of ``--size`` bytes with
-   ``Producer.mpublish`` into a channel nobody reads yet: publish throughput;
+   ``Producer.mpublish`` into a channel whose consumer is paused
+   (``max_in_flight`` 0): publish throughput;
 3. **consume**: drains that backlog with ``Consumer.batches()``, checking that
    every message arrives exactly once: consume throughput;
 4. **end to end**: publishes at a steady rate while consuming and measures, per
@@ -36,7 +37,7 @@ from .errors import NSQError
 __all__ = ["DemoSettings", "main", "percentile"]
 
 _HEADER = struct.Struct("<qq")  # publish time (perf_counter ns), sequence number
-_TOPIC = "fastnsq_demo"
+_TOPIC = f"fastnsq_demo_{os.getpid()}"  # a fresh topic: a real nsqd may keep an earlier run's messages
 _CHANNEL = "demo"
 
 
@@ -68,8 +69,6 @@ class _Receiver:
     duplicates: int = 0
     latencies_ns: list[int] = field(default_factory=list)
     record_latency: bool = False
-    first_at: float = 0.0
-    last_at: float = 0.0
 
     def __post_init__(self) -> None:
         self.seen = bytearray(self.expected)
@@ -80,7 +79,6 @@ class _Receiver:
         self.received = self.duplicates = 0
         self.latencies_ns = []
         self.record_latency = record_latency
-        self.first_at = self.last_at = 0.0
 
     @property
     def complete(self) -> bool:
@@ -154,9 +152,6 @@ async def _consume(consumer: Consumer, receiver: _Receiver, done: asyncio.Event,
     unpack_from = _HEADER.unpack_from
     async for batch in consumer.batches(max_size=max_size, max_wait=max_wait):
         now_ns = time.perf_counter_ns()
-        now = now_ns / 1e9
-        if not receiver.received:
-            receiver.first_at = now
         latencies = receiver.latencies_ns if receiver.record_latency else None
         seen = receiver.seen
         for message in batch:
@@ -169,7 +164,6 @@ async def _consume(consumer: Consumer, receiver: _Receiver, done: asyncio.Event,
                 latencies.append(now_ns - stamp)
         batch.finish()
         receiver.received += len(batch)
-        receiver.last_at = now
         if receiver.complete:
             done.set()
 
