@@ -225,9 +225,13 @@ class Connection(asyncio.BufferedProtocol):
         hostname = self.options.tls_server_hostname or self.host
         answer = self._expect(KIND_UPGRADE)  # registered first: OK may arrive with the handshake's end
         self._reader.resume()
-        transport = await self._loop.start_tls(
-            self._transport, self, context, server_hostname=hostname, ssl_handshake_timeout=HANDSHAKE_TIMEOUT
-        )
+        try:
+            transport = await self._loop.start_tls(
+                self._transport, self, context, server_hostname=hostname, ssl_handshake_timeout=HANDSHAKE_TIMEOUT
+            )
+        except BaseException:
+            answer.cancel()  # nobody will read it: the handshake's own error is what connect() raises
+            raise
         if transport is None:
             raise ConnectionClosedError(f"{self.address}: the connection closed during the TLS handshake")
         self._transport = transport

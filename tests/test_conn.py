@@ -305,3 +305,25 @@ def test_bad_options_name_the_option():
     ]:
         with pytest.raises(InvalidValueError, match=words):
             ConnectionOptions(**kwargs)
+
+
+async def test_failed_tls_handshake_leaves_no_unretrieved_future(tls_nsqd):
+    """A refused certificate raises from connect() and nothing else: no stray
+    'Future exception was never retrieved' from the pending upgrade answer."""
+    import gc
+
+    loop = asyncio.get_running_loop()
+    reported: list = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    try:
+        conn = Connection(tls_nsqd.tcp_address, ConnectionOptions(tls_v1=True, tls_root_ca_file=tls_files().other_ca))
+        with pytest.raises(Exception) as info:
+            await conn.connect()
+        assert is_tls_failure(info.value)
+        del conn, info
+        gc.collect()
+        await asyncio.sleep(0.05)
+    finally:
+        loop.set_exception_handler(previous)
+    assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
