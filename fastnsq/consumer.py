@@ -44,6 +44,7 @@ from .errors import (
 )
 from .lookupd import Endpoint, LookupdPoller
 from .rdy import Outcome, RdyController, RdyUpdate
+from . import tracing
 
 __all__ = ["Consumer", "Batch", "StopReport", "ConnectionStats", "CONSUMER_DEFAULTS"]
 
@@ -629,6 +630,13 @@ class Consumer:
             self._apply(updates)
         if self.ordered:
             self._check_order(link, message)
+        if tracing.ENABLED:
+            transport = link.conn._transport
+            tracing.consumed(
+                self.topic, link.endpoint.partition, message,
+                transport.get_extra_info("sockname") if transport else None,
+                transport.get_extra_info("peername") if transport else None,
+            )
         if self.max_attempts and message.attempts > self.max_attempts:
             self._give_up(message)
             return
