@@ -135,6 +135,11 @@ class SourceRuntime:
         self.loop.call_soon_threadsafe(run)
         return future.result(timeout)
 
+    def post(self, func: Callable[..., Any], *args: Any) -> None:
+        """Run ``func(*args)`` on the loop thread without waiting for it (Spark thread)."""
+        if not self._shutdown_started:
+            self.loop.call_soon_threadsafe(func, *args)
+
     def stop(self) -> None:
         """Requeue what is held and close (blocking; never call from a signal handler)."""
         if not self._started:
@@ -231,10 +236,23 @@ class SourceRuntime:
     def next_seq(self) -> int:
         return self.base + len(self.sealed)
 
-    def seal_after(self, start: dict[str, Any], max_rows: int | None) -> dict[str, Any]:
-        """``latestOffset``: FIN what Spark has committed (``< start``), seal a new batch."""
+    def plan(self, start: dict[str, Any], max_rows: int | None) -> tuple[dict[str, Any], list[Any]]:
+        """``latestOffset``: seal a new batch and return its end with the messages of ``start .. end``.
+
+        The FIN of what Spark has committed (everything before ``start``) is scheduled
+        right after this call on the loop thread, so Spark's thread does not wait for it.
+        """
+        end = self.seal_after(start, max_rows, fin_later=True)
+        messages = self.batch(start, end) if end != start else []
+        return end, messages or []
+
+    def seal_after(self, start: dict[str, Any], max_rows: int | None, fin_later: bool = False) -> dict[str, Any]:
+        """FIN what Spark has committed (``< start``), seal a new batch, return its end."""
         if start.get("session") == self.session:
-            self.finish_before(int(start["seq"]))
+            if fin_later:
+                self.loop.call_soon(self.finish_before, int(start["seq"]))
+            else:
+                self.finish_before(int(start["seq"]))
         take = len(self.buffer) if max_rows is None else min(max_rows, len(self.buffer))
         for _ in range(take):
             self.sealed.append(self.buffer.popleft())

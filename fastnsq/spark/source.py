@@ -19,6 +19,7 @@ empty, because nsqd delivers its messages again.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import time
 from typing import Any, Iterator, Sequence
@@ -143,6 +144,10 @@ def messages_to_batch(messages: Sequence[Any], schema: pa.Schema, topic: str, ha
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def _key(offset: dict[str, Any]) -> str:
+    return json.dumps(offset, sort_keys=True)
+
+
 def _batch_rows(batch: pa.RecordBatch) -> Iterator[tuple[Any, ...]]:
     """Tuples for a PySpark that cannot take record batches from a reader."""
     return zip(*(column.to_pylist() for column in batch.columns))
@@ -175,12 +180,14 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
         self._schema = schema
         self._runtime: SourceRuntime | None = None
         self._last_end: dict[str, Any] | None = None  # PySpark < 4.2 calls latestOffset() without start
+        self._planned: tuple[str, str, list[Any]] | None = None  # the last latestOffset's batch
         self._target: tuple[int, int] | None = None  # AvailableNow: (messages to seal, next_seq when prepared)
         self._target_done = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_runtime"] = None  # threads and sockets stay in the process that made them
+        state["_planned"] = None
         return state
 
     def _ensure_runtime(self) -> SourceRuntime:
@@ -210,13 +217,18 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
             start = self._last_end if self._last_end is not None else self.initialOffset()
         max_rows = self._max_rows(limit)
         if self._target is None:
-            end = runtime.call(runtime.seal_after, start, max_rows)
+            end, messages = runtime.call(runtime.plan, start, max_rows)
         else:
-            end = self._latest_available_now(runtime, start, max_rows)
+            end, messages = self._latest_available_now(runtime, start, max_rows)
         self._last_end = end
+        # partitions(start, end) follows at once: it takes these without another hop
+        # to the loop thread (which is busy FINing the previous batch meanwhile).
+        self._planned = (_key(start), _key(end), messages)
         return end
 
-    def _latest_available_now(self, runtime: SourceRuntime, start: dict[str, Any], max_rows: int | None) -> dict[str, Any]:
+    def _latest_available_now(
+        self, runtime: SourceRuntime, start: dict[str, Any], max_rows: int | None
+    ) -> tuple[dict[str, Any], list[Any]]:
         """Trigger.AvailableNow: seal until the target prepared from /stats is reached.
 
         An empty buffer does not mean the channel is drained (messages may be on their
@@ -229,9 +241,9 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
         while True:
             remaining = 0 if self._target_done else target - (runtime.call(lambda: runtime.next_seq) - origin)
             cap = remaining if max_rows is None else min(max_rows, remaining)
-            end = runtime.call(runtime.seal_after, start, max(cap, 0))
+            end, messages = runtime.call(runtime.plan, start, max(cap, 0))
             if end != start or remaining <= 0:
-                return end
+                return end, messages
             left = deadline - time.monotonic()
             if left <= 0 or not runtime.arrived.wait(left):
                 logger.warning(
@@ -240,7 +252,7 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
                     remaining, target, self._options.available_now_timeout, self._options.channel,
                 )
                 self._target_done = True
-                return runtime.call(runtime.seal_after, start, 0)
+                return runtime.call(runtime.plan, start, 0)
 
     def prepareForTriggerAvailableNow(self) -> None:
         runtime = self._ensure_runtime()
@@ -254,6 +266,9 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
     def _batch_messages(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any] | None:
         if end == start:
             return []
+        planned = self._planned
+        if planned is not None and planned[0] == _key(start) and planned[1] == _key(end):
+            return planned[2]
         runtime = self._runtime
         messages = runtime.call(runtime.batch, start, end) if runtime is not None else None
         if messages is None:
@@ -267,7 +282,7 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
         """Spark committed everything up to ``end``: FIN it."""
         runtime = self._runtime
         if runtime is not None and end.get("session") == runtime.session:
-            runtime.call(runtime.finish_before, int(end["seq"]))
+            runtime.post(runtime.finish_before, int(end["seq"]))  # no need to wait: FIN is fire-and-forget
 
     def stop(self) -> None:
         if self._runtime is not None:

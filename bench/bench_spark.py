@@ -1,0 +1,300 @@
+"""Throughput of the `nsq` Spark data source on this machine: source into parquet, DataFrame into nsqd.
+
+The embedded nsqd (fastnsq.testing) runs alone in a child process; Spark runs
+``local[2]`` in this one, bound to 127.0.0.1. Bodies are ``--size`` bytes (100).
+
+- ``source``: ``--messages`` are published first (untimed); then
+  ``spark.readStream.format("nsq")`` -> parquet file sink (default trigger: a new
+  micro-batch as soon as the last one ends). Reported: messages per second from
+  ``start()`` to the moment nsqd has them all FINed ("with startup"), and the same
+  after the first non-empty micro-batch ("steady": the first one also starts the
+  Python workers and takes the whole in-flight window at once). Throughput is bounded by
+  the messages held in flight per batch: ``--max-in-flight`` over
+  ``--connections`` connections (nsqd caps RDY at 2500 per connection).
+- ``sink``: a cached DataFrame of ``--rows`` rows is written with
+  ``df.write.format("nsq")``, ``--repeat`` times; the first run is cold (Python
+  workers start), the best of the others is "warm". Rows per second, counted only
+  after ``save()`` returned (every MPUB answered OK).
+
+Prints a table and writes JSON to bench/results/. Example::
+
+    /work/venv/bin/python bench/bench_spark.py                     # both
+    /work/venv/bin/python bench/bench_spark.py --only sink --rows 2000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT))
+
+_SERVER = """
+import asyncio, sys
+from fastnsq.loop import run
+from fastnsq.testing.nsqd import NSQD
+
+async def main():
+    nsqd = NSQD(msg_timeout=120.0)
+    await nsqd.start()
+    print("READY", nsqd.tcp_address, nsqd.http_address, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent goes
+    await nsqd.stop()
+
+run(main())
+"""
+
+
+class NSQDProcess:
+    """The embedded nsqd in a child process (so its CPU is not this process's GIL)."""
+
+    def __init__(self) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().split()
+        if not line or line[0] != "READY":
+            raise RuntimeError(f"nsqd did not start: {line}")
+        self.tcp_address, self.http_address = line[1], line[2]
+
+    def stats(self, topic: str) -> dict[str, Any]:
+        url = f"http://{self.http_address}/stats?format=json&topic={topic}"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            topics = json.loads(response.read()).get("topics") or []
+        return topics[0] if topics else {}
+
+    def delete_topic(self, topic: str) -> None:
+        request = urllib.request.Request(f"http://{self.http_address}/topic/delete?topic={topic}", method="POST")
+        try:
+            urllib.request.urlopen(request, timeout=10).read()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def publish(address: str, topic: str, count: int, size: int) -> float:
+    """Fill ``topic`` (untimed for the source benchmark); returns messages per second."""
+    import asyncio
+
+    from fastnsq import Producer
+    from fastnsq.loop import run
+
+    body = b"x" * size
+
+    async def main() -> None:
+        async with Producer([address]) as producer:
+            batch = [body] * 2000
+            pending = []
+            for sent in range(0, count, len(batch)):
+                pending.append(asyncio.ensure_future(producer.mpublish(topic, batch[: min(len(batch), count - sent)])))
+                if len(pending) >= 16:
+                    await asyncio.gather(*pending)
+                    pending = []
+            await asyncio.gather(*pending)
+
+    started = time.perf_counter()
+    run(main())
+    return count / (time.perf_counter() - started)
+
+
+def spark_session(shuffle_partitions: int = 2) -> Any:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    from pyspark.sql import SparkSession
+
+    from fastnsq.spark import register
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("fastnsq-bench")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.driver.memory", "4g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dict[str, Any]:
+    topic = f"bench_src_{os.getpid()}_{int(time.time())}"
+    # No channel yet: nsqd keeps the messages in the topic and hands them to the first channel.
+    fill = publish(nsqd.tcp_address, topic, args.messages, args.size)
+    work = Path(tempfile.mkdtemp(prefix="fastnsq-bench-"))
+    try:
+        stream = (
+            spark.readStream.format("nsq")
+            .option("nsqd", nsqd.tcp_address)
+            .option("topic", topic)
+            .option("channel", "spark")
+            .option("maxInFlight", str(args.max_in_flight))
+            .option("connectionsPerNsqd", str(args.connections))
+            .option("numPartitions", str(args.partitions))
+            .option("readMode", args.read_mode)
+            .load()
+        )
+        started = time.perf_counter()
+        writer = stream.select("id", "body", "timestamp").writeStream.format(args.sink)
+        if args.sink == "parquet":
+            writer = writer.option("path", str(work / "out"))
+        query = writer.option("checkpointLocation", str(work / "checkpoint")).start()
+        first_batch: float | None = None
+        done_at: float | None = None
+        deadline = started + args.timeout
+        while time.perf_counter() < deadline:
+            progress = query.lastProgress
+            if first_batch is None and progress and progress.get("numInputRows", 0) > 0:
+                # lastProgress reports a batch after it ended: back-date to its start.
+                first_batch = time.perf_counter() - progress["durationMs"].get("triggerExecution", 0) / 1000
+            channel = next(iter(nsqd.stats(topic).get("channels") or []), {})
+            finished = channel.get("message_count", 0) - channel.get("depth", 0) - channel.get("in_flight_count", 0)
+            if finished >= args.messages:
+                done_at = time.perf_counter()
+                break
+            time.sleep(0.05)
+        progress = query.recentProgress
+        query.stop()
+        if done_at is None:
+            raise RuntimeError(f"the source did not finish {args.messages} messages within {args.timeout} s")
+        batches = [p for p in progress if p.get("numInputRows", 0) > 0]
+        if os.environ.get("BENCH_VERBOSE"):
+            for p in batches:
+                print(p["batchId"], p["numInputRows"], p["durationMs"], flush=True)
+        rows = spark.read.parquet(str(work / "out")).count() if args.sink == "parquet" else None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        nsqd.delete_topic(topic)
+    # Steady: after the first non-empty batch (which also starts the Python workers and
+    # fills the whole in-flight window at once), until nsqd has every message FINed.
+    first = batches[0] if batches else None
+    steady_rows = args.messages - (first["numInputRows"] if first else 0)
+    steady_from = (first_batch or started) + (first["durationMs"]["triggerExecution"] / 1000 if first else 0)
+    return {
+        "messages": args.messages,
+        "rows_written": rows,
+        "msg_per_s_steady": steady_rows / max(1e-9, done_at - steady_from),
+        "msg_per_s_with_startup": args.messages / (done_at - started),
+        "seconds": done_at - started,
+        "micro_batches": len(batches),
+        "mean_batch_rows": sum(p["numInputRows"] for p in batches) / max(1, len(batches)),
+        "publish_msg_per_s": fill,
+    }
+
+
+def bench_sink(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dict[str, Any]:
+    from pyspark.sql import functions as F
+
+    body = F.concat(F.lpad(F.col("id").cast("string"), 12, "0"), F.lit("x" * (args.size - 12))).cast("binary")
+    df = spark.range(args.rows, numPartitions=args.partitions).select(body.alias("body")).cache()
+    assert df.count() == args.rows
+    runs = []
+    for run in range(args.repeat):
+        topic = f"bench_sink_{os.getpid()}_{run}"
+        started = time.perf_counter()
+        df.write.format("nsq").mode("append").option("nsqd", nsqd.tcp_address).option("topic", topic).save()
+        elapsed = time.perf_counter() - started
+        published = nsqd.stats(topic).get("message_count", 0)
+        if published != args.rows:
+            raise RuntimeError(f"run {run}: nsqd has {published} messages, expected {args.rows}")
+        runs.append(args.rows / elapsed)
+        nsqd.delete_topic(topic)
+    df.unpersist()
+    return {
+        "rows": args.rows,
+        "rows_per_s_cold": runs[0],
+        "rows_per_s_warm": max(runs[1:]) if len(runs) > 1 else runs[0],
+        "runs_rows_per_s": runs,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=("source", "sink"), default=None)
+    parser.add_argument("--messages", type=int, default=500_000, help="source: messages to read")
+    parser.add_argument("--rows", type=int, default=2_000_000, help="sink: rows to write per run")
+    parser.add_argument("--size", type=int, default=100, help="body size in bytes")
+    parser.add_argument("--max-in-flight", type=int, default=50_000, help="source option maxInFlight")
+    parser.add_argument("--connections", type=int, default=20, help="source option connectionsPerNsqd")
+    parser.add_argument("--partitions", type=int, default=2, help="source numPartitions / sink partitions")
+    parser.add_argument("--sink", choices=("parquet", "noop"), default="parquet",
+                        help="source: where the stream goes (noop measures the source alone)")
+    parser.add_argument("--read-mode", choices=("partitioned", "simple"), default="partitioned",
+                        help="source option readMode")
+    parser.add_argument("--repeat", type=int, default=3, help="sink runs (the first is cold)")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--no-save", action="store_true", help="do not write bench/results/")
+    args = parser.parse_args()
+
+    nsqd = NSQDProcess()
+    results: dict[str, Any] = {}
+    try:
+        spark = spark_session()
+        import pyspark
+
+        if args.only in (None, "sink"):
+            results["sink"] = bench_sink(spark, nsqd, args)
+        if args.only in (None, "source"):
+            results["source"] = bench_source(spark, nsqd, args)
+        spark.stop()
+    finally:
+        nsqd.close()
+
+    print(f"\nfastnsq Spark data source, {args.size}-byte bodies, PySpark {pyspark.__version__}, "
+          f"local[2], {os.cpu_count()} CPUs")
+    if "source" in results:
+        r = results["source"]
+        print(f"  source -> {args.sink:<7} : {r['msg_per_s_steady']:>10,.0f} msg/s steady   "
+              f"({r['msg_per_s_with_startup']:,.0f} with startup; {r['micro_batches']} batches of "
+              f"~{r['mean_batch_rows']:,.0f}; maxInFlight={args.max_in_flight}, connections={args.connections})")
+    if "sink" in results:
+        r = results["sink"]
+        print(f"  DataFrame -> nsqd : {r['rows_per_s_warm']:>10,.0f} rows/s warm     "
+              f"({r['rows_per_s_cold']:,.0f} cold; {r['rows']:,} rows, {args.partitions} partitions)")
+    if not args.no_save:
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        record = {
+            "benchmark": "bench_spark",
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "machine": {"cpus": os.cpu_count(), "processor": platform.machine()},
+            "python": platform.python_version(),
+            "pyspark": pyspark.__version__,
+            "args": vars(args),
+            "results": results,
+            "command": " ".join([os.path.relpath(sys.executable, ROOT), "bench/bench_spark.py", *sys.argv[1:]]),
+        }
+        path = RESULTS / f"bench_spark_{stamp}.json"
+        path.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"  wrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
