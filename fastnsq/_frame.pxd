@@ -15,6 +15,7 @@ cdef class Message:
     cdef uint32_t _raw_size
     cdef bint _has_offset
     cdef public object delegate
+    cdef readonly object partition
     cdef bint _responded
     cdef bint _auto_response
 
@@ -41,6 +42,7 @@ cdef class FrameReader(_SplitBuffer):
     cdef object _on_error
     cdef int _layout
     cdef public object delegate
+    cdef public object partition
     cdef Py_ssize_t _max_frame_size
 
     cdef Message _decode_message(self, const char* data, Py_ssize_t n)

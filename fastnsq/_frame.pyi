@@ -71,6 +71,7 @@ class Message:
     ext: Any  # ext_bytes parsed as JSON for ext_version 4, else None
     offset: int | None  # HA SUB_ORDERED / SUB_ADVANCED only
     raw_size: int | None  # HA SUB_ORDERED / SUB_ADVANCED only
+    partition: int | None  # the HA partition of the connection that received it
     delegate: Any
     has_responded: bool
     auto_response: bool
@@ -86,6 +87,7 @@ class Message:
         ext_bytes: bytes | None = ...,
         offset: int | None = ...,
         raw_size: int | None = ...,
+        partition: int | None = ...,
     ) -> None: ...
     def finish(self) -> None: ...
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None: ...
@@ -110,6 +112,7 @@ class FrameReader:
 
     layout: int
     delegate: Any
+    partition: int | None  # stamped on every Message (the HA partition subscribed to)
     max_frame_size: int
     def __init__(
         self,
@@ -213,6 +216,7 @@ class CommandReader:
         self,
         on_command: OnCommand,
         *,
+        on_magic: Callable[[bytes], object] | None = ...,
         binary_ids: bool = ...,
         max_line: int = ...,
         max_msg_size: int = ...,

@@ -156,6 +156,7 @@ class Message:
         "offset",
         "raw_size",
         "delegate",
+        "partition",
         "_responded",
         "_auto_response",
     )
@@ -172,6 +173,7 @@ class Message:
         ext_bytes: bytes | None = None,
         offset: int | None = None,
         raw_size: int | None = None,
+        partition: int | None = None,
     ) -> None:
         if len(id) != 16:
             raise InvalidValueError(f"a message id is 16 bytes, got {len(id)}")
@@ -185,6 +187,7 @@ class Message:
         self.offset = offset
         self.raw_size = raw_size
         self.delegate: Any = None
+        self.partition = partition
         self._responded = False
         self._auto_response = True
 
@@ -356,7 +359,7 @@ class _SplitBuffer:
 class FrameReader(_SplitBuffer):
     """Splits nsqd's frame stream (see ``_frame.pyi``)."""
 
-    __slots__ = ("_on_message", "_on_response", "_on_error", "layout", "delegate", "max_frame_size")
+    __slots__ = ("_on_message", "_on_response", "_on_error", "layout", "delegate", "partition", "max_frame_size")
 
     def __init__(
         self,
@@ -378,6 +381,7 @@ class FrameReader(_SplitBuffer):
         self._on_error = on_error
         self.layout = layout
         self.delegate: Any = None
+        self.partition: int | None = None
         self.max_frame_size = max_frame_size
 
     def _split(self) -> None:
@@ -459,6 +463,7 @@ class FrameReader(_SplitBuffer):
             raw_size=raw_size,
         )
         msg.delegate = self.delegate
+        msg.partition = self.partition
         return msg
 
 

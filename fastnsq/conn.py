@@ -315,6 +315,7 @@ class Connection(asyncio.BufferedProtocol):
         else:
             self._wbuf.sub(topic, channel, partition)
         self._reader.layout = layout
+        self._reader.partition = partition
         await self._expect(KIND_SUB)
         self.state = STATE_SUBSCRIBED
 

@@ -579,3 +579,14 @@ def test_names(codec):
     assert codec.valid_topic_name("x.y_z-1#ephemeral") and codec.valid_channel_name("c" * 54 + "#ephemeral")
     for bad in ("", "a" * 65, "a b", "a#ephemeralx", "#ephemeral", "é", None, 5, "c" * 55 + "#ephemeral"):
         assert not codec.valid_topic_name(bad), bad
+
+
+def test_messages_are_stamped_with_the_connections_partition(codec):
+    col = Collector()
+    reader = col.reader(codec, layout=codec.LAYOUT_HA_ID)
+    assert reader.partition is None
+    reader.feed(codec.encode_message(TS, 1, bytes(16), b"before"))
+    reader.partition = 7
+    reader.feed(codec.encode_message(TS, 1, bytes(16), b"after"))
+    assert [f[1].partition for f in col.frames] == [None, 7]
+    assert codec.Message(TS, 1, bytes(16), b"x", partition=2).partition == 2
