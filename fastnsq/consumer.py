@@ -518,7 +518,9 @@ class Consumer:
             await self._connect(endpoint)
         except (OSError, asyncio.TimeoutError, NSQError) as exc:
             logger.warning("cannot consume from %s: %s", endpoint.address, exc)
-            if direct:
+            if isinstance(exc, _REFRESH_ERRORS) and self._poller is not None:
+                self._refresh_lookup_soon()  # HA: the partition is led elsewhere now
+            elif direct:
                 self._reconnect_later(endpoint)
 
     async def _connect(self, endpoint: Endpoint) -> _Link:
@@ -604,6 +606,7 @@ class Consumer:
         meta = getattr(discovery, "meta", None)
         self._meta_ext = bool(meta is not None and meta.extend_support)
         self._listed = set(discovery.endpoints)
+        await self._drop_stale_partitions()
         missing = [e for e in discovery.endpoints if e not in self._links]
         await asyncio.gather(
             *(
@@ -612,6 +615,18 @@ class Consumer:
                 for _ in range(self.connections_per_nsqd)
             )
         )
+
+    async def _drop_stale_partitions(self) -> None:
+        """HA: a partition now led by another nsqd; the old leader cannot take our FINs any more.
+
+        Its messages in flight come back from the new leader (at least once).
+        """
+        stale = [e for e in self._links if e.partition is not None and e not in self._listed]
+        for endpoint in stale:
+            for link in list(self._links.get(endpoint, ())):
+                logger.info("partition %s of %s moved away from %s: closing that connection",
+                            endpoint.partition, self.topic, endpoint.address)
+                await link.conn.close()
 
     def _refresh_lookup_soon(self) -> None:
         if self._poller is None or self._loop is None:
