@@ -621,7 +621,13 @@ class Consumer:
 
         Its messages in flight come back from the new leader (at least once).
         """
-        stale = [e for e in self._links if e.partition is not None and e not in self._listed]
+        # Only a partition now listed under another nsqd: an answer that lists nothing
+        # (a lookupd restarting, a registration not in yet) must not drop working links.
+        led_by = {e.partition: e.address for e in self._listed if e.partition is not None}
+        stale = [
+            e for e in self._links
+            if e.partition is not None and led_by.get(e.partition, e.address) != e.address
+        ]
         for endpoint in stale:
             for link in list(self._links.get(endpoint, ())):
                 logger.info("partition %s of %s moved away from %s: closing that connection",
