@@ -41,6 +41,7 @@ PEERS_DIR = BENCH / "peers"
 VENVS = BENCH / ".peers"
 RESULTS = BENCH / "results"
 sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT))  # fastnsq itself, for pre-filling topics
 
 import report
 
@@ -122,6 +123,16 @@ def fastnsq_info() -> dict[str, Any]:
         capture_output=True, text=True, env=_fastnsq_env(), check=True,
     )
     return json.loads(out.stdout)
+
+
+def source_state() -> dict[str, Any]:
+    """The git commit measured, and library files that differ from it (the run uses the working tree)."""
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], check=False, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "fastnsq").splitlines()]
+    return {"commit": git("rev-parse", "HEAD") or None, "uncommitted_library_files": dirty}
 
 
 def _fastnsq_env() -> dict[str, str]:
@@ -214,16 +225,10 @@ class Server:
 
     def prefill(self, topic: str, count: int) -> None:
         """Pre-fill with fastnsq's MPUB (not measured), into the bench channel."""
-        code = (
-            "import sys, fastnsq\n"
-            "from fastnsq.benchmark import prefill\n"
-            "fastnsq.run(prefill(sys.argv[1], sys.argv[2], int(sys.argv[3]), nsqd_http_address=sys.argv[4],"
-            " channel=sys.argv[5]))\n"
-        )
-        subprocess.run(
-            [sys.executable, "-c", code, str(self.tcp), topic, str(count), str(self.http), CHANNEL],
-            check=True, env=_fastnsq_env(), timeout=600,
-        )
+        import fastnsq
+        from fastnsq.benchmark import prefill
+
+        fastnsq.run(prefill(str(self.tcp), topic, count, nsqd_http_address=self.http, channel=CHANNEL))
 
 
 # ---- peers: Pythons, virtualenvs, drivers -----------------------------------------------------
@@ -373,37 +378,41 @@ def go_rows(info: dict[str, Any]) -> list[Row]:
                                   "--max-in-flight", str(MAX_IN_FLIGHT)]) for w in info.get("workloads", [])]
 
 
-def run_row(row: Row, server: Server, count: int, args: argparse.Namespace, index: int) -> dict[str, Any]:
-    """Run ``row`` ``--repeat`` times on fresh topics; keep the median run (by msgs/s), verify nsqd's counts."""
+def run_once(row: Row, server: Server, count: int, args: argparse.Namespace, topic: str) -> dict[str, Any]:
+    """One run of ``row`` on a fresh ``topic`` (pre-filled for a consumer, deleted afterwards)."""
     warmup = count // 10
-    runs: list[dict[str, Any]] = []
-    for attempt in range(args.repeat):
-        topic = f"bench_{index}_{row.workload}_{row.client.replace('-', '_')}_{attempt}"
-        try:
-            server.create_channel(topic)
-            if row.workload == "consume":
-                server.prefill(topic, count + warmup)
-            command = [*row.command, "--nsqd-tcp-address", str(server.tcp), "--nsqd-http-address", str(server.http),
-                       "--topic", topic, "--channel", CHANNEL, "--count", str(count), "--warmup", str(warmup),
-                       "--max-seconds", str(args.max_seconds)]
-            if server.pid:
-                command += ["--server-pid", str(server.pid)]
-            load_before = _loadavg()
-            result = run_driver(command, row.env, args.max_seconds + 180)
-            result["loadavg_1m"] = [load_before, _loadavg()]  # others' jobs on the machine skew wall time
-            if "error" not in result:
-                result["check"] = verify(server, topic, row.workload, result)
-            runs.append(result)
-        finally:
-            server.delete_topic(topic)
-        if "error" in runs[-1]:
-            break
+    try:
+        server.create_channel(topic)
+        if row.workload == "consume":
+            server.prefill(topic, count + warmup)
+        command = [*row.command, "--nsqd-tcp-address", str(server.tcp), "--nsqd-http-address", str(server.http),
+                   "--topic", topic, "--channel", CHANNEL, "--count", str(count), "--warmup", str(warmup),
+                   "--max-seconds", str(args.max_seconds)]
+        if server.pid:
+            command += ["--server-pid", str(server.pid)]
+        load_before = _loadavg()
+        result = run_driver(command, row.env, args.max_seconds + 180)
+        result["loadavg_1m"] = [load_before, _loadavg()]  # others' jobs on the machine skew wall time
+        if "error" not in result:
+            result["check"] = verify(server, topic, row.workload, result)
+        return result
+    finally:
+        server.delete_topic(topic)
+
+
+def summarize(row: Row, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median run by msgs/s (an actual run, so its CPU figures belong to it), with every run's rates."""
     good = [r for r in runs if "error" not in r]
     if not good:
         return {"workload": row.workload, "client": row.client, "label": row.label, "error": runs[-1]["error"]}
     chosen = sorted(good, key=lambda r: r["msgs_per_s"])[(len(good) - 1) // 2]
-    chosen = {**chosen, "label": row.label, "runs_msgs_per_s": [r["msgs_per_s"] for r in good]}
-    return chosen
+    return {
+        **chosen,
+        "label": row.label,
+        "runs_msgs_per_s": [r["msgs_per_s"] for r in good],
+        "runs_cpu_per_million": [r["cpu_per_million"] for r in good],
+        "runs_loadavg_1m": [r["loadavg_1m"] for r in good],
+    }
 
 
 def _loadavg() -> float | None:
@@ -432,10 +441,11 @@ def verify(server: Server, topic: str, workload: str, result: dict[str, Any]) ->
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a tenth of the messages, one run per row (CI)")
+    parser.add_argument("--quick", action="store_true", help="a tenth of the messages, one round (CI)")
     parser.add_argument("--count", type=int, default=None, help="measured messages of every workload")
-    parser.add_argument("--repeat", type=int, default=None, help="runs per row, the median is kept (default 1)")
-    parser.add_argument("--max-seconds", type=float, default=20.0, help="cap on one run's measured window")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="rounds over all rows, the median run of each row is kept (default 3, --quick 1)")
+    parser.add_argument("--max-seconds", type=float, default=5.0, help="cap on one run's measured window")
     parser.add_argument("--clients", default=None, help="comma-separated subset: fastnsq,pynsq,gnsq,ansq,asyncnsq,go-nsq")
     parser.add_argument("--workloads", default=None, help="comma-separated subset: pub,mpub,consume")
     parser.add_argument("--peer-loop", choices=("uvloop", "asyncio"), default="uvloop",
@@ -453,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if (args.nsqd_tcp_address is None) != (args.nsqd_http_address is None):
         raise SystemExit("give both --nsqd-tcp-address and --nsqd-http-address, or neither")
-    args.repeat = args.repeat or 1
+    args.repeat = args.repeat or (1 if args.quick else 3)
     counts = {w: (args.count or (c // 10 if args.quick else c)) for w, c in DEFAULT_COUNTS.items()}
     clients = set((args.clients or "fastnsq,pynsq,gnsq,ansq,asyncnsq,go-nsq").split(","))
     workloads = [w for w in WORKLOADS if w in (args.workloads or ",".join(WORKLOADS)).split(",")]
@@ -468,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": command.strip(),
         "machine": machine_info(),
         "python": platform.python_version(),
-        "fastnsq": fastnsq_info(),
+        "fastnsq": {**fastnsq_info(), **source_state()},
         "settings": {
             "body_size": 100, "counts": counts, "warmup": "10 % of the count, before the clock starts",
             "repeat": args.repeat, "max_seconds": args.max_seconds, "pub_concurrency": PUB_CONCURRENCY,
@@ -503,19 +513,28 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     data["server"] = server.info
     log(f"server: {server.info['version']} at {server.tcp}")
+    runs: list[list[dict[str, Any]]] = [[] for _ in rows]
     try:
-        for index, row in enumerate(rows, 1):
-            result = run_row(row, server, counts[row.workload], args, index)
-            data["rows"].append(result)
-            name = f"{row.client} {row.workload} {row.label}".strip()
-            if "error" in result:
-                log(f"[{index}/{len(rows)}] {name}: ERROR {result['error']}")
-            else:
-                log(f"[{index}/{len(rows)}] {name}: {result['msgs_per_s']:,.0f} msg/s, "
-                    f"client {result['cpu_per_million']:.2f} CPU s/M, {result['messages']:,} msgs"
-                    f"{' (capped)' if result.get('capped') else ''}")
+        # Round robin: every row once, then every row again. A change in the machine's load
+        # (other jobs) then touches every client alike instead of the rows that ran during it.
+        for attempt in range(args.repeat):
+            for index, row in enumerate(rows):
+                if runs[index] and "error" in runs[index][-1]:
+                    continue  # it failed once: it will again
+                topic = f"bench_{index}_{row.workload}_{row.client.replace('-', '_')}_{attempt}"
+                result = run_once(row, server, counts[row.workload], args, topic)
+                runs[index].append(result)
+                name = f"{row.client} {row.workload} {row.label}".strip()
+                step = f"[{attempt + 1}/{args.repeat} {index + 1}/{len(rows)}]"
+                if "error" in result:
+                    log(f"{step} {name}: ERROR {result['error']}")
+                else:
+                    log(f"{step} {name}: {result['msgs_per_s']:,.0f} msg/s, client {result['cpu_per_million']:.2f} "
+                        f"CPU s/M, {result['messages']:,} msgs{' (capped)' if result.get('capped') else ''}, "
+                        f"load {result['loadavg_1m'][0]}")
     finally:
         server.stop()
+    data["rows"] = [summarize(row, row_runs) for row, row_runs in zip(rows, runs)]
     data["duration_s"] = round(time.perf_counter() - started, 1)
 
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -161,6 +161,7 @@ class _Meter:
         self.issued = 0
         self.done = 0
         self.capped = False
+        self._claims = 0
         self.all_done = asyncio.get_running_loop().create_future()
         self._began = time.perf_counter()
         self._start: tuple[float, resource.struct_rusage, float | None, int] | None = None
@@ -190,7 +191,9 @@ class _Meter:
         """How many of the next ``n`` messages a caller may send (0: stop)."""
         if self.issued >= self.total:
             return 0
-        if self.past_deadline():
+        self._claims += 1
+        # The clock is read every 64th claim only: the harness should cost the client nothing.
+        if not self._claims & 63 and self.past_deadline():
             self.capped = True
             return 0
         take = min(n, self.total - self.issued)

@@ -90,6 +90,7 @@ class Meter:
         self.issued = 0
         self.done = 0
         self.capped = False
+        self._claims = 0
         self.on_all_done: Callable[[], None] | None = None
         self._start: tuple[float, Any, float | None, int] | None = None
         self._stop: tuple[float, Any, float | None, int] | None = None
@@ -123,7 +124,11 @@ class Meter:
 
     def claim(self, n: int = 1) -> int:
         """How many of the next ``n`` messages a caller may send (0: stop)."""
-        if self.issued >= self.total or self.past_deadline():
+        if self.issued >= self.total:
+            return 0
+        self._claims += 1
+        # The clock is read every 64th claim only: the harness should cost the client nothing.
+        if not self._claims & 63 and self.past_deadline():
             return 0
         take = min(n, self.total - self.issued)
         self.issued += take
