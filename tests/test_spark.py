@@ -392,6 +392,70 @@ def test_batch_slower_than_msg_timeout_causes_no_redelivery(spark: Any, nsqd: Th
     assert all(attempts == 1 for _, _, attempts, _ in collected.rows)
 
 
+def _source_runner_pids() -> list[int]:
+    """Spark's driver-side streaming-source processes started by this test process."""
+    return [
+        pid for pid in _descendants(os.getpid())
+        if "python_streaming_source_runner" in _cmdline(pid)
+    ]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@spark_test
+def test_stop_and_sigterm_requeue_what_is_held_at_once(spark: Any, nsqd: ThreadedNSQD) -> None:
+    """msg_timeout is nsqd's 60 s here: only REQ can bring the held messages back within seconds."""
+    topic, channel, count = unique("sp_term"), "spark", 2000
+    nsqd.publish(topic, bodies("term", count))
+    collected = Collector()
+
+    def slow(batch_df: Any, batch_id: int) -> None:
+        collected(batch_df, batch_id)
+        time.sleep(1.0)
+
+    def held() -> int:
+        return nsqd.channel(topic, channel).get("in_flight_count", 0)
+
+    # 1. query.stop(): the source process requeues everything it holds and closes.
+    stream = read_stream(spark, nsqd, topic, channel, maxRecordsPerBatch=300, maxInFlight=600)
+    query = stream.writeStream.foreachBatch(slow).trigger(processingTime="100 milliseconds").start()
+    try:
+        wait_until(lambda: collected.batches and held() > 0, 60, what="a batch in flight")
+    finally:
+        before = held()
+        stop_query(query)
+    wait_until(lambda: nsqd.channel(topic, channel).get("client_count") == 0, 10, what="disconnect after stop")
+    stats = nsqd.channel(topic, channel)
+    assert stats["in_flight_count"] == 0 and stats["timeout_count"] == 0
+    assert stats["requeue_count"] >= before > 0
+    # 2. SIGTERM to the source process (what Spark's shutdown sends): RDY 0, CLS, REQ, exit.
+    requeued = stats["requeue_count"]
+    query = stream.writeStream.foreachBatch(slow).trigger(processingTime="100 milliseconds").start()
+    try:
+        wait_until(lambda: held() > 0, 60, what="messages held again")
+        runners = wait_until(_source_runner_pids, 10, what="the streaming-source process")
+        before = held()
+        for pid in runners:
+            os.kill(pid, signal.SIGTERM)
+        wait_until(lambda: nsqd.channel(topic, channel).get("client_count") == 0, 10, what="CLS and close")
+        stats = nsqd.channel(topic, channel)
+        assert stats["in_flight_count"] == 0 and stats["timeout_count"] == 0
+        assert stats["requeue_count"] - requeued >= before > 0
+        wait_until(lambda: not any(_cmdline(pid) for pid in runners), 10, what="the source process to exit")
+    finally:
+        stop_query(query)
+    # Nothing was lost on the way: what was not processed is back in the channel.
+    processed = {body for _, body, _, _ in collected.rows}
+    rest = nsqd.drain(topic, channel, count - len(processed))
+    assert processed | {body for _, body in rest} == set(bodies("term", count))
+
+
 @spark_test
 def test_failure_in_a_batch_after_a_shuffle_loses_nothing(spark: Any, nsqd: ThreadedNSQD, tmp_path: Path) -> None:
     """The batch's job fails after a shuffle: the query dies, its held messages go back to
