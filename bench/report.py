@@ -212,17 +212,23 @@ def method_notes(data: dict[str, Any]) -> list[str]:
         if _ok(row) and row.get("notes") and (row["client"], row["notes"]) not in seen:
             seen.add((row["client"], row["notes"]))
             out.append(f"- {row['client']} {row['workload']}: {row['notes']}")
-    loads = [max(x for x in r["loadavg_1m"] if x is not None) for r in data["rows"]
-             if r.get("loadavg_1m") and any(x is not None for x in r["loadavg_1m"])]
+    load = _max_load(data)
     cores = data["machine"].get("cores") or 1
-    if loads and max(loads) > cores:
-        out.append(f"- the machine was shared: the 1-minute load average reached {max(loads):.1f} on {cores} "
+    if load is not None and load > cores:
+        out.append(f"- the machine was shared: the 1-minute load average reached {load:.1f} on {cores} "
                    "cores during the run, so wall-clock rates are lower than on an idle machine; CPU seconds "
                    "per message are less affected")
     capped = [f"{r['client']} {r['workload']}" for r in data["rows"] if _ok(r) and r.get("capped")]
     if capped:
         out.append(f"- stopped by --max-seconds before the full count (rate from what was done): {', '.join(capped)}")
     return out
+
+
+def _max_load(data: dict[str, Any]) -> float | None:
+    """The highest 1-minute load average seen around any run (None if not recorded)."""
+    loads = [x for r in data["rows"] for pair in (r.get("runs_loadavg_1m") or [r.get("loadavg_1m") or []])
+             for x in pair if x is not None]
+    return max(loads) if loads else None
 
 
 # ---- chart ------------------------------------------------------------------------------------
@@ -268,7 +274,13 @@ def chart(data: dict[str, Any], path: Path) -> None:
     server = data["server"]["version"]
     fig.suptitle(f"fastnsq vs Python NSQ clients — {data['date'][:10]}, {data['machine']['cores']} cores, "
                  f"100-byte messages, server: {server}", fontsize=9.5)
-    fig.tight_layout()
+    load = _max_load(data)
+    cores = data["machine"].get("cores") or 1
+    if load is not None and load > cores:
+        fig.text(0.01, 0.005, f"Shared machine: load average up to {load:.1f} on {cores} cores during the run; "
+                 "rates are lower than on an idle machine. See report.md for CPU per message.",
+                 fontsize=8, color="#555")
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -129,10 +129,11 @@ def source_state() -> dict[str, Any]:
     """The git commit measured, and library files that differ from it (the run uses the working tree)."""
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(ROOT), *args], check=False, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
+        return done.stdout if done.returncode == 0 else ""
 
-    dirty = [line[3:] for line in git("status", "--porcelain", "--", "fastnsq").splitlines()]
-    return {"commit": git("rev-parse", "HEAD") or None, "uncommitted_library_files": dirty}
+    # Porcelain lines are "XY path": the two status columns may start with a space.
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "fastnsq").splitlines() if line.strip()]
+    return {"commit": git("rev-parse", "HEAD").strip() or None, "uncommitted_library_files": dirty}
 
 
 def _fastnsq_env() -> dict[str, str]:
