@@ -166,7 +166,10 @@ class Producer:
         self._slots: dict[str, list[_Slot]] = {}
         self._open: list[Connection] = []
         self._next = 0
-        self._batches: dict[tuple[str, str | None, int | None], list[tuple[Any, asyncio.Future[Any]]]] = {}
+        self._batches: dict[tuple[str, str | None, int | None], _Batch] = {}
+        self._max_msg_size = self.options.max_msg_size
+        self._mpub_limit = self.options.max_body_size - _MPUB_FRAMING
+        self._mpub_max_count = (self.options.max_body_size - 4) // 5
         self._valid_topics: set[str] = set()
         self._open_by_address: dict[str, list[Connection]] = {}
         self._routes: dict[str, _Route] = {}
@@ -289,15 +292,28 @@ class Producer:
         ``ServerError`` when nsqd refuses, ``PublishTimeoutError`` or ``NoConnectionError``.
         """
         self._check_topic(topic)
-        _check_message_size(_body_size(body), self.options.max_msg_size, 0)
-        plain = defer is None and trace_id is None and ext is None
-        if plain and partition is None and sharding_key is None and self.coalesce and timeout is None:
-            target = self._target_now(topic, None, None)
-            if target is not None and self._connected_to(target[0]):
+        size = _body_size(body)
+        if size == 0 or size > self._max_msg_size:
+            _check_message_size(size, self._max_msg_size, 0)  # raises, naming the limit
+        if (
+            self.coalesce
+            and timeout is None
+            and defer is None
+            and trace_id is None
+            and ext is None
+            and partition is None
+            and sharding_key is None
+        ):
+            if self._lookupd_addresses:
+                target = self._target_now(topic, None, None)
+                ready = target is not None and self._connected_to(target[0])
+            else:
+                target, ready = _ANY_NSQD, bool(self._open)
+            if ready:
                 # The fast path: one future, no further coroutine; retries take the slow path.
                 self._active += 1
                 try:
-                    result = await self._enqueue(topic, body, target)
+                    result = await self._enqueue(topic, body, size, target)  # type: ignore[arg-type]
                     self.published += 1
                     return result
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
@@ -324,7 +340,7 @@ class Producer:
         else:
             send = lambda conn, pid: conn.publish(topic, body, partition=pid)  # noqa: E731
         traced = trace_id is not None or ext is not None
-        return await self._call(topic, send, timeout, partition, sharding_key, body=body, traced=traced)
+        return await self._call(topic, send, timeout, partition, sharding_key, body=body, size=size, traced=traced)
 
     async def mpublish(
         self,
@@ -425,6 +441,7 @@ class Producer:
         sharding_key: Any,
         *,
         body: Any = None,
+        size: int = 0,
         traced: bool = False,
     ) -> Any:
         """Route, send (``send(conn, partition)``, or the coalescing batch when ``send`` is
@@ -439,7 +456,7 @@ class Producer:
                     target = await self._target(topic, partition, sharding_key, deadline)
                     if send is None:
                         await self._connection_for(target[0], deadline)
-                        future = self._enqueue(topic, body, target)
+                        future = self._enqueue(topic, body, size, target)
                     else:
                         conn = await self._connection_for(target[0], deadline)
                         future = send(conn, target[1])
@@ -467,16 +484,19 @@ class Producer:
             if not self._active and self._idle_waiter is not None:
                 _resolve(self._idle_waiter)
 
-    def _enqueue(self, topic: str, body: Any, target: tuple[str | None, int | None]) -> "asyncio.Future[Any]":
+    def _enqueue(
+        self, topic: str, body: Any, size: int, target: tuple[str | None, int | None]
+    ) -> "asyncio.Future[Any]":
         """Add a publish to this loop pass's batch for (topic, nsqd, partition); flushed once per pass."""
         assert self._loop is not None
         future = self._loop.create_future()
         key = (topic, target[0], target[1])
         batch = self._batches.get(key)
         if batch is None:
-            self._batches[key] = [(body, future)]
+            self._batches[key] = _Batch(body, future, size)
         else:
-            batch.append((body, future))
+            batch.entries.append((body, future))
+            batch.nbytes += 4 + size
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush_batches)
         return future
@@ -495,7 +515,8 @@ class Producer:
         """Once per loop pass: one PUB or MPUB per (topic, nsqd, partition) for the publishes gathered."""
         self._flush_handle = None
         batches, self._batches = self._batches, {}
-        for (topic, address, pid), entries in batches.items():
+        for (topic, address, pid), batch in batches.items():
+            entries = batch.entries
             conn = self._pick(address)
             if conn is None:
                 error = NoConnectionError(f"no open connection to {address or 'any nsqd'}")
@@ -509,7 +530,8 @@ class Producer:
                     self._track(sent)
                     _chain(sent, [entries[0][1]])
                     continue
-                for chunk in self._chunks(entries, body_of=_first):
+                fits = batch.nbytes <= self._mpub_limit and len(entries) <= self._mpub_max_count
+                for chunk in [entries] if fits else self._chunks(entries, body_of=_first):
                     sent = conn.mpublish(topic, [body for body, _ in chunk], partition=pid)
                     self._track(sent)
                     _chain(sent, [member for _, member in chunk])
@@ -743,6 +765,19 @@ class Producer:
                     except (OSError, asyncio.TimeoutError, NSQError) as exc:
                         logger.warning("cannot connect to nsqd %s: %s", address, exc)
             await asyncio.sleep(self.lookupd_poll_interval)
+
+
+_ANY_NSQD: tuple[None, None] = (None, None)  # no routing: any connection, no partition
+
+
+class _Batch:
+    """The publishes of one loop pass for one (topic, nsqd, partition), and their MPUB size."""
+
+    __slots__ = ("entries", "nbytes")
+
+    def __init__(self, body: Any, future: "asyncio.Future[Any]", size: int) -> None:
+        self.entries = [(body, future)]
+        self.nbytes = 4 + size
 
 
 class _Route:
