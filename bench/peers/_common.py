@@ -124,7 +124,7 @@ class Meter:
 
     def claim(self, n: int = 1) -> int:
         """How many of the next ``n`` messages a caller may send (0: stop)."""
-        if self.issued >= self.total:
+        if self.issued >= self.total or self.capped:
             return 0
         self._claims += 1
         # The clock is read every 64th claim only: the harness should cost the client nothing.
