@@ -8,7 +8,7 @@ own virtualenv under ``bench/.peers/<peer>``), so the CPU each reports is its ow
 The peers are installed from PyPI on first use; one that cannot be installed or
 does not work gets its reason recorded instead of a number.
 
-    /work/venv/bin/python bench/run_all.py            # the full run (about 3-5 minutes on 2 cores)
+    /work/venv/bin/python bench/run_all.py            # the full run (3 rounds; 160-290 s on 2 shared cores)
     /work/venv/bin/python bench/run_all.py --quick    # CI-sized
     /work/venv/bin/python bench/run_all.py --count 100000 --clients fastnsq,ansq --workloads consume
 
