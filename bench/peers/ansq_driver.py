@@ -33,9 +33,10 @@ async def run_pub(args, meter, loop_name):
     payload = _common.body(args.size)
 
     async def caller():
-        while meter.claim():
-            await writer.pub(args.topic, payload)
-            meter.add()
+        while n := meter.claim(_common.CHUNK):
+            for _ in range(n):
+                await writer.pub(args.topic, payload)
+            meter.add(n)
 
     await asyncio.gather(*(caller() for _ in range(args.concurrency)))
     meter.close_window()

@@ -37,7 +37,13 @@ def _run_callers(args, meter, publish_one):
     import gevent
 
     def caller():
-        while n := meter.claim(1 if args.workload == "pub" else args.batch):
+        if args.workload == "pub":
+            while n := meter.claim(_common.CHUNK):
+                for _ in range(n):
+                    publish_one(1)
+                meter.add(n)
+            return
+        while n := meter.claim(args.batch):
             publish_one(n)
             meter.add(n)
 
