@@ -182,20 +182,22 @@ def test_loading_by_entry_point_and_by_name(
     assert "already registered" not in result.stdout.str() + result.stderr.str()
 
 
-def test_ha_fixtures_skip_until_the_ha_mode_exists(inner: pytest.Pytester) -> None:
+def test_ha_fixtures_hand_out_embedded_ha_servers(inner: pytest.Pytester) -> None:
     inner.makeconftest(f"pytest_plugins = [{PLUGIN!r}]")
     inner.makepyfile(
         test_it="""
+        from fastnsq.testing import NSQCluster, is_ha
+
         async def test_nsqd_ha(nsqd_ha):
-            raise AssertionError("must skip")
+            assert nsqd_ha.ha and await is_ha(nsqd_ha)
 
         async def test_cluster_ha(nsq_cluster_ha):
-            raise AssertionError("must skip")
+            assert type(nsq_cluster_ha) is NSQCluster and await is_ha(nsq_cluster_ha)
+            assert len(nsq_cluster_ha.nsqds) == 3 and nsq_cluster_ha.lookupd.ha
         """
     )
     result = run(inner)
-    result.assert_outcomes(skipped=2)
-    assert result.stdout.str().count("HA mode not built yet") == 2
+    result.assert_outcomes(passed=2)
 
 
 # ---- the env-var switch to real servers ---------------------------------------------------------
@@ -614,15 +616,13 @@ def test_main_stops_cleanly_on_sigterm() -> None:
     assert proc.stdout.read() == "stopped\n"
 
 
-def test_main_refuses_ha_for_now() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "fastnsq.testing", "--ha"],
-        check=False,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=60,
-    )
-    assert done.returncode == 2
-    assert "HA mode not built yet" in done.stderr
+def test_main_runs_the_ha_dialect() -> None:
+    with servers_process("--ha", "--lookupd", "--tcp-port", "0", "--http-port", "0", "--lookupd-tcp-port", "0",
+                         "--lookupd-http-port", "0") as servers:
+        from fastnsq.testing import ExternalLookupd, ExternalNSQD, is_ha
+
+        async def probe() -> tuple[bool, bool]:
+            nsqd_is_ha = await is_ha(ExternalNSQD(servers["nsqd"]["tcp"]))
+            return nsqd_is_ha, await is_ha(ExternalLookupd(servers["nsqlookupd"]["http"]))
+
+        assert asyncio.run(probe()) == (True, True)

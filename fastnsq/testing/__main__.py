@@ -6,6 +6,7 @@ and keeps them up, for manual tests and demos without a real NSQ install::
     python -m fastnsq.testing                     # nsqd on 4150/4151
     python -m fastnsq.testing --lookupd           # + nsqlookupd on 4160/4161, nsqd registered with it
     python -m fastnsq.testing --tcp-port 0 --http-port 0   # any free ports
+    python -m fastnsq.testing --ha --lookupd      # the HA (youzan) dialect, standalone
 
 Everything is in memory: messages are gone when it stops.
 """
@@ -74,8 +75,14 @@ async def serve(args: argparse.Namespace, ready: asyncio.Future[list[str]] | Non
         lines: list[str] = []
         lookupd_tcp: list[str] = []
         if args.lookupd or args.no_nsqd:
+            # With --ha a standalone lookupd, as youzan's runs beside a standalone nsqd.
+            extra: dict[str, Any] = {"ha_cluster": False} if args.ha else {}
             lookupd = NSQLookupd(
-                host=args.host, tcp_port=args.lookupd_tcp_port, http_port=args.lookupd_http_port, ha=args.ha
+                host=args.host,
+                tcp_port=args.lookupd_tcp_port,
+                http_port=args.lookupd_http_port,
+                ha=args.ha,
+                **extra,
             )
             await stack.enter_async_context(lookupd)
             lookupd_tcp.append(lookupd.tcp_address)

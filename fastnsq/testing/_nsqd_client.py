@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fastnsq import codec
+from fastnsq._protocol import UPSTREAM_MAX_LINE
 from fastnsq.compression import DeflateStream, SnappyStream
 from fastnsq.errors import ProtocolError
 
@@ -96,6 +97,18 @@ class ClientConnection(asyncio.BufferedProtocol):
 
     #: Command name -> handler; filled in below the class.
     COMMANDS: ClassVar[dict[bytes, Callable[[ClientConnection, list[bytes], Any], None]]] = {}
+    #: The read deadline is this many heartbeat intervals after the last read (HA: 3).
+    READ_DEADLINE_FACTOR: ClassVar[int] = 2
+    #: FIN/REQ/TOUCH ids are read as 16 raw bytes (the HA dialect's binary ids).
+    BINARY_IDS: ClassVar[bool] = False
+    #: The longest command line: nsqd's read buffer (upstream 16 KiB, HA 4 KiB).
+    MAX_LINE: ClassVar[int] = UPSTREAM_MAX_LINE
+    #: AUTH error texts (the HA nsqd capitalises them differently).
+    AUTH_TEXTS: ClassVar[dict[str, str]] = {
+        "already": "AUTH already set",
+        "disabled": "AUTH disabled",
+        "none": "AUTH no authorizations found",
+    }
 
     def __init__(self, server: NSQD) -> None:
         self.server = server
@@ -152,6 +165,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._reader = codec.CommandReader(
             self._on_command,
             on_magic=self._on_magic,
+            binary_ids=self.BINARY_IDS,
+            max_line=self.MAX_LINE,
             max_msg_size=options.max_msg_size,
             max_body_size=options.max_body_size,
         )
@@ -163,6 +178,11 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        # Fault injection (see _nsqd_faults): frames still to write before a cut,
+        # output held by a write stall, reads paused by a read stall.
+        self.frames_left: int | None = None
+        self.stalled_output: list[bytes] | None = None
+        self.read_stalled = False
 
     def __repr__(self) -> str:
         return f"<ClientConnection {self.id} {self.remote_address}>"
@@ -179,6 +199,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             )
         self.client_id = self.hostname = self.remote_ip
         self.server.add_client(self)
+        self.server.faults.connection_made(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._decompressor is None:
@@ -274,8 +295,12 @@ class ClientConnection(asyncio.BufferedProtocol):
             return
         handler = self.COMMANDS.get(name)
         try:
+            if self.server.faults.rules:
+                injected = self.server.faults.injected_error(self, name)
+                if injected is not None:
+                    raise _ClientError(*injected)
             if handler is None:
-                raise _fatal("E_INVALID", f"invalid command {text(name)}")
+                raise self._unknown_command(name, params)
             if name != b"IDENTIFY" and self.options.tls_required and not self.tls:
                 raise _fatal("E_INVALID", f"cannot {text(name)} in current state (TLS required)")
             handler(self, params, body)
@@ -287,6 +312,9 @@ class ClientConnection(asyncio.BufferedProtocol):
         except _Suspend as wait:
             self._reader.pause()
             self._task = self.loop.create_task(self._resume_after(wait.prepare, name, params, body))
+
+    def _unknown_command(self, name: bytes, params: list[bytes]) -> _ClientError:
+        return _fatal("E_INVALID", f"invalid command {text(name)}")
 
     async def _resume_after(
         self, prepare: Callable[[], Awaitable[None]], name: bytes, params: list[bytes], body: Any
@@ -371,11 +399,26 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self._held is not None:
             self._held.append(data)
             return
+        cut = False
+        if self.frames_left is not None:
+            data, cut = self.server.faults.count_frames(self, data)
         if self._compressor is not None:
             data = self._compressor.compress(data)
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            transport.write(data)
+            if self.stalled_output is not None:
+                self.stalled_output.append(data)
+            else:
+                transport.write(data)
+        if cut:
+            self.cut()
+
+    def cut(self) -> None:
+        """Drop the connection at once: no error frame, unsent output lost (a fault)."""
+        self._closing = True
+        self._reader.pause()
+        if self.transport is not None:
+            self.transport.abort()
 
     def close(self) -> None:
         """Close after what was written (nsqd's conn.Close after the error frame)."""
@@ -407,20 +450,25 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._flush()
 
     def _arm_deadline(self) -> None:
-        """(Re)start the read deadline: 2 x heartbeat interval after the last read."""
+        """(Re)start the read deadline: READ_DEADLINE_FACTOR x heartbeat interval after the last read."""
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer = None
         if self.heartbeat_interval > 0:
             self._deadline_timer = self.loop.call_at(
-                self._last_read + 2 * self.heartbeat_interval + _DEADLINE_GRACE, self._on_deadline
+                self._last_read + self.READ_DEADLINE_FACTOR * self.heartbeat_interval + _DEADLINE_GRACE,
+                self._on_deadline,
             )
 
     def _on_deadline(self) -> None:
         self._deadline_timer = None
         if self._closing or self.heartbeat_interval <= 0:
             return
-        due = self._last_read + 2 * self.heartbeat_interval + _DEADLINE_GRACE
+        due = self._last_read + self.READ_DEADLINE_FACTOR * self.heartbeat_interval + _DEADLINE_GRACE
+        if self.read_stalled or self.stalled_output is not None:
+            # A stalled server is a hung one: it does not time its clients out either.
+            self._last_read = self.loop.time()
+            due = self._last_read + self.READ_DEADLINE_FACTOR * self.heartbeat_interval + _DEADLINE_GRACE
         if self.loop.time() >= due:
             log.debug("client %s: read deadline passed, closing", self)
             self.close()
@@ -440,12 +488,10 @@ class ClientConnection(asyncio.BufferedProtocol):
                 raise _fatal("E_BAD_BODY", f"IDENTIFY body too big {body} > {self.options.max_body_size}")
             raise _fatal("E_BAD_BODY", f"IDENTIFY invalid body size {body}")
         try:
-            data = parse_identify(body)  # type: ignore[arg-type]
+            data = self._decode_identify(body)  # type: ignore[arg-type]
         except ValueError:
             raise _fatal("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
-        self.client_id = data["client_id"]
-        self.hostname = data["hostname"]
-        self.user_agent = data["user_agent"]
+        self._take_identity(data)
         error = self._apply_identify(data)
         if error:
             raise _fatal("E_BAD_BODY", "IDENTIFY " + error)
@@ -461,6 +507,15 @@ class ClientConnection(asyncio.BufferedProtocol):
             self._arm_deadline_after_read()
             return
         self._negotiate(data)
+
+    def _decode_identify(self, body: bytes) -> dict[str, Any]:
+        """The IDENTIFY body as nsqd's struct sees it (ValueError when it cannot be decoded)."""
+        return parse_identify(body)
+
+    def _take_identity(self, data: dict[str, Any]) -> None:
+        self.client_id = data["client_id"]
+        self.hostname = data["hostname"]
+        self.user_agent = data["user_agent"]
 
     def _apply_identify(self, data: dict[str, Any]) -> str | None:
         """client_v2.go's Identify: each setting validated in nsqd's order."""
@@ -505,6 +560,14 @@ class ClientConnection(asyncio.BufferedProtocol):
         self._arm_deadline()
 
     def _negotiate(self, data: dict[str, Any]) -> None:
+        answer, tls, compression = self._negotiation(data)
+        self._flush()
+        self._write_now(_encode_response(answer))
+        self._arm_deadline_after_read()
+        self._upgrade(tls, compression)
+
+    def _negotiation(self, data: dict[str, Any]) -> tuple[bytes, bool, tuple[str, int] | None]:
+        """IDENTIFY with feature negotiation: (JSON answer, TLS, (compression, level) or None)."""
         server = self.server
         options = self.options
         tls = server.tls_context is not None and data["tls_v1"]
@@ -526,10 +589,11 @@ class ClientConnection(asyncio.BufferedProtocol):
             output_buffer_size=self.output_buffer_size,
             output_buffer_timeout=round(self.output_buffer_timeout * 1000),
         )
-        self._flush()
-        self._write_now(_encode_response(answer))
-        self._arm_deadline_after_read()
         compression = ("snappy", 0) if snappy else ("deflate", level) if deflate else None
+        return answer, tls, compression
+
+    def _upgrade(self, tls: bool, compression: tuple[str, int] | None) -> None:
+        """After the IDENTIFY answer: TLS, then compression, each confirmed with an OK."""
         if tls:
             # The client starts the handshake once it has the JSON: hold every byte
             # it sends until the TLS layer owns the socket.
@@ -596,9 +660,9 @@ class ClientConnection(asyncio.BufferedProtocol):
                 raise _fatal("E_BAD_BODY", f"AUTH body too big {body} > {self.options.max_body_size}")
             raise _fatal("E_BAD_BODY", f"AUTH invalid body size {body}")
         if self.auth_state is not None and self.auth_state.authorizations:
-            raise _fatal("E_INVALID", "AUTH already set")
+            raise _fatal("E_INVALID", self.AUTH_TEXTS["already"])
         if not self.server.auth_enabled:
-            raise _fatal("E_AUTH_DISABLED", "AUTH disabled")
+            raise _fatal("E_AUTH_DISABLED", self.AUTH_TEXTS["disabled"])
         answer = self._auth_answer
         if answer is _NOTHING:
             self._auth_secret = body.decode("latin-1")  # type: ignore[union-attr]
@@ -609,7 +673,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             raise _fatal("E_AUTH_FAILED", "AUTH failed")
         self.auth_state = answer
         if not answer.authorizations:
-            raise _fatal("E_UNAUTHORIZED", "AUTH no authorizations found")
+            raise _fatal("E_UNAUTHORIZED", self.AUTH_TEXTS["none"])
         reply = {
             "identity": answer.identity,
             "identity_url": answer.identity_url,

@@ -24,8 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from .nsqd import VERSION
-
 if TYPE_CHECKING:  # pragma: no cover
     from .nsqd import NSQD
 
@@ -39,10 +37,9 @@ _RECONNECT_MAX = 15.0
 _IO_TIMEOUT = 5.0
 
 
-def _command(verb: bytes, topic: str, channel: str | None) -> bytes:
-    if channel is None:
-        return b"%s %s\n" % (verb, topic.encode())
-    return b"%s %s %s\n" % (verb, topic.encode(), channel.encode())
+def _command(verb: bytes, params: tuple[str, ...]) -> bytes:
+    """``REGISTER topic [channel]`` (upstream) or ``REGISTER topic partition [channel]`` (HA)."""
+    return b" ".join((verb, *(p.encode() for p in params))) + b"\n"
 
 
 class LookupPeer:
@@ -105,8 +102,8 @@ class LookupPeer:
                 while not self._queue.empty():
                     self._queue.get_nowait()
                 self.connected.set()
-                for topic, channel in self.server.registrations():
-                    await self._send(reader, writer, _command(b"REGISTER", topic, channel))
+                for params in self.server.registrations():
+                    await self._send(reader, writer, _command(b"REGISTER", params))
                 delay = _RECONNECT_FIRST
                 await self._serve(reader, writer)
             except asyncio.CancelledError:
@@ -126,18 +123,27 @@ class LookupPeer:
     async def _identify(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         server = self.server
         options = server.options
-        body = json.dumps(
-            {
+        if server.ha:
+            # youzan's connectCallback: a Go map (sorted keys), with the cluster node id.
+            identity = {
+                "broadcast_address": options.broadcast_address,
+                "distributed_id": server.distributed_id,
+                "hostname": server.hostname,
+                "http_port": server.http_port,
+                "tcp_port": server.tcp_port,
+                "version": server.version,
+            }
+        else:
+            identity = {
                 "broadcast_address": options.broadcast_address,
                 "hostname": server.hostname,
                 "http_port": server.http_port,
                 "tcp_port": server.tcp_port,
                 "topology_region": options.topology_region,
                 "topology_zone": options.topology_zone,
-                "version": VERSION,
-            },
-            separators=(",", ":"),
-        ).encode()
+                "version": server.version,
+            }
+        body = json.dumps(identity, separators=(",", ":")).encode()
         answer = await self._send(reader, writer, b"IDENTIFY\n" + struct.pack(">I", len(body)) + body)
         if answer.startswith(b"E_"):
             log.warning("lookupd %s refused IDENTIFY: %r", self.address, answer)
@@ -204,8 +210,8 @@ class LookupRegistrar:
         for peer in self.peers:
             await peer.stop()
 
-    def notify(self, verb: bytes, topic: str, channel: str | None) -> None:
-        command = _command(verb, topic, channel)
+    def notify(self, verb: bytes, params: tuple[str, ...]) -> None:
+        command = _command(verb, params)
         for peer in self.peers:
             peer.notify(command)
 

@@ -151,6 +151,10 @@ class Channel:
                 client.in_ready = False
         self.queue.append(msg)
 
+    def _put_back(self, msg: Msg) -> None:
+        """A message comes back (REQ, timeout, deferral over): nsqd queues it like a new one."""
+        self.put(msg)
+
     def put_from_topic(self, msgs: list[Msg], deferrable: bool) -> None:
         """Messages published to the topic (``deferrable``: some may carry a DPUB delay).
 
@@ -201,13 +205,19 @@ class Channel:
         self.delivery_count += 1
         client.write_message(_encode_message(timestamp, attempts & 0xFFFF, message_id, body))
 
+    #: nsqd's error texts for FIN/REQ/TOUCH of a message that is not the client's.
+    NOT_IN_FLIGHT = "ID not in flight"
+
+    def _not_owner(self, owner: ClientConnection, client: ClientConnection) -> str:
+        return "client does not own message"
+
     def _pop_in_flight(self, client: ClientConnection, message_id: bytes) -> InFlight | str:
         """The message ``client`` holds, or nsqd's error text."""
         entry = self.in_flight.get(message_id)
         if entry is None:
-            return "ID not in flight"
+            return self.NOT_IN_FLIGHT
         if entry[OWNER] is not client:
-            return "client does not own message"
+            return self._not_owner(entry[OWNER], client)
         del self.in_flight[message_id]
         return entry
 
@@ -226,16 +236,16 @@ class Channel:
         if delay > 0:
             self._defer(msg, delay)
         else:
-            self.put(msg)
+            self._put_back(msg)
         return None
 
     def touch(self, client: ClientConnection, message_id: bytes, msg_timeout: float) -> str | None:
         """TOUCH: a new deadline of now + msg_timeout, capped at delivery + max_msg_timeout."""
         entry = self.in_flight.get(message_id)
         if entry is None:
-            return "ID not in flight"
+            return self.NOT_IN_FLIGHT
         if entry[OWNER] is not client:
-            return "client does not own message"
+            return self._not_owner(entry[OWNER], client)
         max_timeout = self.server.options.max_msg_timeout
         delivered_at = entry[DELIVERED_AT]
         deadline = self.server.loop.time() + msg_timeout
@@ -277,7 +287,7 @@ class Channel:
             msg = _heappop(heap)[2]
             if self.deferred.get(msg[ID]) is msg:
                 del self.deferred[msg[ID]]
-                self.put(msg)
+                self._put_back(msg)
         return bool(self.in_flight or self.deferred)
 
     def _time_out(self, entry: InFlight) -> None:
@@ -287,10 +297,10 @@ class Channel:
         msg = entry[:4] + (0,)
         if self.clients.get(client.id) is client:
             client.in_flight -= 1
-            self.put(msg)
+            self._put_back(msg)
             self.client_may_be_ready(client)
         else:
-            self.put(msg)
+            self._put_back(msg)
 
     # -- administration ----------------------------------------------------
 

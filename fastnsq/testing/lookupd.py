@@ -34,10 +34,9 @@ Example::
         node.register("events", "archive")
         # GET http://{lookupd.http_address}/lookup?topic=events now lists the node
 
-The HA dialect (youzan's partitioned lookupd, §9.12) is not built yet: ``ha=True``
-raises ``NotImplementedError``. The hooks it needs are :meth:`_LookupProtocolV1._topic_channel`
-(``REGISTER topic partition [channel]``), :meth:`NSQLookupd._respond` (version
-negotiation) and :meth:`NSQLookupd._routes` (``/listlookup`` and the HA fields).
+``NSQLookupd(ha=True)`` is youzan's HA lookupd instead (shared/protocol.md §9.12,
+``_lookupd_ha.HANSQLookupd``): ``REGISTER topic partition [channel]``, answers in the
+negotiated form, ``/lookup`` with ``partitions`` (and ``meta``), ``/listlookup``.
 """
 
 from __future__ import annotations
@@ -246,6 +245,7 @@ class PeerInfo:
     version: str
     topology_zone: str = ""
     topology_region: str = ""
+    distributed_id: str = ""  # HA: the cluster node id ("" for a standalone nsqd)
     # Wall-clock ns, like nsqlookupd's lastUpdate (UnixNano): expiry compares wall clocks.
     last_update: int = field(default_factory=time.time_ns)
 
@@ -377,27 +377,30 @@ _PEER_FIELDS: dict[str, type] = {
     "topology_region": str,
 }
 _GO_INT_MAX = 2**63 - 1
+#: The HA lookupd's PeerInfo: no topology, a cluster node id.
+HA_PEER_FIELDS: dict[str, type] = {
+    **{k: v for k, v in _PEER_FIELDS.items() if not k.startswith("topology_")},
+    "distributed_id": str,
+}
 
 
-def decode_identify(body: bytes) -> dict[str, Any]:
+def decode_identify(body: bytes, peer_fields: dict[str, type] = _PEER_FIELDS) -> dict[str, Any]:
     """The PeerInfo fields of an IDENTIFY body, decoded as Go's ``json.Unmarshal`` would.
 
     Unknown keys are ignored, keys match case-insensitively, ``null`` leaves the
     zero value, a value of the wrong type is an error. Raises ``ValueError``.
     """
     data = json.loads(body.decode("utf-8", "replace"))
-    fields: dict[str, Any] = {name: kind() for name, kind in _PEER_FIELDS.items()}
+    fields: dict[str, Any] = {name: kind() for name, kind in peer_fields.items()}
     if data is None:
         return fields
     if not isinstance(data, dict):
         raise ValueError(f"cannot unmarshal {type(data).__name__} into PeerInfo")  # noqa: TRY004
     for key, value in data.items():
-        name = (
-            key if key in _PEER_FIELDS else next((f for f in _PEER_FIELDS if f.lower() == key.lower()), None)
-        )
+        name = key if key in peer_fields else next((f for f in peer_fields if f.lower() == key.lower()), None)
         if name is None or value is None:
             continue
-        kind = _PEER_FIELDS[name]
+        kind = peer_fields[name]
         if kind is int:
             if isinstance(value, bool) or not isinstance(value, int) or abs(value) > _GO_INT_MAX:
                 raise ValueError(f"cannot unmarshal {value!r} into {name}")
@@ -492,6 +495,9 @@ class _LookupProtocolV1(asyncio.BufferedProtocol):
             return b"OK"
         if name == b"IDENTIFY":
             return self._identify(body)
+        if self._lookupd.ha and name in (b"REGISTER", b"UNREGISTER"):
+            self._lookupd._ha_registration(name.decode(), self._identified(), params)
+            return b"OK"
         if name == b"REGISTER":
             topic, channel = self._topic_channel("REGISTER", params)
             self._lookupd._register(self._identified(), topic, channel)
@@ -514,7 +520,7 @@ class _LookupProtocolV1(asyncio.BufferedProtocol):
             # Negative or beyond max_body_size: nsqlookupd cannot read such a body.
             raise _ClientError("E_BAD_BODY", "IDENTIFY failed to read body")
         try:
-            fields = decode_identify(body if isinstance(body, bytes) else b"")
+            fields = decode_identify(body if isinstance(body, bytes) else b"", self._lookupd.peer_fields)
         except ValueError:
             raise _ClientError("E_BAD_BODY", "IDENTIFY failed to decode JSON body") from None
         fields["remote_address"] = self._remote
@@ -609,6 +615,11 @@ def _check_duration(name: str, value: float) -> float:
 class NSQLookupd:
     """An in-process nsqlookupd 1.3 (TCP registration + HTTP API), memory only.
 
+    ``ha=True`` gives youzan's HA lookupd (a :class:`~fastnsq.testing._lookupd_ha.HANSQLookupd`),
+    which also takes ``ha_cluster`` (emulate a cluster lookupd, with a coordinator:
+    ``meta``, ``/listlookup`` nodes, ``ha_support``; default True) and
+    ``allow_write_with_nochannels`` (``--allow-write-with-nochannels``, default False).
+
     ``tcp_port``/``http_port`` 0 pick free ports; after :meth:`start` the chosen
     ports stay fixed, so :meth:`stop` then :meth:`start` comes back on the same
     addresses (with an empty database, like a restarted nsqlookupd: nsqds
@@ -633,11 +644,9 @@ class NSQLookupd:
         tombstone_lifetime: float = 45.0,
         broadcast_address: str | None = None,
         hostname: str | None = None,
-        version: str = LOOKUPD_VERSION,
+        version: str | None = None,
         max_body_size: int = 5 * 1024 * 1024,
     ) -> None:
-        if ha:
-            raise NotImplementedError("NSQLookupd(ha=True): the HA lookupd dialect is not built yet")
         self.host = host
         self._tcp_port = _check_port("tcp_port", tcp_port)
         self._http_port = _check_port("http_port", http_port)
@@ -649,8 +658,10 @@ class NSQLookupd:
         # nsqlookupd's --broadcast-address defaults to the host name.
         self.hostname = hostname or socket.gethostname()
         self.broadcast_address = broadcast_address or self.hostname
-        self.version = version
+        self.version = version or LOOKUPD_VERSION
         self.max_body_size = max_body_size
+        #: The IDENTIFY fields nsqds send (Go's PeerInfo of this dialect).
+        self.peer_fields: dict[str, type] = _PEER_FIELDS
         self.db = RegistrationDB(on_change=self._notify)
         self._connections: set[_LookupProtocolV1] = set()
         self._tcp_server: asyncio.AbstractServer | None = None
@@ -663,6 +674,13 @@ class NSQLookupd:
     @property
     def running(self) -> bool:
         return self._tcp_server is not None
+
+    def __new__(cls, *args: Any, ha: bool = False, **kwargs: Any) -> NSQLookupd:  # noqa: PYI034
+        if ha and cls is NSQLookupd:
+            from ._lookupd_ha import HANSQLookupd
+
+            return super().__new__(HANSQLookupd)
+        return super().__new__(cls)
 
     async def start(self) -> None:
         """Listen on the TCP and HTTP ports."""

@@ -21,8 +21,11 @@ Example::
         reader, writer = await asyncio.open_connection(*nsqd.tcp_address.split(":"))
         ...
 
-The upstream dialect only: ``ha=True`` (the youzan "HA" nsqd) is reserved for a later
-version; the command table in ``_nsqd_client`` and the options here are where it hooks in.
+``NSQD(ha=True)`` speaks the HA dialect instead (youzan's "redesigned NSQ",
+shared/protocol.md §9-11; see ``_nsqd_ha``): partitioned topics created with
+``INTERNAL_CREATE_TOPIC`` or :meth:`NSQD.create_topic`, binary ids, ordered and
+traced subscriptions, traced and ext publishing, its error codes. Faults are injected
+through :attr:`NSQD.faults` and :attr:`NSQD.refuse_connections` (see ``_nsqd_faults``).
 """
 
 from __future__ import annotations
@@ -47,12 +50,14 @@ from fastnsq.errors import InvalidValueError
 
 from ._nsqd_auth import AuthState, query_any_auth_server
 from ._nsqd_client import ClientConnection
+from ._nsqd_faults import Faults
+from ._nsqd_ha import HA_VERSION, HAClientConnection, HATopic
 from ._nsqd_queue import EPHEMERAL_SUFFIX, Channel, Topic
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self
 
-__all__ = ["NSQD", "VERSION", "NSQDOptions"]
+__all__ = ["HA_VERSION", "NSQD", "VERSION", "NSQDOptions"]
 
 log = logging.getLogger("fastnsq.testing.nsqd")
 
@@ -67,7 +72,11 @@ _CLOSE_GRACE = 1.0
 class NSQDOptions:
     """nsqd's flags that the embedded server honours; durations in seconds.
 
-    Defaults are nsqd 1.3's (``nsqd/options.go``).
+    Defaults are nsqd 1.3's (``nsqd/options.go``); :class:`NSQD` puts in the HA nsqd's
+    own defaults for ``ha=True`` where they differ (72 h ``max_req_timeout``, 50 ms /
+    1 s output buffer timeout). ``allow_ext_compatible`` and
+    ``allow_sub_ext_compatible`` are the HA nsqd's ``--allow-ext-compatible`` and
+    ``--allow-sub-ext-compatible``.
     """
 
     host: str = "127.0.0.1"
@@ -104,6 +113,8 @@ class NSQDOptions:
     topology_region: str = ""
     topology_zone: str = ""
     lookupd_ping_interval: float = 15.0
+    allow_ext_compatible: bool = False
+    allow_sub_ext_compatible: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -144,8 +155,6 @@ class NSQDOptions:
             raise InvalidValueError("tls_cert and tls_key go together")
         if self.tls_required and self.tls_cert is None:
             raise InvalidValueError("tls_required needs tls_cert and tls_key")
-        if self.ha:
-            raise InvalidValueError("ha=True: the HA dialect of the embedded nsqd is not available yet")
 
 
 class NSQD:
@@ -176,13 +185,13 @@ class NSQD:
         ha: bool = False,
         msg_timeout: float = 60.0,
         max_msg_timeout: float = 900.0,
-        max_req_timeout: float = 3600.0,
+        max_req_timeout: float | None = None,
         max_rdy_count: int = codec.DEFAULT_MAX_RDY_COUNT,
         max_msg_size: int = codec.DEFAULT_MAX_MSG_SIZE,
         max_body_size: int = codec.DEFAULT_MAX_BODY_SIZE,
         max_heartbeat_interval: float = 60.0,
         max_output_buffer_size: int = 65536,
-        max_output_buffer_timeout: float = 30.0,
+        max_output_buffer_timeout: float | None = None,
         max_deflate_level: int = 6,
         snappy: bool = True,
         deflate: bool = True,
@@ -198,6 +207,14 @@ class NSQD:
             raise InvalidValueError(
                 "lookupd_tcp_addresses and auth_http_addresses are sequences of 'host:port'"
             )
+        # The dialects' defaults differ (youzan nsqd/options.go: 72 h, 50 ms, 1 s).
+        if max_req_timeout is None:
+            max_req_timeout = 72 * 3600.0 if ha else 3600.0
+        if max_output_buffer_timeout is None:
+            max_output_buffer_timeout = 1.0 if ha else 30.0
+        if ha:
+            more.setdefault("output_buffer_timeout", 0.05)
+            more.setdefault("min_output_buffer_timeout", 0.001)
         try:
             self.options = NSQDOptions(
                 host=host,
@@ -230,6 +247,20 @@ class NSQD:
             raise InvalidValueError(f"NSQD: {exc}") from None
         self.tcp_port = self.options.tcp_port
         self.http_port = self.options.http_port
+        #: The dialect: HA (youzan) or upstream nsqd 1.3.
+        self.ha = self.options.ha
+        self.version = HA_VERSION if self.ha else VERSION
+        if self.ha and type(self).connection_class is ClientConnection:
+            self.connection_class = HAClientConnection
+        #: Fault injection (see _nsqd_faults.Faults).
+        self.faults = Faults(self)
+        #: HA: the topic partitions this node has, by (topic, partition).
+        self.partitions: dict[tuple[str, int], HATopic] = {}
+        #: HA: whether this node is part of an (emulated) cluster, with a coordinator:
+        #: it then leads only some partitions and refuses INTERNAL_CREATE_TOPIC.
+        self.ha_cluster = False
+        #: HA: the node id a cluster node sends lookupd ("" standalone).
+        self.distributed_id = ""
         self.tls_context = self._build_tls_context()
         self.hostname = socket.gethostname()
         self.topics: dict[str, Topic] = {}
@@ -247,6 +278,7 @@ class NSQD:
         self._scan_timer: asyncio.TimerHandle | None = None
         self._preparing: dict[str, asyncio.Future[Topic]] = {}
         self._lookup: Any = None
+        self._refusing = False
         self.running = False
 
     # -- life cycle ---------------------------------------------------------------
@@ -270,17 +302,21 @@ class NSQD:
         if self.running:
             return
         from ._nsqd_http import build_app
+        from ._nsqd_http_ha import build_ha_app
         from ._nsqd_lookup import LookupRegistrar
 
         self.loop = asyncio.get_running_loop()
         options = self.options
-        self._tcp_server = await self.loop.create_server(
-            lambda: self.connection_class(self), options.host, self.tcp_port, backlog=1024
-        )
-        self.tcp_port = self._tcp_server.sockets[0].getsockname()[1]
+        sock = _listen(options.host, self.tcp_port)
+        self._tcp_server = await self.loop.create_server(self._new_connection, sock=sock)
+        self.tcp_port = sock.getsockname()[1]
+        self._refusing = False
         try:
             runner = web.AppRunner(
-                build_app(self), access_log=None, handle_signals=False, shutdown_timeout=0.25
+                build_ha_app(self) if self.ha else build_app(self),
+                access_log=None,
+                handle_signals=False,
+                shutdown_timeout=0.25,
             )
             await runner.setup()
             site = web.TCPSite(runner, options.host, self.http_port)
@@ -296,6 +332,9 @@ class NSQD:
         self._http_session = aiohttp.ClientSession(timeout=timeout)
         self.start_time = int(time.time())
         self.running = True
+        if self.ha_cluster and not self.distributed_id:
+            # youzan's node id: ip:rpc_port:tcp_port:node id (no RPC port here).
+            self.distributed_id = f"{options.broadcast_address}:0:{self.tcp_port}:{self.tcp_port}"
         self._lookup = LookupRegistrar(self)
         self._lookup.start()
         log.debug("nsqd listening on %s (http %s)", self.tcp_address, self.http_address)
@@ -310,6 +349,7 @@ class NSQD:
         if not self.running:
             return
         self.running = False
+        self.faults.clear()
         if self._lookup is not None:
             await self._lookup.stop()
             self._lookup = None
@@ -325,6 +365,8 @@ class NSQD:
                 del self.topics[name]
             else:
                 topic.keep_for_restart(keep_messages)
+        for partition in self.partitions.values():
+            partition.keep_for_restart(keep_messages)
         self._watched.clear()
         if self._scan_timer is not None:
             self._scan_timer.cancel()
@@ -343,6 +385,7 @@ class NSQD:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._tcp_server.wait_closed(), _CLOSE_GRACE)  # type: ignore[union-attr]
         self._tcp_server = None
+        self._refusing = False
         if self._http_runner is not None:
             await self._http_runner.cleanup()
             self._http_runner = None
@@ -356,6 +399,31 @@ class NSQD:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+
+    def _new_connection(self) -> ClientConnection:
+        return self.connection_class(self)
+
+    @property
+    def refuse_connections(self) -> bool:
+        """Set to True to refuse new TCP connections (a fault): nothing listens on the port.
+
+        Connections already open stay. Set back to False to listen again on the same
+        port (at once: connections made right after are queued by the kernel).
+        """
+        return self._refusing
+
+    @refuse_connections.setter
+    def refuse_connections(self, refuse: bool) -> None:
+        if not self.running:
+            raise RuntimeError("refuse_connections needs a running nsqd")
+        if bool(refuse) == self._refusing:
+            return
+        self._refusing = bool(refuse)
+        if refuse:
+            self._tcp_server.close()  # type: ignore[union-attr]
+            return
+        sock = _listen(self.options.host, self.tcp_port)
+        self._tcp_server = _PendingServer(self.loop, self.loop.create_server(self._new_connection, sock=sock))
 
     def _build_tls_context(self) -> ssl.SSLContext | None:
         options = self.options
@@ -391,7 +459,7 @@ class NSQD:
         options = self.options
         answer = {
             "max_rdy_count": options.max_rdy_count,
-            "version": VERSION,
+            "version": self.version,
             "max_msg_timeout": round(options.max_msg_timeout * 1000),
             "msg_timeout": values["msg_timeout"],
             "tls_v1": values["tls_v1"],
@@ -491,22 +559,105 @@ class NSQD:
         return True
 
     def notify_register(self, topic: str, channel: str | None) -> None:
-        if self._lookup is not None:
-            self._lookup.notify(b"REGISTER", topic, channel)
+        self.notify_lookupd(b"REGISTER", topic, *((channel,) if channel else ()))
 
     def notify_unregister(self, topic: str, channel: str | None) -> None:
-        if self._lookup is not None:
-            self._lookup.notify(b"UNREGISTER", topic, channel)
+        self.notify_lookupd(b"UNREGISTER", topic, *((channel,) if channel else ()))
 
-    def registrations(self) -> list[tuple[str, str | None]]:
-        """What lookupd is told after connecting: every channel, or the bare topic."""
-        out: list[tuple[str, str | None]] = []
+    def notify_lookupd(self, verb: bytes, *params: str) -> None:
+        """Send ``REGISTER``/``UNREGISTER`` with ``params`` to every lookupd."""
+        if self._lookup is not None:
+            self._lookup.notify(verb, params)
+
+    def registrations(self) -> list[tuple[str, ...]]:
+        """What lookupd is told after connecting (the words after REGISTER).
+
+        Upstream: every channel, or the bare topic. HA: every partition this node
+        leads (``topic partition``), then its channels (``topic partition channel``).
+        """
+        out: list[tuple[str, ...]] = []
+        if self.ha:
+            for (name, partition), topic in sorted(self.partitions.items()):
+                if topic.leader:
+                    out.append((name, str(partition)))
+                    out.extend((name, str(partition), channel) for channel in topic.channels)
+            return out
         for topic in self.topics.values():
             if topic.channels:
                 out.extend((topic.name, channel) for channel in topic.channels)
             else:
-                out.append((topic.name, None))
+                out.append((topic.name,))
         return out
+
+    # -- HA topic partitions ------------------------------------------------------------
+
+    def create_topic(
+        self, topic: str, partitions: int = 1, *, ext: bool = False, ordered: bool = False
+    ) -> None:
+        """HA: create partitions ``0..partitions-1`` of ``topic`` here (this node leads them).
+
+        What ``INTERNAL_CREATE_TOPIC`` does over TCP, plus what only a cluster can
+        create (``ordered`` topics). Existing partitions are left as they are.
+
+        >>> nsqd = NSQD(ha=True)
+        >>> nsqd.create_topic("events", 2, ext=True)
+        >>> sorted(nsqd.partitions)
+        [('events', 0), ('events', 1)]
+        """
+        if not self.ha:
+            raise InvalidValueError(
+                "create_topic is for the HA dialect: an upstream nsqd creates topics on use"
+            )
+        if not codec.valid_topic_name(topic):
+            raise InvalidValueError(f"topic name {topic!r} is not valid")
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 255:
+            raise InvalidValueError(f"partitions must be an integer in 1..255, got {partitions!r}")
+        for partition in range(partitions):
+            self.create_partition(topic, partition, ext=ext, ordered=ordered)
+
+    def create_partition(
+        self, topic: str, partition: int, *, ext: bool = False, ordered: bool = False, leader: bool = True
+    ) -> HATopic:
+        """HA: the partition, created when missing (registered with lookupd if it leads it)."""
+        key = (topic, partition)
+        existing = self.partitions.get(key)
+        if existing is not None:
+            return existing
+        created = self.partitions[key] = HATopic(
+            self, topic, partition, ext=ext, ordered=ordered, leader=leader
+        )
+        if leader:
+            self.notify_lookupd(b"REGISTER", topic, str(partition))
+        return created
+
+    def set_leader(self, topic: str, partition: int, leader: bool) -> None:
+        """HA cluster: this node gains or loses the leadership of a partition it has.
+
+        Losing it closes the partition's consumers (youzan's DisableConsume) and
+        unregisters it from lookupd; gaining it registers it and its channels.
+        """
+        part = self.partitions[(topic, partition)]
+        if part.leader == leader:
+            return
+        part.leader = leader
+        pid = str(partition)
+        if leader:
+            self.notify_lookupd(b"REGISTER", topic, pid)
+            for channel in part.channels:
+                self.notify_lookupd(b"REGISTER", topic, pid, channel)
+        else:
+            for channel in part.channels.values():
+                channel.close_clients()
+            self.notify_lookupd(b"UNREGISTER", topic, pid)
+
+    def default_partition(self, topic: str) -> int:
+        """The partition a command without one uses: cluster: one this node leads; else any local one."""
+        found = [
+            p
+            for (name, p), part in self.partitions.items()
+            if name == topic and (part.leader or not self.ha_cluster)
+        ]
+        return min(found) if found else -1
 
     # -- in-flight and deferred timers ---------------------------------------------
 
@@ -535,7 +686,11 @@ class NSQD:
     ) -> dict[str, Any]:
         """``GET /stats?format=json`` without the memory section (nsqd 1.3 shape)."""
         topics: list[dict[str, Any]] | None
-        if topic_name:
+        if self.ha:
+            parts = sorted(self.partitions.items())
+            chosen = [t for (name, _), t in parts if not topic_name or name == topic_name]
+            selected = chosen if chosen or not topic_name else None
+        elif topic_name:
             topic = self.topics.get(topic_name)
             selected = [topic] if topic is not None else None
         else:
@@ -554,3 +709,29 @@ class NSQD:
                 found = [c.stats(topic_name) for c in self.clients.values() if c.pub_counts]
                 producers = found or None
         return {"topics": topics, "producers": producers}
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (0: any free port), reusable at once after close."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=1024)
+
+
+class _PendingServer:
+    """An asyncio server being created; quacks like one for ``close``/``wait_closed``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, creating: Awaitable[asyncio.Server]) -> None:
+        self._task = loop.create_task(creating)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self._task.done() and not self._task.cancelled() and self._task.exception() is None:
+            self._task.result().close()
+        else:
+            self._task.add_done_callback(
+                lambda task: None if task.cancelled() or task.exception() else task.result().close()
+            )
+
+    async def wait_closed(self) -> None:
+        with contextlib.suppress(Exception):
+            server = await self._task
+            await server.wait_closed()

@@ -15,8 +15,10 @@ whatever loop the test runs: asyncio or uvloop):
   lookupd; when real servers are configured, the real cluster of
   ``FASTNSQ_TEST_CLUSTER_NSQD`` / ``FASTNSQ_TEST_CLUSTER_NSQD_HTTP`` with
   ``FASTNSQ_TEST_LOOKUPD_HTTP``, and a skip if there is none;
-* ``nsqd_ha``, ``nsq_cluster_ha``: the same in the HA dialect. The embedded HA
-  mode is not built yet, so they skip, unless the real servers are HA.
+* ``nsqd_ha``, ``nsq_cluster_ha``: the same in the HA dialect: an embedded
+  ``NSQD(ha=True)`` (standalone: create topics with ``INTERNAL_CREATE_TOPIC`` or
+  ``nsqd.create_topic``) and an ``NSQCluster(nodes=3, ha=True)`` (``create_topic``,
+  ``move_leader``), or the configured real servers, and a skip when those are not HA.
 
 Helpers: :func:`fastnsq.testing.is_ha` (await it) and :func:`require_embedded`
 (skip a test that must stop or configure its server when the server is real).
@@ -68,7 +70,7 @@ __all__ = [
 #: The name of the ``pytest11`` entry point in pyproject.toml.
 ENTRY_POINT_NAME = "fastnsq"
 
-_HA_NOT_BUILT = "HA mode not built yet"
+_HA_NOT_BUILT = "the embedded HA mode is not available"
 
 
 def pytest_plugin_registered(plugin: object, plugin_name: str, manager: Any) -> None:
@@ -162,29 +164,30 @@ async def nsq_cluster() -> AsyncIterator[NSQCluster | ExternalCluster]:
 
 @_async_fixture
 async def nsqd_ha() -> AsyncIterator[Any]:
-    """An HA (youzan) nsqd: the real one if it is HA; embedded once the HA mode exists."""
+    """An HA (youzan) nsqd: the real one of ``FASTNSQ_TEST_NSQD`` if it is HA, else an embedded one."""
     external = external_nsqd_from_env()
     if external is not None:
         if not await is_ha(external):
             pytest.skip(f"the nsqd of FASTNSQ_TEST_NSQD ({external.tcp_address}) is not an HA nsqd")
         yield external
         return
-    if not _testing.EMBEDDED_HA_AVAILABLE:
+    if not _testing.EMBEDDED_HA_AVAILABLE:  # pragma: no cover - a build without it
         pytest.skip(_HA_NOT_BUILT)
-    async with _embedded_nsqd_class()(ha=True) as server:  # pragma: no cover - HA phase
+    async with _embedded_nsqd_class()(ha=True) as server:
         yield server
 
 
 @_async_fixture
 async def nsq_cluster_ha() -> AsyncIterator[NSQCluster | ExternalCluster]:
-    """An HA cluster: the configured real one if it is HA; embedded once the HA mode exists."""
+    """An HA cluster: the configured real one if it is HA, else an embedded one of 3 nodes."""
     external = _configured_cluster()
     if external is not None:
         if not await is_ha(external):
             pytest.skip("the configured cluster is not HA")
         yield external
         return
-    if not _testing.EMBEDDED_HA_AVAILABLE:
+    if not _testing.EMBEDDED_HA_AVAILABLE:  # pragma: no cover - a build without it
         pytest.skip(_HA_NOT_BUILT)
-    async with NSQCluster(nodes=3, ha=True) as cluster:  # pragma: no cover - HA phase
+    _embedded_nsqd_class()
+    async with NSQCluster(nodes=3, ha=True) as cluster:
         yield cluster
