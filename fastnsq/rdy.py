@@ -1,0 +1,738 @@
+"""RDY distribution and backoff for a consumer, as a pure state machine.
+
+One job: decide which RDY count each nsqd connection of a consumer should hold.
+:class:`RdyController` owns no sockets, tasks or timers. The consumer feeds it
+events (a connection came or went, a message arrived, a message was finished or
+requeued, ``max_in_flight`` changed), sends the :class:`RdyUpdate` commands each
+call returns, and calls :meth:`RdyController.tick` at the time
+:meth:`RdyController.next_deadline` names. Time comes from an injectable clock and
+randomness from an injectable :class:`random.Random`, so every behaviour can be
+tested with a fake clock and a seed.
+
+How nsqd treats RDY (nsqd 1.x and the HA nsqd alike): ``RDY n`` is an absolute
+value. The server sends a message on a connection while its own count of that
+connection's in-flight messages is below ``n``; FIN, REQ and message timeouts
+lower that count. The server applies a connection's commands in order but never
+acknowledges a RDY. The controller therefore tracks, per connection:
+
+``rdy``
+    the last RDY value sent;
+``in_flight``
+    messages received and not yet finished or requeued (the consumer reports
+    them with :meth:`~RdyController.on_message_done` when it sends FIN or REQ);
+``pending``
+    how many more messages may still arrive under RDY values that were replaced
+    by a lower one before the server read the new one. Lowering ``r`` to ``w``
+    with ``f`` in flight lets at most ``r - f`` more messages arrive: FINs sent
+    after the new RDY are read after it, so they free nothing under the old
+    value. ``pending`` shrinks by one per message received and is dropped after
+    ``rdy_settle_time`` (the time the server is assumed to need to read a RDY;
+    0 trusts it to be instant, as go-nsq and pynsq do).
+
+and its *capacity*, the most messages it can hold without another RDY command::
+
+    capacity = max(rdy, in_flight + pending)
+
+**Invariant.** A RDY is only ever raised when the sum of all capacities (plus the
+messages still in flight on connections already removed) stays within
+``max_in_flight``. Lowering never frees capacity at once: it shrinks as
+``pending`` is used up or expires and as messages finish. So, if every RDY is
+read by nsqd within ``rdy_settle_time``, no delivery ever takes the consumer's
+total in-flight count above the largest ``max_in_flight`` in force during the
+last ``rdy_settle_time`` seconds, and the sum of the RDY values last sent never
+exceeds the current ``max_in_flight``. When ``max_in_flight`` is lowered below
+what is already in flight, every connection gets RDY 0 until enough messages
+finish. (nsqd may still send more when it times a message out server-side: that
+is a handler running past ``msg_timeout``; the controller notices the
+unexplained message and stops granting until the excess drains.)
+
+Distribution follows the NSQ client guide and go-nsq, fixed where go-nsq is
+buggy: ``max_in_flight`` is split evenly (remainder included, go-nsq#378), never
+above a connection's ``max_rdy_count``; when there is less than one message per
+connection, the few "extra" slots rotate every ``rdy_redistribute_interval``
+away from connections idle for ``low_rdy_idle_timeout`` or holding one for
+``low_rdy_timeout``, to the connections that waited longest (go-nsq#179,
+nsqjs#242). Backoff is consumer-wide: a failure sends RDY 0 everywhere, waits,
+then lets one message through one connection (the probe); only the probe's
+result moves the backoff level.
+
+Example (a fake clock; the consumer would use the default ``time.monotonic``)::
+
+    >>> now = [0.0]
+    >>> rdy = RdyController(2, clock=lambda: now[0], rng=random.Random(1))
+    >>> rdy.add_connection("nsqd-a:4150", max_rdy_count=2500)
+    [RdyUpdate(conn_id='nsqd-a:4150', rdy=2)]
+    >>> rdy.add_connection("nsqd-b:4150", max_rdy_count=2500)  # a may still deliver 2 for a moment
+    [RdyUpdate(conn_id='nsqd-a:4150', rdy=1)]
+    >>> rdy.next_deadline()
+    0.5
+    >>> now[0] = 0.5
+    >>> rdy.tick()
+    [RdyUpdate(conn_id='nsqd-b:4150', rdy=1)]
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import time
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from fastnsq.errors import InvalidValueError
+
+__all__ = [
+    "STARVED_RATIO",
+    "BackoffStrategy",
+    "ConnectionRdyStats",
+    "Outcome",
+    "RdyController",
+    "RdyUpdate",
+]
+
+#: ``"exponential"``, ``"full_jitter"`` or a callable mapping a backoff level (1, 2, ...) to seconds.
+BackoffStrategy = Literal["exponential", "full_jitter"] | Callable[[int], float]
+
+#: is_starved() threshold: in-flight count over the RDY last sent (the client guide, go-nsq, pynsq).
+STARVED_RATIO = 0.85
+
+#: Absolute cap on the backoff level, for strategies that never reach max_backoff_duration.
+MAX_BACKOFF_LEVEL = 64
+
+# go-nsq's bounds (shared/peers.md §2), in seconds.
+_BOUNDS: dict[str, tuple[float, float]] = {
+    "low_rdy_idle_timeout": (1.0, 300.0),
+    "low_rdy_timeout": (1.0, 300.0),
+    "rdy_redistribute_interval": (0.001, 5.0),
+    "max_backoff_duration": (0.0, 3600.0),
+    "backoff_multiplier": (0.0, 3600.0),
+    # Not a go-nsq option: how long nsqd may take to read a RDY (see the module docstring).
+    "rdy_settle_time": (0.0, 60.0),
+}
+
+
+class Outcome(enum.Enum):
+    """What became of a message, as far as backoff is concerned."""
+
+    #: FIN: the handler succeeded.
+    SUCCESS = "success"
+    #: REQ with backoff: the handler failed; the consumer should slow down.
+    FAILURE = "failure"
+    #: REQ without backoff (``requeue(backoff=False)``), or no verdict: never counted.
+    NEUTRAL = "neutral"
+
+
+class RdyUpdate(NamedTuple):
+    """Send ``RDY <rdy>`` on connection ``conn_id`` (the object given to ``add_connection``)."""
+
+    conn_id: Any
+    rdy: int
+
+
+@dataclass(frozen=True)
+class ConnectionRdyStats:
+    """A snapshot of one connection's RDY state (for metrics and logs)."""
+
+    #: The last RDY value sent (0 before the first).
+    rdy: int
+    #: ``rdy`` minus the messages received since it was sent (the client guide's counter).
+    rdy_remaining: int
+    #: What the controller wants this connection to hold now.
+    target: int
+    #: Messages received and not yet reported done.
+    in_flight: int
+    #: The connection's ``max_rdy_count`` from its IDENTIFY response.
+    max_rdy_count: int
+    #: Clock time of the last message received, or None.
+    last_message_at: float | None
+    #: Clock time of the last RDY sent, or None.
+    last_rdy_at: float | None
+
+
+class _Phase(enum.Enum):
+    NORMAL = "normal"  # backoff level 0: RDY distributed over all connections
+    WAITING = "waiting"  # backoff: RDY 0 everywhere until the wait ends
+    PROBING = "probing"  # backoff: RDY 1 on the probe connection, waiting for its message's result
+
+
+_NO_MSG = object()  # the probe message has not arrived yet
+
+
+class _Conn:
+    """The controller's bookkeeping for one live connection."""
+
+    __slots__ = (
+        "conn_id",
+        "extra_since",
+        "granted_at",
+        "in_flight",
+        "last_message_at",
+        "last_rdy_at",
+        "max_rdy",
+        "pending",
+        "pending_until",
+        "rdy",
+        "remaining",
+        "seq",
+        "target",
+        "waiting_since",
+    )
+
+    def __init__(self, conn_id: Hashable, seq: int, max_rdy: int, now: float) -> None:
+        self.conn_id = conn_id
+        self.seq = seq  # insertion order: the deterministic tie-break
+        self.max_rdy = max_rdy
+        self.rdy = 0
+        self.remaining = 0
+        self.target = 0
+        self.in_flight = 0
+        self.pending = 0
+        self.pending_until = 0.0
+        self.last_message_at: float | None = None
+        self.last_rdy_at: float | None = None
+        self.granted_at: float | None = None  # when rdy last reached target from below
+        self.extra_since: float | None = None  # holds one of the rotating "extra" slots since
+        self.waiting_since: float | None = now  # without an extra slot since (None while holding one)
+
+
+class RdyController:
+    """RDY counts and backoff for one consumer's connections (see the module docstring).
+
+    All durations are seconds. ``max_in_flight`` is the consumer-wide limit of
+    messages in flight (0 pauses). The other options are go-nsq's, with its
+    defaults and bounds; ``rdy_settle_time`` is the time nsqd is assumed to need
+    to read a RDY command, during which a lowered connection still counts at its
+    old value.
+
+    Driving it from an asyncio consumer:
+
+    * after IDENTIFY and SUB: ``add_connection(conn, identify["max_rdy_count"])``;
+      when the connection closes: ``remove_connection(conn)``;
+    * per message frame: ``on_message(conn, msg.id)``; when sending its FIN or
+      REQ: ``on_message_done(conn, msg.id, outcome)`` (also for messages of a
+      connection already removed: they still count against ``max_in_flight``
+      until their handlers finish);
+    * every call returns a list of :class:`RdyUpdate` to write, in order
+      (decreases first). Writing a connection's updates before the FIN/REQ that
+      caused them saves nsqd one needless delivery during backoff;
+    * after each call, (re)arm one timer at :meth:`next_deadline` (None: no
+      timer) and call :meth:`tick` when it fires.
+
+    ``conn_id`` is any hashable that identifies one connection (the connection
+    object itself is best): an id may be reused only once all messages of the
+    connection that had it are done. Not thread-safe: call it from the event loop.
+    """
+
+    def __init__(
+        self,
+        max_in_flight: int = 1,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+        low_rdy_idle_timeout: float = 10.0,
+        low_rdy_timeout: float = 30.0,
+        rdy_redistribute_interval: float = 5.0,
+        backoff_strategy: BackoffStrategy = "exponential",
+        max_backoff_duration: float = 120.0,
+        backoff_multiplier: float = 1.0,
+        rdy_settle_time: float = 0.5,
+    ) -> None:
+        self._mif = _check_max_in_flight(max_in_flight)
+        if not callable(clock):
+            raise InvalidValueError(f"clock must be a callable returning seconds, got {clock!r}")
+        if rng is not None and not isinstance(rng, random.Random):
+            raise InvalidValueError(f"rng must be a random.Random or None, got {rng!r}")
+        self._low_rdy_idle_timeout = _check_seconds("low_rdy_idle_timeout", low_rdy_idle_timeout)
+        self._low_rdy_timeout = _check_seconds("low_rdy_timeout", low_rdy_timeout)
+        self._redistribute_interval = _check_seconds("rdy_redistribute_interval", rdy_redistribute_interval)
+        self._max_backoff = _check_seconds("max_backoff_duration", max_backoff_duration)
+        self._multiplier = _check_seconds("backoff_multiplier", backoff_multiplier)
+        self._settle = _check_seconds("rdy_settle_time", rdy_settle_time)
+        if backoff_strategy not in ("exponential", "full_jitter") and not callable(backoff_strategy):
+            raise InvalidValueError(
+                "backoff_strategy must be 'exponential', 'full_jitter' or a callable level -> seconds, "
+                f"got {backoff_strategy!r}"
+            )
+        self._strategy = backoff_strategy
+        self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
+
+        self._conns: dict[Hashable, _Conn] = {}
+        self._seq = 0
+        # Messages still in flight on removed connections: they still occupy handler slots.
+        self._orphans: dict[Hashable, int] = {}
+        self._orphan_total = 0
+        # True when some connection holds less than its target (waiting for capacity to free up).
+        self._deficit = False
+        # Whether the extra slots rotate (some connection is waiting for one), set by _water_fill.
+        self._rotating = False
+        self._next_redistribute: float | None = None
+
+        self._phase = _Phase.NORMAL
+        self._level = 0
+        self._wait_until: float | None = None
+        self._probe: _Conn | None = None
+        self._probe_msg: object = _NO_MSG
+
+    # -- read-only state ---------------------------------------------------------------------
+
+    @property
+    def max_in_flight(self) -> int:
+        """The consumer-wide limit of messages in flight (0: paused)."""
+        return self._mif
+
+    @property
+    def backoff_level(self) -> int:
+        """0 in normal operation; each counted failure adds 1, each probe success removes 1."""
+        return self._level
+
+    @property
+    def in_backoff(self) -> bool:
+        """True while the backoff level is above 0."""
+        return self._level > 0
+
+    @property
+    def backoff_until(self) -> float | None:
+        """Clock time at which the current backoff wait ends, or None when not waiting."""
+        return self._wait_until if self._phase is _Phase.WAITING else None
+
+    @property
+    def connection_count(self) -> int:
+        """Number of live connections."""
+        return len(self._conns)
+
+    @property
+    def in_flight(self) -> int:
+        """Messages in flight over all connections, including connections already removed."""
+        return self._orphan_total + sum(c.in_flight for c in self._conns.values())
+
+    def connection_stats(self, conn_id: Hashable) -> ConnectionRdyStats:
+        """A snapshot of one live connection's RDY state; KeyError if it is not registered."""
+        c = self._conns[conn_id]
+        return ConnectionRdyStats(
+            rdy=c.rdy,
+            rdy_remaining=c.remaining,
+            target=c.target,
+            in_flight=c.in_flight,
+            max_rdy_count=c.max_rdy,
+            last_message_at=c.last_message_at,
+            last_rdy_at=c.last_rdy_at,
+        )
+
+    def stats(self) -> dict[Hashable, ConnectionRdyStats]:
+        """:meth:`connection_stats` for every live connection."""
+        return {conn_id: self.connection_stats(conn_id) for conn_id in self._conns}
+
+    def is_starved(self) -> bool:
+        """True if a connection has messages in flight and at least 85 % of its last RDY in flight.
+
+        The NSQ client guide's definition (as in go-nsq and pynsq): a batching
+        consumer should process what it holds now, because that connection will
+        send little more until some of it is finished. A connection at RDY 0 with
+        messages in flight is starved too.
+        """
+        for c in self._conns.values():
+            if c.in_flight > 0 and c.in_flight >= STARVED_RATIO * c.rdy:
+                return True
+        return False
+
+    def next_deadline(self) -> float | None:
+        """Clock time at which :meth:`tick` has work to do, or None if no timer is needed."""
+        deadlines = []
+        if self._phase is _Phase.WAITING and self._wait_until is not None:
+            deadlines.append(self._wait_until)
+        if self._next_redistribute is not None:
+            deadlines.append(self._next_redistribute)
+        if self._deficit:
+            # A raise may be waiting for a lowered connection's old RDY to settle.
+            now = self._clock()
+            deadlines.extend(
+                c.pending_until for c in self._conns.values() if c.pending and c.pending_until > now
+            )
+        return min(deadlines) if deadlines else None
+
+    # -- events ------------------------------------------------------------------------------
+
+    def add_connection(self, conn_id: Hashable, max_rdy_count: int) -> list[RdyUpdate]:
+        """Register a subscribed connection; returns the RDY updates to send.
+
+        ``max_rdy_count`` is the value from the connection's IDENTIFY response
+        (nsqd's default is 2500); no RDY above it is ever sent on this connection.
+        The new connection gets RDY only when ``max_in_flight`` leaves room for
+        it: the others are lowered first.
+        """
+        if isinstance(max_rdy_count, bool) or not isinstance(max_rdy_count, int) or max_rdy_count < 0:
+            raise InvalidValueError(f"max_rdy_count must be an int >= 0, got {max_rdy_count!r}")
+        if conn_id in self._conns:
+            raise ValueError(f"connection {conn_id!r} is already registered")
+        if self._orphans.get(conn_id):
+            raise ValueError(
+                f"connection id {conn_id!r} still has {self._orphans[conn_id]} messages in flight from a "
+                "removed connection; give each connection its own id"
+            )
+        now = self._clock()
+        self._seq += 1
+        self._conns[conn_id] = _Conn(conn_id, self._seq, max_rdy_count, now)
+        return self._rebalance(now)
+
+    def remove_connection(self, conn_id: Hashable) -> list[RdyUpdate]:
+        """Forget a closed connection (unknown ids are ignored); returns RDY updates for the others.
+
+        Its messages in flight still count against ``max_in_flight`` until they
+        are reported with :meth:`on_message_done`. If it was the backoff probe,
+        another connection becomes the probe.
+        """
+        c = self._conns.pop(conn_id, None)
+        if c is None:
+            return []
+        if c.in_flight:
+            self._orphans[conn_id] = self._orphans.get(conn_id, 0) + c.in_flight
+            self._orphan_total += c.in_flight
+        if c is self._probe:
+            self._probe = None
+            self._probe_msg = _NO_MSG
+        return self._rebalance(self._clock())
+
+    def on_message(self, conn_id: Hashable, msg_id: Hashable) -> list[RdyUpdate]:
+        """A message arrived on ``conn_id``; returns RDY updates (a refill, rarely more).
+
+        ``msg_id`` identifies the message until it is done (the 16-byte NSQ id);
+        it is how the backoff probe's result is told apart from the others.
+        """
+        c = self._conns.get(conn_id)
+        now = self._clock()
+        if c is None:
+            # A frame read after remove_connection: still a message in flight.
+            self._orphans[conn_id] = self._orphans.get(conn_id, 0) + 1
+            self._orphan_total += 1
+            return self._rebalance(now)
+        pending = self._pending(c, now)
+        authorized = pending > 0 or c.in_flight < c.rdy
+        c.in_flight += 1
+        if pending:
+            c.pending = pending - 1
+        if c.remaining:
+            c.remaining -= 1
+        c.last_message_at = now
+        if c is self._probe and self._probe_msg is _NO_MSG and self._phase is _Phase.PROBING:
+            self._probe_msg = msg_id
+        if not authorized:
+            # More than the model allows (nsqd timed a message out, or ignored a RDY for too long):
+            # re-check the budget, which stops all grants until the excess has drained.
+            return self._rebalance(now)
+        if c.rdy and c.remaining * 4 <= c.rdy:
+            # The client guide's refill at 25 %: a no-op for nsqd >= 1.0 (RDY is absolute there),
+            # needed by servers that count RDY down.
+            c.remaining = c.rdy
+            c.last_rdy_at = now
+            return [RdyUpdate(conn_id, c.rdy)]
+        return []
+
+    def on_message_done(self, conn_id: Hashable, msg_id: Hashable, outcome: Outcome) -> list[RdyUpdate]:
+        """A message was finished or requeued (call it as the FIN/REQ is sent); returns RDY updates.
+
+        ``outcome`` drives backoff: :attr:`Outcome.FAILURE` (REQ with backoff)
+        starts or deepens it, :attr:`Outcome.SUCCESS` (FIN) of the probe message
+        eases it, :attr:`Outcome.NEUTRAL` (REQ without backoff) never counts.
+        """
+        if not isinstance(outcome, Outcome):
+            raise InvalidValueError(f"outcome must be an Outcome, got {outcome!r}")
+        c = self._conns.get(conn_id)
+        if c is not None and c.in_flight > 0:
+            c.in_flight -= 1
+        elif self._orphans.get(conn_id):
+            left = self._orphans[conn_id] - 1
+            if left:
+                self._orphans[conn_id] = left
+            else:
+                del self._orphans[conn_id]
+            self._orphan_total -= 1
+        else:
+            raise ValueError(f"on_message_done for {conn_id!r} without a message in flight there")
+        now = self._clock()
+        if self._count_outcome(conn_id, msg_id, outcome, now) or self._deficit:
+            return self._rebalance(now)
+        return []
+
+    def set_max_in_flight(self, max_in_flight: int) -> list[RdyUpdate]:
+        """Change the consumer-wide limit at run time; 0 pauses (RDY 0 everywhere).
+
+        During backoff the new value takes effect when backoff ends. Lowering it
+        below the messages already in flight stops all deliveries until enough
+        of them are done.
+        """
+        self._mif = _check_max_in_flight(max_in_flight)
+        return self._rebalance(self._clock())
+
+    def tick(self) -> list[RdyUpdate]:
+        """Run what is due (end of a backoff wait, redistribution, settled RDYs); returns RDY updates."""
+        now = self._clock()
+        if self._phase is _Phase.WAITING and self._wait_until is not None and now >= self._wait_until:
+            self._phase = _Phase.PROBING
+            self._wait_until = None
+        if self._next_redistribute is not None and now >= self._next_redistribute:
+            self._next_redistribute = None
+            self._redistribute(now)
+        return self._rebalance(now)
+
+    # -- backoff -----------------------------------------------------------------------------
+
+    def _count_outcome(self, conn_id: Hashable, msg_id: Hashable, outcome: Outcome, now: float) -> bool:
+        """Apply one result to the backoff state; True if the RDY targets changed."""
+        if self._max_backoff == 0:
+            return False
+        if self._phase is _Phase.NORMAL:
+            if outcome is Outcome.FAILURE:
+                self._level = 1
+                self._start_wait(now)
+                return True
+            return False
+        if self._phase is _Phase.WAITING:
+            return False  # results that arrive while waiting belong to no window
+        # PROBING: only the probe message's own result counts.
+        probe = self._probe
+        if (
+            probe is None
+            or probe.conn_id != conn_id
+            or self._probe_msg is _NO_MSG
+            or msg_id != self._probe_msg
+        ):
+            return False
+        self._probe_msg = _NO_MSG
+        if outcome is Outcome.NEUTRAL:
+            return True  # no verdict: the next message on the probe connection is the new probe
+        if outcome is Outcome.SUCCESS:
+            self._level -= 1
+            if self._level == 0:
+                self._phase = _Phase.NORMAL
+                self._probe = None
+                return True
+        else:
+            self._step_up()
+        self._start_wait(now)
+        return True
+
+    def _start_wait(self, now: float) -> None:
+        self._phase = _Phase.WAITING
+        self._probe = None
+        self._probe_msg = _NO_MSG
+        self._wait_until = now + self._backoff_duration(self._level)
+
+    def _step_up(self) -> None:
+        # Stop deepening once the wait has reached max_backoff_duration: one success then shortens it.
+        if self._level < MAX_BACKOFF_LEVEL and self._ceiling(self._level) < self._max_backoff:
+            self._level += 1
+
+    def _ceiling(self, level: int) -> float:
+        if callable(self._strategy):
+            return self._clamp(self._strategy(level))
+        return self._multiplier * 2.0**level
+
+    def _backoff_duration(self, level: int) -> float:
+        if self._strategy == "exponential":
+            return min(self._multiplier * 2.0**level, self._max_backoff)
+        if self._strategy == "full_jitter":
+            return self._rng.uniform(0.0, min(self._multiplier * 2.0**level, self._max_backoff))
+        return self._clamp(self._strategy(level))
+
+    def _clamp(self, seconds: float) -> float:
+        seconds = float(seconds)
+        if math.isnan(seconds):
+            return self._max_backoff
+        return min(max(seconds, 0.0), self._max_backoff)
+
+    def _ensure_probe(self, now: float) -> _Conn | None:
+        """The probe connection, chosen at random (preferring idle ones) if there is none."""
+        if self._probe is not None:
+            return self._probe
+        eligible = [c for c in self._conns.values() if c.max_rdy > 0]
+        if not eligible:
+            return None
+        # nsqd sends nothing on RDY 1 while that connection has a message in flight.
+        idle = [c for c in eligible if c.in_flight == 0]
+        self._probe = self._rng.choice(idle or eligible)
+        self._probe_msg = _NO_MSG
+        return self._probe
+
+    # -- distribution ------------------------------------------------------------------------
+
+    def _compute_targets(self, now: float) -> None:
+        for c in self._conns.values():
+            c.target = 0
+        self._rotating = False
+        if self._phase is not _Phase.NORMAL:
+            self._release_all_extras(now)
+        if self._mif == 0 or not self._conns:
+            return
+        if self._phase is _Phase.NORMAL:
+            self._water_fill(now)
+        elif self._phase is _Phase.PROBING:
+            probe = self._ensure_probe(now)
+            if probe is not None:
+                probe.target = 1
+
+    def _water_fill(self, now: float) -> None:
+        """Split max_in_flight evenly, capped per connection; the remainder goes to rotating holders."""
+        eligible = sorted(
+            (c for c in self._conns.values() if c.max_rdy > 0), key=lambda c: (c.max_rdy, c.seq)
+        )
+        left = self._mif
+        capped = 0
+        # Connections whose max_rdy_count is below the even share get all they can take.
+        while capped < len(eligible) and eligible[capped].max_rdy * (len(eligible) - capped) <= left:
+            eligible[capped].target = eligible[capped].max_rdy
+            left -= eligible[capped].max_rdy
+            capped += 1
+        for c in eligible[:capped]:
+            self._release_extra(c, now)
+        for c in self._conns.values():
+            if c.max_rdy == 0:
+                self._release_extra(c, now)
+        rest = eligible[capped:]
+        if not rest:
+            return
+        base, extras = divmod(left, len(rest))
+        for c in rest:
+            c.target = base
+        holders = [c for c in rest if c.extra_since is not None]
+        if len(holders) > extras:
+            holders.sort(key=lambda c: (c.extra_since, c.seq))
+            for c in holders[: len(holders) - extras]:
+                self._release_extra(c, now)
+            holders = holders[len(holders) - extras :]
+        elif len(holders) < extras:
+            waiting = sorted(
+                (c for c in rest if c.extra_since is None), key=lambda c: (c.waiting_since, c.seq)
+            )
+            for c in waiting[: extras - len(holders)]:
+                c.extra_since = now
+                c.waiting_since = None
+                holders.append(c)
+        for c in holders:
+            c.target = base + 1
+        self._rotating = 0 < extras < len(rest)
+
+    def _release_extra(self, c: _Conn, now: float) -> None:
+        if c.extra_since is not None:
+            c.extra_since = None
+            c.waiting_since = now
+
+    def _release_all_extras(self, now: float) -> None:
+        for c in self._conns.values():
+            self._release_extra(c, now)
+
+    def _redistribute(self, now: float) -> None:
+        """The rdy_redistribute_interval timer: move RDY away from idle or long-time holders."""
+        if self._phase is _Phase.NORMAL and self._rotating:
+            waiting = sum(1 for c in self._conns.values() if c.extra_since is None and c.target < c.max_rdy)
+            stale = [c for c in self._conns.values() if c.extra_since is not None and self._is_stale(c, now)]
+            stale.sort(key=lambda c: (c.granted_at, c.seq))
+            for c in stale[:waiting]:
+                self._release_extra(c, now)
+        elif self._phase is _Phase.PROBING and self._probe is not None and self._probe_msg is _NO_MSG:
+            probe = self._probe
+            others = [c for c in self._conns.values() if c is not probe and c.max_rdy > 0]
+            if others and self._is_stale(probe, now):
+                idle = [c for c in others if c.in_flight == 0]
+                self._probe = self._rng.choice(idle or others)
+
+    def _is_stale(self, c: _Conn, now: float) -> bool:
+        """Holding its slot for low_rdy_timeout, or idle for low_rdy_idle_timeout since it got it."""
+        if c.granted_at is None or c.rdy < c.target:
+            return False  # not actually granted yet: nothing to judge
+        since = c.granted_at if c.extra_since is None else max(c.granted_at, c.extra_since)
+        active = since if c.last_message_at is None else max(since, c.last_message_at)
+        return now - active >= self._low_rdy_idle_timeout or now - since >= self._low_rdy_timeout
+
+    def _pending(self, c: _Conn, now: float) -> int:
+        if c.pending and now >= c.pending_until:
+            c.pending = 0
+        return c.pending
+
+    def _capacity(self, c: _Conn, now: float) -> int:
+        return max(c.rdy, c.in_flight + self._pending(c, now))
+
+    def _rebalance(self, now: float) -> list[RdyUpdate]:
+        """Recompute targets and return the RDY updates that move toward them within budget."""
+        self._compute_targets(now)
+        conns = list(self._conns.values())
+        # What the connections could hold once nsqd has read the decreases below. Above the limit
+        # (max_in_flight lowered under what is in flight), a connection that kept any RDY could take
+        # a message while others still hold the excess: stop them all until enough has finished.
+        settled = self._orphan_total + sum(max(min(c.rdy, c.target), c.in_flight) for c in conns)
+        stop = settled > self._mif
+        updates = []
+        for c in conns:  # decreases first
+            want = 0 if stop else c.target
+            if c.rdy > want:
+                updates.append(self._send(c, want, now))
+        # Raises must fit what every connection can still receive, old RDY values included.
+        budget = self._mif - self._orphan_total - sum(self._capacity(c, now) for c in conns)
+        deficit = False
+        if stop or budget < 0:
+            deficit = any(c.rdy < c.target for c in conns)
+        else:
+            # Connections with nothing first, so a scarce budget reaches the starved ones.
+            for c in sorted((c for c in conns if c.rdy < c.target), key=lambda c: (c.rdy > 0, c.seq)):
+                capacity = self._capacity(c, now)
+                grant = min(c.target, capacity + budget)
+                if grant < c.target:
+                    deficit = True
+                    # Partial raises in steps of a quarter of the target, not one per finished message.
+                    if grant <= c.rdy or (c.rdy > 0 and grant - c.rdy < max(1, c.target // 4)):
+                        continue
+                budget -= max(0, grant - capacity)
+                updates.append(self._send(c, grant, now))
+        self._deficit = deficit
+        self._schedule_redistribute(now)
+        return updates
+
+    def _send(self, c: _Conn, value: int, now: float) -> RdyUpdate:
+        if value < c.rdy:
+            # Until nsqd reads the new value it may still fill the connection up to the old one.
+            c.pending = max(self._pending(c, now), c.rdy - c.in_flight)
+            c.pending_until = now + self._settle
+        elif value == c.target:
+            c.granted_at = now
+        c.rdy = value
+        c.remaining = value
+        c.last_rdy_at = now
+        return RdyUpdate(c.conn_id, value)
+
+    def _schedule_redistribute(self, now: float) -> None:
+        if self._mif == 0:
+            needed = False
+        elif self._phase is _Phase.NORMAL:
+            needed = self._rotating
+        elif self._phase is _Phase.PROBING:
+            needed = (
+                self._probe is not None
+                and self._probe_msg is _NO_MSG
+                and sum(1 for c in self._conns.values() if c.max_rdy > 0) > 1
+            )
+        else:
+            needed = False
+        if not needed:
+            self._next_redistribute = None
+        elif self._next_redistribute is None:
+            self._next_redistribute = now + self._redistribute_interval
+
+
+def _check_max_in_flight(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidValueError(f"max_in_flight must be an int >= 0 (0 pauses), got {value!r}")
+    return value
+
+
+def _check_seconds(name: str, value: object) -> float:
+    low, high = _BOUNDS[name]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not low <= value <= high
+    ):
+        raise InvalidValueError(f"{name} must be a number of seconds in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
