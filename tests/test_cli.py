@@ -13,6 +13,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import os
 import signal
 import socket
@@ -429,10 +430,14 @@ async def test_bench_runs_workloads_with_progress_and_table(nsqd, tmp_path: Path
     header, *rows = outcome.stdout.splitlines()
     assert header.split()[:5] == ["WORKLOAD", "VARIANT", "MESSAGES", "SECONDS", "MSG/S"]
     assert [row.split()[0] for row in rows] == ["pub", "consume"]
-    assert "pub: 3,000 messages in" in outcome.stderr  # the progress line's last word on each workload
+    # The timed window opens at the first acknowledgement past the warm-up; acks come in
+    # batches, so it measures up to one batch fewer than --count (and says how many).
+    measured = re.findall(r"^(pub|consume): ([\d,]+) messages in", outcome.stderr, re.M)
+    assert [name for name, _ in measured] == ["pub", "consume"]
+    assert all(2800 <= int(n.replace(",", "")) <= 3000 for _, n in measured)
     data = json.loads(results.read_text())
     assert [entry["workload"] for entry in data] == ["pub", "consume"]
-    assert all(entry["messages"] == 3000 and entry["msgs_per_s"] > 0 for entry in data)
+    assert all(2800 <= entry["messages"] <= 3000 and entry["msgs_per_s"] > 0 for entry in data)
 
 
 def test_bench_list() -> None:
