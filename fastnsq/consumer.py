@@ -112,13 +112,17 @@ class _Link:
     RDY controller; every answer of one loop pass goes out in one write.
     """
 
-    __slots__ = ("consumer", "endpoint", "conn", "in_flight", "stats", "msg_timeout", "closed", "__weakref__")
+    __slots__ = (
+        "consumer", "endpoint", "conn", "in_flight", "touched", "stats", "msg_timeout", "closed", "rdy", "__weakref__"
+    )
 
     def __init__(self, consumer: "Consumer", endpoint: Endpoint, conn: Connection) -> None:
         self.consumer = consumer
         self.endpoint = endpoint
         self.conn = conn
-        self.in_flight: dict[Any, list[float]] = {}  # message -> [delivered at, last touched at]
+        self.rdy = consumer._rdy
+        self.in_flight: dict[Any, float] = {}  # message -> delivered at (loop time)
+        self.touched: dict[Any, float] = {}  # message -> last TOUCH (only messages touched)
         self.stats = ConnectionStats(endpoint.address, endpoint.partition)
         self.msg_timeout = 60.0
         self.closed = False
@@ -145,19 +149,23 @@ class _Link:
             self.conn.req(message, delay_ms)
 
     def touch_message(self, message: Any) -> None:
-        entry = self.in_flight.get(message)
-        if entry is not None:
-            entry[1] = self.consumer._now()
+        if message in self.in_flight:
+            self.touched[message] = self.consumer._now()
         if not self.closed:
             self.conn.touch(message)
 
     def _done(self, message: Any, outcome: Outcome) -> None:
-        entry = self.in_flight.pop(message, None)
+        delivered = self.in_flight.pop(message, None)
         consumer = self.consumer
-        if entry is not None and consumer._now() - entry[0] > self.msg_timeout:
+        if self.touched:
+            self.touched.pop(message, None)
+        elif delivered is not None and consumer._now() - delivered > self.msg_timeout:
             self.stats.timed_out += 1  # nsqd gave it to someone else already
-        consumer._apply(consumer._rdy.on_message_done(self, message, outcome))
-        consumer._message_done()
+        updates = self.rdy.on_message_done(self, message, outcome)
+        if updates:
+            consumer._apply(updates)
+        if consumer._stopping:
+            consumer._message_done()
 
 
 class Batch(Sequence[Any]):
@@ -642,8 +650,7 @@ class Consumer:
     # ---- messages -----------------------------------------------------------------------
 
     def _on_message(self, link: _Link, message: Any) -> None:
-        now = self._now()
-        link.in_flight[message] = [now, now]
+        link.in_flight[message] = self._now()
         link.stats.received += 1
         self.total_received += 1
         updates = self._rdy.on_message(link, message)
@@ -824,8 +831,9 @@ class Consumer:
         now = self._now()
         for link in self._all_links():
             threshold = link.msg_timeout / 2
-            for message, times in list(link.in_flight.items()):
-                if not message.has_responded and now - times[1] >= threshold:
+            for message, delivered in list(link.in_flight.items()):
+                last = link.touched.get(message, delivered)
+                if not message.has_responded and now - last >= threshold:
                     message.touch()
         if not self._stopping:
             self._schedule_touch()

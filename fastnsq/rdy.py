@@ -158,6 +158,7 @@ class _Phase(enum.Enum):
 
 
 _NO_MSG = object()  # the probe message has not arrived yet
+_NO_UPDATES: list["RdyUpdate"] = []  # returned by hot paths with nothing to send; never mutated
 
 
 class _Conn:
@@ -437,9 +438,19 @@ class RdyController:
         starts or deepens it, :attr:`Outcome.SUCCESS` (FIN) of the probe message
         eases it, :attr:`Outcome.NEUTRAL` (REQ without backoff) never counts.
         """
+        c = self._conns.get(conn_id)
+        if (
+            outcome is not Outcome.FAILURE
+            and self._phase is _Phase.NORMAL
+            and not self._deficit
+            and c is not None
+            and c.in_flight > 0
+        ):
+            # The common case, kept cheap: no backoff to count, nobody waiting for capacity.
+            c.in_flight -= 1
+            return _NO_UPDATES
         if not isinstance(outcome, Outcome):
             raise InvalidValueError(f"outcome must be an Outcome, got {outcome!r}")
-        c = self._conns.get(conn_id)
         if c is not None and c.in_flight > 0:
             c.in_flight -= 1
         elif self._orphans.get(conn_id):
