@@ -29,13 +29,14 @@ def _extensions() -> list:
     }
     macros = [("FASTNSQ_DEBUG", "1" if debug else "0")]
     compile_args = ["-O0", "-g3", "-UNDEBUG"] if debug else ["-O3"]
-    codec = Extension(
-        "fastnsq._frame",
-        ["fastnsq/_frame.pyx"],
-        define_macros=macros,
-        extra_compile_args=compile_args,
-    )
-    return cythonize([codec], compiler_directives=directives, force=debug)
+    extensions = [
+        Extension(name, [path], define_macros=macros, extra_compile_args=compile_args)
+        for name, path in (
+            ("fastnsq._frame", "fastnsq/_frame.pyx"),  # the wire codec
+            ("fastnsq._coalesce", "fastnsq/_coalesce.pyx"),  # the producer's coalescing of publishes
+        )
+    ]
+    return cythonize(extensions, compiler_directives=directives, force=debug)
 
 
 setup(ext_modules=_extensions())

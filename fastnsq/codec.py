@@ -1,9 +1,11 @@
-"""Picks the wire codec: the C extension by default, the pure-Python twin on request.
+"""Picks the compiled hot path: the C extensions by default, their pure-Python twins on request.
 
-``FASTNSQ_NO_EXTENSIONS=1`` selects ``fastnsq._frame_py``; otherwise the C
-extension ``fastnsq._frame`` is used, and the Python twin only when the extension
-is missing (a build without a compiler), with a warning. ``IMPLEMENTATION`` says
-which one is active ("c" or "python"); tests check that it is "c" by default.
+Two extensions, each with a twin of the same API: the wire codec (``_frame`` /
+``_frame_py``) and the producer's coalescing of publishes (``_coalesce`` /
+``_coalesce_py``). ``FASTNSQ_NO_EXTENSIONS=1`` selects the twins; otherwise the C
+extensions are used, and the twins only when an extension is missing (a build
+without a compiler), with a warning. ``IMPLEMENTATION`` says which is active ("c"
+or "python"); tests check that it is "c" by default.
 """
 
 from __future__ import annotations
@@ -12,24 +14,28 @@ import os
 import warnings
 
 if os.environ.get("FASTNSQ_NO_EXTENSIONS", "") not in ("", "0"):
+    from ._coalesce_py import Coalescer
     from ._frame_py import *  # noqa: F403
     from ._frame_py import IMPLEMENTATION
 else:
     try:
+        from ._coalesce import Coalescer
         from ._frame import *  # noqa: F403
         from ._frame import IMPLEMENTATION
     except ImportError as exc:  # pragma: no cover - depends on the build
         warnings.warn(
-            f"fastnsq's C codec is not built ({exc}); using the pure-Python codec, "
-            "which is several times slower",
+            f"fastnsq's C extensions are not built ({exc}); using the pure-Python ones, "
+            "which are several times slower",
             RuntimeWarning,
             stacklevel=2,
         )
+        from ._coalesce_py import Coalescer
         from ._frame_py import *  # noqa: F403
         from ._frame_py import IMPLEMENTATION
 
 __all__ = [
     "IMPLEMENTATION",
+    "Coalescer",
     "FRAME_RESPONSE",
     "FRAME_ERROR",
     "FRAME_MESSAGE",

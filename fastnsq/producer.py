@@ -166,11 +166,11 @@ class Producer:
         self._slots: dict[str, list[_Slot]] = {}
         self._open: list[Connection] = []
         self._next = 0
-        self._batches: dict[tuple[str, str | None, int | None], _Batch] = {}
         self._max_msg_size = self.options.max_msg_size
         self._mpub_limit = self.options.max_body_size - _MPUB_FRAMING
         self._mpub_max_count = (self.options.max_body_size - 4) // 5
-        self._valid_topics: set[str] = set()
+        self._ready_topics: set[str] = set()
+        self._coalescer: Any = None
         self._open_by_address: dict[str, list[Connection]] = {}
         self._routes: dict[str, _Route] = {}
         self._refreshing: dict[str, asyncio.Task[None]] = {}
@@ -180,7 +180,6 @@ class Producer:
         if hasher is not None and not callable(hasher):
             raise InvalidValueError("hasher must be a callable taking bytes and returning an int")
         self._hasher: Callable[[bytes], int] = hasher if hasher is not None else murmur3_32
-        self._flush_handle: asyncio.Handle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connected: asyncio.Event | None = None
         self._idle_waiter: asyncio.Future[None] | None = None
@@ -204,6 +203,7 @@ class Producer:
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._connected = asyncio.Event()
+        self._coalescer = codec.Coalescer(self._loop, self._flush_batches, self._max_msg_size)
         addresses = list(self._nsqd_addresses)
         if self._lookupd_addresses:
             self._lookupd_client = LookupdClient(auth_secret=_secret_text(self.options.auth_secret))
@@ -221,12 +221,15 @@ class Producer:
         if self._closing:
             return
         self._closing = True
-        if self._active and timeout and self._loop is not None:
+        self._ready_topics.clear()
+        if timeout and self._loop is not None and self._waiting():
             self._idle_waiter = self._loop.create_future()
-            try:
-                await asyncio.wait_for(asyncio.shield(self._idle_waiter), timeout)
-            except asyncio.TimeoutError:
-                logger.warning("closing with %d publishes still waiting for nsqd", self._active)
+            deadline = self._loop.time() + timeout
+            # Publishes through the coalescer resolve in batches: look again every few ms.
+            while self._waiting() and self._loop.time() < deadline:
+                await asyncio.sleep(0.005)
+            if self._waiting():
+                logger.warning("closing with %d publishes still waiting for nsqd", self._waiting())
         if self._lookupd_task is not None:
             self._lookupd_task.cancel()
         for poller in self._pollers.values():
@@ -249,15 +252,19 @@ class Producer:
     async def __aexit__(self, *exc_info: Any) -> None:
         await self.close()
 
+    def _waiting(self) -> int:
+        return self._active + (self._coalescer.pending if self._coalescer is not None else 0)
+
     @property
     def stats(self) -> dict[str, int]:
         """Publishes acknowledged, failed (raised), retried; reconnects; publishes waiting now."""
+        coalesced = self._coalescer.published if self._coalescer is not None else 0
         return {
-            "published": self.published,
+            "published": self.published + coalesced,
             "failed": self.failed,
             "retried": self.retried,
             "reconnects": self.reconnects,
-            "waiting": self._active,
+            "waiting": self._waiting(),
         }
 
     @property
@@ -291,41 +298,32 @@ class Producer:
         Raises ``InvalidValueError`` for a bad topic, body or option before sending,
         ``ServerError`` when nsqd refuses, ``PublishTimeoutError`` or ``NoConnectionError``.
         """
-        self._check_topic(topic)
-        size = _body_size(body)
-        if size == 0 or size > self._max_msg_size:
-            _check_message_size(size, self._max_msg_size, 0)  # raises, naming the limit
         if (
-            self.coalesce
+            topic in self._ready_topics
             and timeout is None
             and defer is None
-            and trace_id is None
-            and ext is None
             and partition is None
             and sharding_key is None
+            and trace_id is None
+            and ext is None
+            and self.coalesce
         ):
-            if self._lookupd_addresses:
-                target = self._target_now(topic, None, None)
-                ready = target is not None and self._connected_to(target[0])
-            else:
-                target, ready = _ANY_NSQD, bool(self._open)
-            if ready:
-                # The fast path: one future, no further coroutine; retries take the slow path.
-                self._active += 1
+            # The fast path: the C coalescer checks the body, batches it with the other
+            # publishes of this loop pass and returns the future one MPUB's answer resolves.
+            key = topic if not self._lookupd_addresses else self._routed_key(topic)
+            if key is not None:
                 try:
-                    result = await self._enqueue(topic, body, size, target)  # type: ignore[arg-type]
-                    self.published += 1
-                    return result
+                    return await self._coalescer.add(key, body)
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
                     if not _retryable(exc):
                         self.failed += 1
                         raise
                     self._forget_route(topic, exc)
-                    self.retried += 1
-                finally:
-                    self._active -= 1
-                    if not self._active and self._idle_waiter is not None:
-                        _resolve(self._idle_waiter)
+                    self.retried += 1  # and on to the slow path, which retries
+        self._check_topic(topic)
+        size = _body_size(body)
+        if size == 0 or size > self._max_msg_size:
+            _check_message_size(size, self._max_msg_size, 0)  # raises, naming the limit
         if defer is not None:
             defer_ms = round(check_range("defer", defer, 0, 3600) * 1000)
             send = lambda conn, pid: conn.dpublish(topic, defer_ms, body)  # noqa: E731
@@ -393,18 +391,23 @@ class Producer:
         return results[-1]
 
     def _check_topic(self, topic: str) -> None:
+        """Raise unless the producer is open and ``topic`` valid; remember valid topics.
+
+        ``_ready_topics`` holds topics checked while open (and is emptied by close()), so
+        the fast path needs a single set lookup for both questions.
+        """
         if self._closing:
             raise ConnectionClosedError("the producer is closed")
         if not self._started:
             raise NSQError("call `await producer.start()` (or use `async with`) before publishing")
-        if topic in self._valid_topics:
+        if topic in self._ready_topics:
             return
         if not codec.valid_topic_name(topic):
             raise InvalidValueError(
                 f"invalid topic name {topic!r}: 1-64 characters of [.a-zA-Z0-9_-], optionally ending in #ephemeral"
             )
-        if len(self._valid_topics) < 10_000:  # names repeat; validate each once
-            self._valid_topics.add(topic)
+        if len(self._ready_topics) < 10_000:  # names repeat; validate each once
+            self._ready_topics.add(topic)
 
     def _chunks(
         self,
@@ -456,13 +459,15 @@ class Producer:
                     target = await self._target(topic, partition, sharding_key, deadline)
                     if send is None:
                         await self._connection_for(target[0], deadline)
-                        future = self._enqueue(topic, body, size, target)
+                        key = topic if target == _ANY_NSQD else (topic, target[0], target[1])
+                        future = self._coalescer.add(key, body)  # counted by the coalescer
                     else:
                         conn = await self._connection_for(target[0], deadline)
                         future = send(conn, target[1])
                         self._track(future)
                     result = await self._await_answer(future, deadline, timeout is not None)
-                    self.published += 1
+                    if send is not None:
+                        self.published += 1
                     if traced and tracing.ENABLED:
                         tracing.published(topic, target[1], result, target[0] or "")
                     return result
@@ -484,23 +489,6 @@ class Producer:
             if not self._active and self._idle_waiter is not None:
                 _resolve(self._idle_waiter)
 
-    def _enqueue(
-        self, topic: str, body: Any, size: int, target: tuple[str | None, int | None]
-    ) -> "asyncio.Future[Any]":
-        """Add a publish to this loop pass's batch for (topic, nsqd, partition); flushed once per pass."""
-        assert self._loop is not None
-        future = self._loop.create_future()
-        key = (topic, target[0], target[1])
-        batch = self._batches.get(key)
-        if batch is None:
-            self._batches[key] = _Batch(body, future, size)
-        else:
-            batch.entries.append((body, future))
-            batch.nbytes += 4 + size
-        if self._flush_handle is None:
-            self._flush_handle = self._loop.call_soon(self._flush_batches)
-        return future
-
     async def _await_answer(self, future: asyncio.Future[Any], deadline: float, explicit: bool) -> Any:
         if not explicit:
             return await future  # the default deadline is enforced by the sweeper
@@ -511,34 +499,42 @@ class Producer:
         except asyncio.TimeoutError:
             raise PublishTimeoutError(f"no answer from nsqd within {remaining:.3f} s") from None
 
-    def _flush_batches(self) -> None:
-        """Once per loop pass: one PUB or MPUB per (topic, nsqd, partition) for the publishes gathered."""
-        self._flush_handle = None
-        batches, self._batches = self._batches, {}
-        for (topic, address, pid), batch in batches.items():
-            entries = batch.entries
+    def _flush_batches(self, batches: dict[Any, Any]) -> None:
+        """Once per loop pass (called by the coalescer): one PUB or MPUB per batch."""
+        for key, batch in batches.items():
+            if type(key) is str:
+                topic, address, pid = key, None, None
+            else:
+                topic, address, pid = key
             conn = self._pick(address)
             if conn is None:
-                error = NoConnectionError(f"no open connection to {address or 'any nsqd'}")
-                for _, member in entries:
-                    if not member.done():
-                        member.set_exception(error)
+                batch.fail(NoConnectionError(f"no open connection to {address or 'any nsqd'}"))
                 continue
-            try:
-                if len(entries) == 1:
-                    sent = conn.publish(topic, entries[0][0], partition=pid)
-                    self._track(sent)
-                    _chain(sent, [entries[0][1]])
-                    continue
-                fits = batch.nbytes <= self._mpub_limit and len(entries) <= self._mpub_max_count
-                for chunk in [entries] if fits else self._chunks(entries, body_of=_first):
-                    sent = conn.mpublish(topic, [body for body, _ in chunk], partition=pid)
-                    self._track(sent)
-                    _chain(sent, [member for _, member in chunk])
-            except Exception as exc:  # e.g. the connection closed during this pass
-                for _, member in entries:
-                    if not member.done():
-                        member.set_exception(exc)
+            if len(batch) == 1:
+                parts = [batch]
+            elif batch.nbytes <= self._mpub_limit and len(batch) <= self._mpub_max_count:
+                parts = [batch]
+            else:
+                parts = batch.split(self._mpub_limit, self._mpub_max_count)
+            for index, part in enumerate(parts):
+                try:
+                    if len(part) == 1:
+                        sent = conn.publish(topic, part.bodies[0], partition=pid)
+                    else:
+                        sent = conn.mpublish(topic, part.bodies, partition=pid)
+                except Exception as exc:  # e.g. the connection closed during this pass
+                    for unsent in parts[index:]:
+                        unsent.fail(exc)
+                    break
+                self._track(sent)
+                sent.add_done_callback(part.resolve)
+
+    def _routed_key(self, topic: str) -> tuple[str, str | None, int | None] | str | None:
+        """The coalescing key from what lookupd said (None: the slow path must look it up)."""
+        target = self._target_now(topic, None, None)
+        if target is None or not self._connected_to(target[0]):
+            return None
+        return topic if target == _ANY_NSQD else (topic, target[0], target[1])
 
     # ---- routing (HA partitions) ------------------------------------------------------
 
@@ -770,16 +766,6 @@ class Producer:
 _ANY_NSQD: tuple[None, None] = (None, None)  # no routing: any connection, no partition
 
 
-class _Batch:
-    """The publishes of one loop pass for one (topic, nsqd, partition), and their MPUB size."""
-
-    __slots__ = ("entries", "nbytes")
-
-    def __init__(self, body: Any, future: "asyncio.Future[Any]", size: int) -> None:
-        self.entries = [(body, future)]
-        self.nbytes = 4 + size
-
-
 class _Route:
     """Where one topic's partitions are led (HA), from a lookup; empty for upstream topics."""
 
@@ -841,10 +827,6 @@ def _retryable(exc: BaseException) -> bool:
     return True
 
 
-def _first(pair: tuple[Any, Any]) -> Any:
-    return pair[0]
-
-
 def _second(pair: tuple[Any, Any]) -> Any:
     return pair[1]
 
@@ -858,22 +840,3 @@ def _secret_text(secret: str | bytes | None) -> str | None:
     if isinstance(secret, bytes):
         return secret.decode("utf-8", "replace")
     return secret
-
-
-def _chain(source: asyncio.Future[Any], members: list[asyncio.Future[Any]]) -> None:
-    """Resolve every member future with the outcome of one command."""
-
-    def done(fut: asyncio.Future[Any]) -> None:
-        if fut.cancelled():
-            error: BaseException = ConnectionClosedError("the command was cancelled")
-        else:
-            error = fut.exception()  # type: ignore[assignment]
-        for member in members:
-            if member.done():
-                continue
-            if error is None:
-                member.set_result(fut.result())
-            else:
-                member.set_exception(error)
-
-    source.add_done_callback(done)
