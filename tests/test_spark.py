@@ -75,12 +75,16 @@ class ThreadedNSQD:
     """The embedded nsqd on its own event loop in a daemon thread, so Spark (this
     process's driver and its subprocesses) can reach it while the test blocks."""
 
-    def __init__(self, **options: Any) -> None:
-        from fastnsq.testing import NSQD
+    def __init__(self, *, with_lookupd: bool = False, **options: Any) -> None:
+        from fastnsq.testing import NSQD, NSQLookupd
 
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="test-nsqd", daemon=True)
         self._thread.start()
+        self.lookupd = NSQLookupd() if with_lookupd else None
+        if self.lookupd is not None:
+            self.run(self.lookupd.start())
+            options["lookupd_tcp_addresses"] = [self.lookupd.tcp_address]
         self.nsqd = NSQD(**options)
         self.run(self.nsqd.start())
 
@@ -103,6 +107,8 @@ class ThreadedNSQD:
 
     def close(self) -> None:
         self.run(self.nsqd.stop())
+        if self.lookupd is not None:
+            self.run(self.lookupd.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
 
@@ -528,6 +534,53 @@ def test_trigger_available_now_drains_the_topic_and_stops(spark: Any, nsqd: Thre
     wait_until(lambda: nsqd.channel(topic, channel).get("client_count") == 0, 30, what="disconnect")
     stats = nsqd.channel(topic, channel)
     assert stats["depth"] == 0 and stats["in_flight_count"] == 0
+
+
+@spark_test
+def test_lookupd_discovery_and_available_now(spark: Any) -> None:
+    """Through nsqlookupd (AvailableNow reads nsqd's HTTP address from /lookup); the
+    connection options pass through (snappy on the source's connections, deflate on the sink's)."""
+    import urllib.request
+
+    pyspark_ds = pytest.importorskip("pyspark.sql.streaming.datasource")
+    server = ThreadedNSQD(with_lookupd=True)
+    try:
+        assert server.lookupd is not None
+        lookupd = server.lookupd.http_address
+        topic, count = unique("sp_lookup"), 1500
+        df = spark.createDataFrame([(b,) for b in bodies("lookup", count)], "body binary")
+        df.write.format("nsq").mode("append").option("lookupd", lookupd).option("nsqd", server.tcp_address) \
+            .option("topic", topic).option("deflate", "true").save()
+        assert server.topic(topic)["message_count"] == count
+
+        def registered() -> bool:
+            with urllib.request.urlopen(f"http://{lookupd}/lookup?topic={topic}", timeout=5) as response:
+                return bool(json.loads(response.read()).get("producers"))
+
+        wait_until(registered, 20, what="lookupd to list the topic")
+        collected = Collector()
+        stream = (
+            spark.readStream.format("nsq").option("lookupd", lookupd).option("topic", topic)
+            .option("channel", "spark").option("snappy", "true").option("maxInFlight", "800").load()
+        )
+        if hasattr(pyspark_ds, "SupportsTriggerAvailableNow"):
+            query = stream.writeStream.foreachBatch(collected).trigger(availableNow=True).start()
+            try:
+                assert query.awaitTermination(90), "the AvailableNow query did not stop by itself"
+            finally:
+                stop_query(query)
+        else:  # PySpark < 4.2: no AvailableNow for Python sources; read until all arrived
+            query = stream.writeStream.foreachBatch(collected).start()
+            try:
+                wait_until(lambda: collected.distinct() >= count, 60, what=f"{count} rows")
+            finally:
+                stop_query(query)
+        ids = collected.ids()
+        assert len(ids) == count and len(set(ids)) == count
+        assert {body for _, body, _, _ in collected.rows} == set(bodies("lookup", count))
+        wait_until(lambda: server.channel(topic, "spark").get("client_count") == 0, 30, what="disconnect")
+    finally:
+        server.close()
 
 
 @spark_test
