@@ -30,8 +30,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -336,6 +337,38 @@ def test_runtime_bookkeeping_is_session_aware_and_drops_redeliveries() -> None:
         runtime.loop.close()
 
 
+def test_messages_become_arrow_rows_with_the_schema_spark_expects() -> None:
+    """Message -> Arrow conversion (pure logic): upstream hex ids, HA binary ids and columns."""
+    pytest.importorskip("pyspark")
+    pa = pytest.importorskip("pyarrow")
+    from pyspark.sql.types import StructType
+
+    from fastnsq.codec import Message
+    from fastnsq.spark.source import _arrow_schema, messages_to_batch, source_schema
+
+    def schema(ha: bool) -> Any:
+        fields = []
+        for part in source_schema(ha).split(", "):
+            name, kind = part.split(" ")
+            fields.append({"name": name, "type": {"bigint": "long", "int": "integer"}.get(kind, kind),
+                           "nullable": True, "metadata": {}})
+        return StructType.fromJson({"type": "struct", "fields": fields})
+
+    ts = 1_700_000_000_123_456_789
+    upstream = [Message(ts, 2, b"0123456789abcdef", b"\x00body")]
+    batch = messages_to_batch(upstream, _arrow_schema(schema(False)), "events", False)
+    row = batch.to_pylist()[0]
+    assert row["id"] == "0123456789abcdef" and row["body"] == b"\x00body" and row["attempts"] == 2
+    assert row["topic"] == "events" and row["nsqd"] is None  # no connection behind a bare Message
+    assert batch.column("timestamp").type == pa.timestamp("us", tz="UTC")
+    assert batch.column("timestamp").cast(pa.int64())[0].as_py() == ts // 1000
+    ha_id = (7).to_bytes(8, "big") + (99).to_bytes(8, "big")  # internal id + trace id
+    ha = [Message(ts, 1, ha_id, b"x", ha=True, offset=4096, raw_size=1)]
+    ha_batch = messages_to_batch(ha, _arrow_schema(schema(True)), "events", True)
+    ha_row = ha_batch.to_pylist()[0]
+    assert ha_row["id"] == ha_id.hex() and ha_row["trace_id"] == 99 and ha_row["offset"] == 4096
+
+
 # ---- the source ------------------------------------------------------------------------
 
 
@@ -507,7 +540,7 @@ def test_failure_in_a_batch_after_a_shuffle_loses_nothing(spark: Any, nsqd: Thre
     finally:
         stop_query(query)
     ids = collected.ids()
-    assert set(body for _, body, _, _ in collected.rows) == set(bodies("fail", count)), "nothing lost"
+    assert {body for _, body, _, _ in collected.rows} == set(bodies("fail", count)), "nothing lost"
     print(f"\nfailure after shuffle: {len(ids)} rows, {len(ids) - len(set(ids))} duplicates")
     assert all(attempts >= 2 for _, _, attempts, _ in collected.rows), "all came back from nsqd"
 
@@ -732,7 +765,7 @@ class JobProcess:
         env = dict(os.environ)
         env["PYSPARK_PYTHON"] = env["PYSPARK_DRIVER_PYTHON"] = sys.executable
         env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-        self._stderr = open(log, "ab")
+        self._stderr = open(log, "ab")  # noqa: SIM115 - the job's stderr for its lifetime; closed in close()
         self.proc = subprocess.Popen(
             [sys.executable, str(JOBS / "stream_to_parquet.py"), *args],
             stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True, start_new_session=True,

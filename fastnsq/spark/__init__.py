@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 try:
-    import pyspark  # noqa: F401
     import pyarrow  # noqa: F401
+    import pyspark  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         f"fastnsq.spark needs PySpark >= 4.0 and pyarrow ({exc}); install them with: pip install 'fastnsq[spark]'"
@@ -32,7 +32,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 from ._options import KNOWN_OPTIONS
 from .datasource import NSQDataSource
 
-__all__ = ["NSQDataSource", "register", "KNOWN_OPTIONS"]
+__all__ = ["KNOWN_OPTIONS", "NSQDataSource", "register"]
 
 
 def register(spark: Any) -> None:

@@ -13,21 +13,22 @@ Python API; the conversion happens here, once.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .. import codec
 from ..config import ConnectionOptions, parse_address
 from ..errors import InvalidValueError
 
 __all__ = [
-    "SourceOptions",
-    "SinkOptions",
-    "CommonOptions",
-    "parse_common",
-    "parse_source",
-    "parse_sink",
     "KNOWN_OPTIONS",
+    "CommonOptions",
+    "SinkOptions",
+    "SourceOptions",
+    "parse_common",
+    "parse_sink",
+    "parse_source",
 ]
 
 #: Options Spark itself may put next to ours (never ours to reject).

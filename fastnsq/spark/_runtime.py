@@ -34,14 +34,15 @@ import threading
 import urllib.request
 import uuid
 from collections import deque
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..consumer import Consumer
 from ..errors import NSQError
 from ..loop import new_event_loop
 from ._options import SourceOptions
 
-__all__ = ["SourceRuntime", "SIGTERM_EXIT_CODE"]
+__all__ = ["SIGTERM_EXIT_CODE", "SourceRuntime"]
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class SourceRuntime:
                 return
             try:
                 future.set_result(func(*args))
-            except BaseException as exc:  # handed to the caller
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
                 future.set_exception(exc)
 
         self.loop.call_soon_threadsafe(run)
@@ -363,7 +364,7 @@ def _channel_stats(http_address: str, topic: str, channel: str) -> dict[str, int
     base = http_address if "://" in http_address else f"http://{http_address}"
     url = f"{base.rstrip('/')}/stats?format=json&topic={topic}"
     request = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
-    with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:  # noqa: S310 - http(s) only
+    with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:
         payload = json.loads(response.read())
     if isinstance(payload, dict) and "data" in payload and "topics" not in payload:
         payload = payload["data"]  # nsqd before 1.0 wrapped every answer

@@ -23,10 +23,7 @@ def _not_implemented(feature: str) -> Exception:
     # Spark falls back from streamReader() to simpleStreamReader() on this error.
     from pyspark.errors import PySparkNotImplementedError
 
-    try:
-        return PySparkNotImplementedError(errorClass="NOT_IMPLEMENTED", messageParameters={"feature": feature})
-    except TypeError:  # older spelling of the keyword
-        return PySparkNotImplementedError(error_class="NOT_IMPLEMENTED", message_parameters={"feature": feature})
+    return PySparkNotImplementedError(errorClass="NOT_IMPLEMENTED", messageParameters={"feature": feature})
 
 
 class NSQDataSource(DataSource):

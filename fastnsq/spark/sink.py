@@ -19,8 +19,9 @@ import concurrent.futures
 import logging
 import threading
 from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,7 +34,7 @@ from ..loop import new_event_loop
 from ..producer import Producer
 from ._options import SinkOptions
 
-__all__ = ["NSQCommitMessage", "make_writer", "make_stream_writer", "publish_batches"]
+__all__ = ["NSQCommitMessage", "make_stream_writer", "make_writer", "publish_batches"]
 
 logger = logging.getLogger(__name__)
 
@@ -259,7 +260,7 @@ class NSQStreamRowWriter(_WriterBase, DataSourceStreamWriter):
 
 if _ArrowWriter is not None:
 
-    class NSQArrowWriter(_WriterBase, _ArrowWriter):  # type: ignore[misc,valid-type]
+    class NSQArrowWriter(_WriterBase, _ArrowWriter):
         """Batch writes from Arrow record batches (no per-row Python objects but the bodies)."""
 
         def write(self, iterator: Iterator[pa.RecordBatch]) -> NSQCommitMessage:
@@ -277,7 +278,7 @@ else:
 
 if _StreamArrowWriter is not None:
 
-    class NSQStreamArrowWriter(_WriterBase, _StreamArrowWriter):  # type: ignore[misc,valid-type]
+    class NSQStreamArrowWriter(_WriterBase, _StreamArrowWriter):
         """Streaming writes from Arrow record batches."""
 
         def write(self, iterator: Iterator[pa.RecordBatch]) -> NSQCommitMessage:

@@ -22,7 +22,8 @@ import inspect
 import json
 import logging
 import time
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition, SimpleDataSourceStreamReader
@@ -42,11 +43,11 @@ except ImportError:  # PySpark 4.0 / 4.1
 
 
 __all__ = [
-    "NSQStreamReader",
-    "NSQSimpleStreamReader",
-    "NSQInputPartition",
-    "SOURCE_SCHEMA",
     "HA_COLUMNS",
+    "SOURCE_SCHEMA",
+    "NSQInputPartition",
+    "NSQSimpleStreamReader",
+    "NSQStreamReader",
     "source_schema",
 ]
 
@@ -108,6 +109,11 @@ def _origin(message: Any) -> tuple[str | None, int | None]:
     return endpoint.address, endpoint.partition
 
 
+def _partition(message: Any) -> int | None:
+    partition = getattr(message, "partition", None)  # stamped by the codec where it knows it
+    return partition if partition is not None else _origin(message)[1]
+
+
 def _column(name: str, messages: Sequence[Any], topic: str, ha: bool) -> pa.Array:
     n = len(messages)
     if name == "id":
@@ -125,7 +131,7 @@ def _column(name: str, messages: Sequence[Any], topic: str, ha: bool) -> pa.Arra
     if name == "topic":
         return pa.repeat(pa.scalar(topic, pa.string()), n)
     if name == "partition":
-        return pa.array([_origin(m)[1] for m in messages], pa.int32())
+        return pa.array([_partition(m) for m in messages], pa.int32())
     if name == "offset":
         return pa.array([m.offset for m in messages], pa.int64())
     if name == "trace_id":
