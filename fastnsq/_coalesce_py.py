@@ -7,7 +7,8 @@ Same API and behaviour (see that module's docstring); used with
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .errors import ConnectionClosedError, InvalidValueError
 
@@ -30,7 +31,7 @@ class Batch:
 
     __slots__ = ("bodies", "futures", "nbytes", "owner")
 
-    def __init__(self, owner: "Coalescer") -> None:
+    def __init__(self, owner: Coalescer) -> None:
         self.bodies: list[Any] = []
         self.futures: list[asyncio.Future[Any]] = []
         self.nbytes = 4  # the MPUB message count
@@ -39,7 +40,7 @@ class Batch:
     def __len__(self) -> int:
         return len(self.bodies)
 
-    def resolve(self, sent: "asyncio.Future[Any]") -> None:
+    def resolve(self, sent: asyncio.Future[Any]) -> None:
         """Done-callback of the PUB/MPUB future: resolve every publish of the batch with its outcome."""
         error: BaseException | None
         result = None
@@ -68,7 +69,7 @@ class Batch:
                 future.set_exception(error)
         self.owner.pending -= len(self.futures)
 
-    def split(self, max_bytes: int, max_count: int) -> list["Batch"]:
+    def split(self, max_bytes: int, max_count: int) -> list[Batch]:
         """Batches of at most ``max_bytes`` (MPUB body) and ``max_count`` messages, in order."""
         parts: list[Batch] = []
         part: Batch | None = None
@@ -86,8 +87,16 @@ class Batch:
 class Coalescer:
     """Gathers publishes per key during one loop pass; ``flush(batches)`` runs once per pass."""
 
-    __slots__ = ("_create_future", "_call_soon", "_flush", "_batches", "_scheduled", "max_msg_size", "pending",
-                 "published")
+    __slots__ = (
+        "_batches",
+        "_call_soon",
+        "_create_future",
+        "_flush",
+        "_scheduled",
+        "max_msg_size",
+        "pending",
+        "published",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, flush: Callable[[dict[Any, Batch]], Any],
                  max_msg_size: int) -> None:
@@ -100,7 +109,7 @@ class Coalescer:
         self.pending = 0
         self.published = 0
 
-    def add(self, key: Any, body: Any) -> "asyncio.Future[Any]":
+    def add(self, key: Any, body: Any) -> asyncio.Future[Any]:
         size = body_size(body)
         if size == 0:
             raise InvalidValueError("empty message body: nsqd rejects empty messages")

@@ -6,13 +6,13 @@ Nothing here knows about asyncio, sockets or policy: bytes go in, frames and
 commands come out.
 """
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple, Union
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, TypeAlias
 
 from .errors import ProtocolError as ProtocolError
 
-BytesLike = Union[bytes, bytearray, memoryview]
-Body = Union[bytes, bytearray, memoryview, str]
+BytesLike: TypeAlias = bytes | bytearray | memoryview
+Body: TypeAlias = bytes | bytearray | memoryview | str
 
 IMPLEMENTATION: str  # "c" or "python"
 
@@ -94,9 +94,9 @@ class Message:
     def touch(self) -> None: ...
     def disable_auto_response(self) -> None: ...
 
-OnMessage = Callable[[Message], object]
-OnResponse = Callable[[Union[bytes, TracedResponse]], object]
-OnError = Callable[[str, str], object]
+OnMessage: TypeAlias = Callable[[Message], object]
+OnResponse: TypeAlias = Callable[[bytes | TracedResponse], object]
+OnError: TypeAlias = Callable[[str, str], object]
 
 class FrameReader:
     """Splits nsqd's frame stream; plugs into ``asyncio.BufferedProtocol``.
@@ -166,7 +166,7 @@ class WriteBuffer:
     def identify(self, body: BytesLike) -> None: ...
     def auth(self, secret: Body) -> None: ...
     def sub(self, topic: str, channel: str, partition: int | None = None) -> None: ...
-    def sub_ordered(self, topic: str, channel: str, partition: int) -> None: ...
+    def sub_ordered(self, topic: str, channel: str, partition: int | None) -> None: ...
     def sub_advanced(
         self, topic: str, channel: str, partition: int | None = None, position: str | None = None
     ) -> None: ...
@@ -194,7 +194,7 @@ class WriteBuffer:
 #: Commands followed by a u32 length and a body.
 BODY_COMMANDS: frozenset[bytes]
 
-OnCommand = Callable[[bytes, list[bytes], Union[bytes, int, None]], object]
+OnCommand: TypeAlias = Callable[[bytes, list[bytes], bytes | int | None], object]
 
 class CommandReader:
     """Splits a client's command stream (the server side of the protocol).

@@ -18,39 +18,39 @@ from .errors import InvalidValueError, ProtocolError, split_error
 IMPLEMENTATION = "python"
 
 __all__ = [
-    "IMPLEMENTATION",
-    "FRAME_RESPONSE",
-    "FRAME_ERROR",
-    "FRAME_MESSAGE",
-    "LAYOUT_UPSTREAM",
-    "LAYOUT_HA_ID",
-    "LAYOUT_EXT",
-    "LAYOUT_OFFSET",
-    "MAGIC_V2",
-    "OK",
-    "HEARTBEAT",
+    "BODY_COMMANDS",
     "CLOSE_WAIT",
-    "DEFAULT_MAX_MSG_SIZE",
     "DEFAULT_MAX_BODY_SIZE",
+    "DEFAULT_MAX_FRAME_SIZE",
+    "DEFAULT_MAX_MSG_SIZE",
     "DEFAULT_MAX_RDY_COUNT",
     "DEFAULT_MAX_REQ_TIMEOUT",
-    "DEFAULT_MAX_FRAME_SIZE",
+    "FRAME_ERROR",
+    "FRAME_MESSAGE",
+    "FRAME_RESPONSE",
+    "HEARTBEAT",
+    "IMPLEMENTATION",
+    "LAYOUT_EXT",
+    "LAYOUT_HA_ID",
+    "LAYOUT_OFFSET",
+    "LAYOUT_UPSTREAM",
+    "MAGIC_V2",
     "MESSAGE_HEADER_SIZE",
-    "BODY_COMMANDS",
-    "TracedResponse",
-    "Message",
-    "FrameReader",
-    "WriteBuffer",
+    "OK",
     "CommandReader",
-    "valid_topic_name",
-    "valid_channel_name",
-    "encode_response",
-    "encode_error",
-    "encode_message",
-    "encode_traced_response",
+    "FrameReader",
+    "Message",
+    "ProtocolError",
+    "TracedResponse",
+    "WriteBuffer",
     "decode_mpub",
     "decode_traced_response",
-    "ProtocolError",
+    "encode_error",
+    "encode_message",
+    "encode_response",
+    "encode_traced_response",
+    "valid_channel_name",
+    "valid_topic_name",
 ]
 
 from ._protocol import (
@@ -146,19 +146,19 @@ class Message:
     """One message from nsqd (see ``_frame.pyi``)."""
 
     __slots__ = (
-        "timestamp",
-        "attempts",
-        "id",
-        "body",
-        "_ha",
-        "ext_version",
-        "ext_bytes",
-        "offset",
-        "raw_size",
-        "delegate",
-        "partition",
-        "_responded",
         "_auto_response",
+        "_ha",
+        "_responded",
+        "attempts",
+        "body",
+        "delegate",
+        "ext_bytes",
+        "ext_version",
+        "id",
+        "offset",
+        "partition",
+        "raw_size",
+        "timestamp",
     )
 
     def __init__(
@@ -252,9 +252,9 @@ class Message:
 
 
 OnMessage = Callable[[Message], object]
-OnResponse = Callable[[Union[bytes, TracedResponse]], object]
+OnResponse = Callable[[bytes | TracedResponse], object]
 OnError = Callable[[str, str], object]
-OnCommand = Callable[[bytes, list, Union[bytes, int, None]], object]
+OnCommand = Callable[[bytes, list, bytes | int | None], object]
 
 
 def _decode_error_frame(data: bytes) -> tuple[str, str]:
@@ -279,7 +279,7 @@ class _SplitBuffer:
     allocates a new one, compacting moves bytes within the same length.
     """
 
-    __slots__ = ("_buf", "_start", "_end", "_need", "_paused", "_initial")
+    __slots__ = ("_buf", "_end", "_initial", "_need", "_paused", "_start")
 
     def __init__(self, initial_size: int) -> None:
         if initial_size < 16:
@@ -359,7 +359,7 @@ class _SplitBuffer:
 class FrameReader(_SplitBuffer):
     """Splits nsqd's frame stream (see ``_frame.pyi``)."""
 
-    __slots__ = ("_on_message", "_on_response", "_on_error", "layout", "delegate", "partition", "max_frame_size")
+    __slots__ = ("_on_error", "_on_message", "_on_response", "delegate", "layout", "max_frame_size", "partition")
 
     def __init__(
         self,
@@ -504,7 +504,8 @@ def _name_bytes(name: object, what: str) -> bytes:
             f"invalid {what} name {name!r}: 1-64 characters of [.a-zA-Z0-9_-], "
             "optionally ending in #ephemeral"
         )
-    return name.encode("ascii")  # type: ignore[union-attr]
+    assert isinstance(name, str)  # _valid_name checked it
+    return name.encode("ascii")
 
 
 def _partition_suffix(partition: object) -> bytes:
@@ -516,7 +517,7 @@ def _partition_suffix(partition: object) -> bytes:
 class WriteBuffer:
     """One connection's outgoing commands (see ``_frame.pyi``)."""
 
-    __slots__ = ("_buf", "max_msg_size", "max_body_size", "max_rdy_count", "max_req_timeout")
+    __slots__ = ("_buf", "max_body_size", "max_msg_size", "max_rdy_count", "max_req_timeout")
 
     def __init__(
         self,
@@ -734,11 +735,11 @@ class CommandReader(_SplitBuffer):
     __slots__ = (
         "_on_command",
         "_on_magic",
+        "_stopped",
         "binary_ids",
+        "max_body_size",
         "max_line",
         "max_msg_size",
-        "max_body_size",
-        "_stopped",
     )
 
     def __init__(

@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import TYPE_CHECKING
 
-if os.environ.get("FASTNSQ_NO_EXTENSIONS", "") not in ("", "0"):
+if TYPE_CHECKING:  # both implementations follow the .pyi contracts
+    from ._coalesce import Coalescer
+    from ._frame import *
+    from ._frame import IMPLEMENTATION
+elif os.environ.get("FASTNSQ_NO_EXTENSIONS", "") not in ("", "0"):
     from ._coalesce_py import Coalescer
-    from ._frame_py import *  # noqa: F403
+    from ._frame_py import *
     from ._frame_py import IMPLEMENTATION
 else:
     try:
         from ._coalesce import Coalescer
-        from ._frame import *  # noqa: F403
+        from ._frame import *
         from ._frame import IMPLEMENTATION
     except ImportError as exc:  # pragma: no cover - depends on the build
         warnings.warn(
@@ -30,41 +35,41 @@ else:
             stacklevel=2,
         )
         from ._coalesce_py import Coalescer
-        from ._frame_py import *  # noqa: F403
+        from ._frame_py import *
         from ._frame_py import IMPLEMENTATION
 
 __all__ = [
-    "IMPLEMENTATION",
-    "Coalescer",
-    "FRAME_RESPONSE",
-    "FRAME_ERROR",
-    "FRAME_MESSAGE",
-    "LAYOUT_UPSTREAM",
-    "LAYOUT_HA_ID",
-    "LAYOUT_EXT",
-    "LAYOUT_OFFSET",
-    "MAGIC_V2",
-    "OK",
-    "HEARTBEAT",
+    "BODY_COMMANDS",
     "CLOSE_WAIT",
-    "DEFAULT_MAX_MSG_SIZE",
     "DEFAULT_MAX_BODY_SIZE",
+    "DEFAULT_MAX_FRAME_SIZE",
+    "DEFAULT_MAX_MSG_SIZE",
     "DEFAULT_MAX_RDY_COUNT",
     "DEFAULT_MAX_REQ_TIMEOUT",
-    "DEFAULT_MAX_FRAME_SIZE",
+    "FRAME_ERROR",
+    "FRAME_MESSAGE",
+    "FRAME_RESPONSE",
+    "HEARTBEAT",
+    "IMPLEMENTATION",
+    "LAYOUT_EXT",
+    "LAYOUT_HA_ID",
+    "LAYOUT_OFFSET",
+    "LAYOUT_UPSTREAM",
+    "MAGIC_V2",
     "MESSAGE_HEADER_SIZE",
-    "BODY_COMMANDS",
-    "TracedResponse",
-    "Message",
-    "FrameReader",
-    "WriteBuffer",
+    "OK",
+    "Coalescer",
     "CommandReader",
-    "valid_topic_name",
-    "valid_channel_name",
-    "encode_response",
-    "encode_error",
-    "encode_message",
-    "encode_traced_response",
+    "FrameReader",
+    "Message",
+    "TracedResponse",
+    "WriteBuffer",
     "decode_mpub",
     "decode_traced_response",
+    "encode_error",
+    "encode_message",
+    "encode_response",
+    "encode_traced_response",
+    "valid_channel_name",
+    "valid_topic_name",
 ]

@@ -12,14 +12,15 @@ import dataclasses
 import json
 import socket
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ._protocol import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_MSG_SIZE
 from ._version import __version__
 from .errors import InvalidValueError
 
-__all__ = ["ConnectionOptions", "parse_address", "check_range", "split_options"]
+__all__ = ["ConnectionOptions", "check_range", "parse_address", "split_options"]
 
 _TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -196,7 +197,7 @@ class ConnectionOptions:
             body["ext_filter"] = dict(self.ext_filter)
         return body
 
-    def replace(self, **changes: Any) -> "ConnectionOptions":
+    def replace(self, **changes: Any) -> ConnectionOptions:
         return dataclasses.replace(self, **changes)
 
 

@@ -25,7 +25,8 @@ import json
 import logging
 import ssl
 from collections import deque
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import codec
 from ._protocol import HEARTBEAT, MAX_EXT_SIZE, MESSAGE_HEADER_SIZE
@@ -41,7 +42,7 @@ from .errors import (
     server_error,
 )
 
-__all__ = ["Connection", "STATE_INIT", "STATE_CONNECTED", "STATE_SUBSCRIBED", "STATE_CLOSING", "STATE_CLOSED"]
+__all__ = ["STATE_CLOSED", "STATE_CLOSING", "STATE_CONNECTED", "STATE_INIT", "STATE_SUBSCRIBED", "Connection"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,8 @@ class Connection(asyncio.BufferedProtocol):
         *,
         extend_support: bool = False,
         on_message: Callable[[Any], object] | None = None,
-        on_close: Callable[["Connection", BaseException | None], object] | None = None,
-        on_error: Callable[["Connection", ServerError], object] | None = None,
+        on_close: Callable[[Connection, BaseException | None], object] | None = None,
+        on_error: Callable[[Connection, ServerError], object] | None = None,
     ) -> None:
         self.address = address
         self.host, self.port = parse_address(address)
@@ -250,7 +251,7 @@ class Connection(asyncio.BufferedProtocol):
         await self._check_ok(answer, kind)
 
     @staticmethod
-    async def _check_ok(answer: "asyncio.Future[Any]", what: str) -> None:
+    async def _check_ok(answer: asyncio.Future[Any], what: str) -> None:
         data = await answer
         if data != codec.OK:
             raise ProtocolError(f"nsqd answered the {what} upgrade with {data!r}, not OK")
@@ -349,47 +350,47 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- public API: publishing -------------------------------------------------------
 
-    def publish(self, topic: str, body: Any, *, partition: int | None = None) -> "asyncio.Future[Any]":
+    def publish(self, topic: str, body: Any, *, partition: int | None = None) -> asyncio.Future[Any]:
         """PUB; the future resolves with nsqd's answer (``b"OK"``)."""
         self._check_open("PUB")
         self._wbuf.pub(topic, body, partition)
         return self._expect(KIND_PUBLISH)
 
-    def mpublish(self, topic: str, bodies: Sequence[Any], *, partition: int | None = None) -> "asyncio.Future[Any]":
+    def mpublish(self, topic: str, bodies: Sequence[Any], *, partition: int | None = None) -> asyncio.Future[Any]:
         self._check_open("MPUB")
         self._wbuf.mpub(topic, bodies, partition)
         return self._expect(KIND_PUBLISH)
 
-    def dpublish(self, topic: str, defer_ms: int, body: Any) -> "asyncio.Future[Any]":
+    def dpublish(self, topic: str, defer_ms: int, body: Any) -> asyncio.Future[Any]:
         self._check_open("DPUB")
         if self.is_ha:
             raise InvalidValueError(f"{self.address} is an HA nsqd, which has no DPUB (deferred publish)")
         self._wbuf.dpub(topic, defer_ms, body)
         return self._expect(KIND_PUBLISH)
 
-    def publish_trace(self, topic: str, partition: int | None, trace_id: int, body: Any) -> "asyncio.Future[Any]":
+    def publish_trace(self, topic: str, partition: int | None, trace_id: int, body: Any) -> asyncio.Future[Any]:
         """HA PUB_TRACE; resolves with a ``TracedResponse``."""
         self._check_ha("PUB_TRACE")
         self._wbuf.pub_trace(topic, partition, trace_id, body)
         return self._expect(KIND_PUBLISH)
 
-    def mpublish_trace(self, topic: str, partition: int | None, items: Sequence[tuple[int, Any]]) -> "asyncio.Future[Any]":
+    def mpublish_trace(self, topic: str, partition: int | None, items: Sequence[tuple[int, Any]]) -> asyncio.Future[Any]:
         self._check_ha("MPUB_TRACE")
         self._wbuf.mpub_trace(topic, partition, items)
         return self._expect(KIND_PUBLISH)
 
-    def publish_ext(self, topic: str, partition: int | None, ext: bytes, body: Any) -> "asyncio.Future[Any]":
+    def publish_ext(self, topic: str, partition: int | None, ext: bytes, body: Any) -> asyncio.Future[Any]:
         """HA PUB_EXT: ``ext`` is the JSON header; resolves with OK or a ``TracedResponse``."""
         self._check_ha("PUB_EXT")
         self._wbuf.pub_ext(topic, partition, ext, body)
         return self._expect(KIND_PUBLISH)
 
-    def mpublish_ext(self, topic: str, partition: int | None, items: Sequence[tuple[bytes, Any]]) -> "asyncio.Future[Any]":
+    def mpublish_ext(self, topic: str, partition: int | None, items: Sequence[tuple[bytes, Any]]) -> asyncio.Future[Any]:
         self._check_ha("MPUB_EXT")
         self._wbuf.mpub_ext(topic, partition, items)
         return self._expect(KIND_MPUB_EXT)
 
-    def internal_create_topic(self, topic: str, partition: int, ext: bool | None = None) -> "asyncio.Future[Any]":
+    def internal_create_topic(self, topic: str, partition: int, ext: bool | None = None) -> asyncio.Future[Any]:
         """HA standalone only: create a topic partition."""
         self._check_ha("INTERNAL_CREATE_TOPIC")
         self._wbuf.internal_create_topic(topic, partition, ext)
@@ -424,7 +425,7 @@ class Connection(asyncio.BufferedProtocol):
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._raw_buffer is not None:
             return memoryview(self._raw_buffer)
-        return self._reader.get_buffer(sizehint)  # type: ignore[no-any-return]
+        return self._reader.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
         assert self._loop is not None
@@ -531,7 +532,7 @@ class Connection(asyncio.BufferedProtocol):
         if plain:
             self._reader.feed(plain)
 
-    def _expect(self, kind: int) -> "asyncio.Future[Any]":
+    def _expect(self, kind: int) -> asyncio.Future[Any]:
         assert self._loop is not None
         future: asyncio.Future[Any] = self._loop.create_future()
         self._pending.append((future, kind))

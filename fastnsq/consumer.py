@@ -28,10 +28,11 @@ import random
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from . import codec
+from . import codec, tracing
 from .config import ConnectionOptions, check_range, parse_address, split_options
 from .conn import Connection
 from .errors import (
@@ -44,9 +45,8 @@ from .errors import (
 )
 from .lookupd import Endpoint, LookupdPoller
 from .rdy import Outcome, RdyController, RdyUpdate
-from . import tracing
 
-__all__ = ["Consumer", "Batch", "StopReport", "ConnectionStats", "CONSUMER_DEFAULTS"]
+__all__ = ["CONSUMER_DEFAULTS", "Batch", "ConnectionStats", "Consumer", "StopReport"]
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +113,19 @@ class _Link:
     """
 
     __slots__ = (
-        "consumer", "endpoint", "conn", "in_flight", "touched", "stats", "msg_timeout", "closed", "rdy", "__weakref__"
+        "__weakref__",
+        "closed",
+        "conn",
+        "consumer",
+        "endpoint",
+        "in_flight",
+        "msg_timeout",
+        "rdy",
+        "stats",
+        "touched"
     )
 
-    def __init__(self, consumer: "Consumer", endpoint: Endpoint, conn: Connection) -> None:
+    def __init__(self, consumer: Consumer, endpoint: Endpoint, conn: Connection) -> None:
         self.consumer = consumer
         self.endpoint = endpoint
         self.conn = conn
@@ -344,11 +353,11 @@ class Consumer:
         if self.auto_touch:
             self._schedule_touch()
 
-    async def __aenter__(self) -> "Consumer":
+    async def __aenter__(self) -> Consumer:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
     async def stop(self, timeout: float = 30.0) -> StopReport:
@@ -392,8 +401,8 @@ class Consumer:
                 report.abandoned += 1
                 if not message.has_responded:
                     message.requeue(0, backoff=False)
-        for task in list(self._tasks):
-            task.cancel()  # past the deadline: their messages were requeued above
+        for handler_task in list(self._tasks):
+            handler_task.cancel()  # past the deadline: their messages were requeued above
         await asyncio.sleep(0)  # let the last answers be written
         await asyncio.gather(*(link.conn.close() for link in self._all_links()), return_exceptions=True)
         self._cancel_timers()
@@ -691,11 +700,11 @@ class Consumer:
         else:
             message.finish()
 
-    def _run_async_handler(self, handler: Callable[[Any], Awaitable[Any]], message: Any) -> None:
+    def _run_async_handler(self, handler: Callable[[Any], Any], message: Any) -> None:
         coro = handler(message)
         if _EAGER_TASKS:
             assert self._loop is not None
-            task = asyncio.Task(coro, loop=self._loop, eager_start=True)  # type: ignore[call-arg]
+            task: asyncio.Task[Any] = asyncio.Task(coro, loop=self._loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]
             if task.done():
                 self._async_done(message, task)
             else:
@@ -716,11 +725,11 @@ class Consumer:
         self._tasks.add(task)
         task.add_done_callback(lambda t: self._async_finished(message, t))
 
-    def _async_finished(self, message: Any, task: "asyncio.Future[Any]") -> None:
+    def _async_finished(self, message: Any, task: asyncio.Future[Any]) -> None:
         self._tasks.discard(task)
         self._async_done(message, task)
 
-    def _async_done(self, message: Any, task: "asyncio.Future[Any]") -> None:
+    def _async_done(self, message: Any, task: asyncio.Future[Any]) -> None:
         if task.cancelled():
             if not message.has_responded:
                 message.requeue(0, backoff=False)

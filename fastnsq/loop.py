@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-__all__ = ["uvloop_enabled", "new_event_loop", "loop_factory", "run"]
+__all__ = ["loop_factory", "new_event_loop", "run", "uvloop_enabled"]
 
 T = TypeVar("T")
 

@@ -16,15 +16,17 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
 from collections import deque
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import mmh3
 
-from . import codec
+from . import codec, tracing
 from .config import ConnectionOptions, check_range, parse_address, split_options
 from .conn import Connection
 from .errors import (
@@ -42,15 +44,14 @@ from .errors import (
     NotLeaderError,
     NotWritableError,
     NSQError,
-    PublishTimeoutError,
     PubFailedError,
+    PublishTimeoutError,
     ServerError,
     TopicNotExistError,
 )
 from .lookupd import LookupdClient, LookupdPoller
-from . import tracing
 
-__all__ = ["Producer", "PRODUCER_DEFAULTS"]
+__all__ = ["PRODUCER_DEFAULTS", "Producer"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def _body_size(body: Any) -> int:
 class _Slot:
     """One pooled connection to one nsqd, reconnecting in the background."""
 
-    __slots__ = ("address", "conn", "task", "failures")
+    __slots__ = ("address", "conn", "failures", "task")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -245,11 +246,11 @@ class Producer:
         await asyncio.gather(*(s.conn.close() for s in slots if s.conn is not None), return_exceptions=True)
         self._open.clear()
 
-    async def __aenter__(self) -> "Producer":
+    async def __aenter__(self) -> Producer:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
     def _waiting(self) -> int:
@@ -326,17 +327,17 @@ class Producer:
             _check_message_size(size, self._max_msg_size, 0)  # raises, naming the limit
         if defer is not None:
             defer_ms = round(check_range("defer", defer, 0, 3600) * 1000)
-            send = lambda conn, pid: conn.dpublish(topic, defer_ms, body)  # noqa: E731
+            send = lambda conn, pid: conn.dpublish(topic, defer_ms, body)
         elif ext is not None:
             ext_json = _ext_json(ext, trace_id)
-            send = lambda conn, pid: conn.publish_ext(topic, pid, ext_json, body)  # noqa: E731
+            send = lambda conn, pid: conn.publish_ext(topic, pid, ext_json, body)
         elif trace_id is not None:
             check_range("trace_id", trace_id, 0, 2**64 - 1, integer=True)
-            send = lambda conn, pid: conn.publish_trace(topic, pid, trace_id, body)  # noqa: E731
+            send = lambda conn, pid: conn.publish_trace(topic, pid, trace_id, body)
         elif self.coalesce and timeout is None:
             send = None  # coalesced with the other publishes of this loop pass
         else:
-            send = lambda conn, pid: conn.publish(topic, body, partition=pid)  # noqa: E731
+            send = lambda conn, pid: conn.publish(topic, body, partition=pid)
         traced = trace_id is not None or ext is not None
         return await self._call(topic, send, timeout, partition, sharding_key, body=body, size=size, traced=traced)
 
@@ -363,23 +364,25 @@ class Producer:
         for name, extra in (("trace_ids", trace_ids), ("exts", exts)):
             if extra is not None and len(extra) != len(batch):
                 raise InvalidValueError(f"{name} must have one entry per body ({len(batch)}), got {len(extra)}")
+        header: Callable[[Any], int] | None
+        body_of: Callable[[Any], Any] | None
         if exts is not None:
             ids = trace_ids if trace_ids is not None else [None] * len(batch)
             items = [(_ext_json(e, t), b) for e, t, b in zip(exts, ids, batch)]
-            header = lambda item: 2 + len(item[0])  # noqa: E731
+            header = lambda item: 2 + len(item[0])
             body_of = _second
-            make = lambda conn, pid, chunk: conn.mpublish_ext(topic, pid, chunk)  # noqa: E731
+            make = lambda conn, pid, chunk: conn.mpublish_ext(topic, pid, chunk)
         elif trace_ids is not None:
             for trace_id in trace_ids:
                 check_range("trace_ids[]", trace_id, 0, 2**64 - 1, integer=True)
-            items = list(zip(trace_ids, batch))
-            header = lambda item: 8  # noqa: E731
+            items = list(zip(trace_ids, batch))  # type: ignore[arg-type]
+            header = lambda item: 8
             body_of = _second
-            make = lambda conn, pid, chunk: conn.mpublish_trace(topic, pid, chunk)  # noqa: E731
+            make = lambda conn, pid, chunk: conn.mpublish_trace(topic, pid, chunk)
         else:
             items = batch
             header = body_of = None
-            make = lambda conn, pid, chunk: conn.mpublish(topic, chunk, partition=pid)  # noqa: E731
+            make = lambda conn, pid, chunk: conn.mpublish(topic, chunk, partition=pid)
         chunks = self._chunks(items, header, body_of)
         results = await asyncio.gather(
             *(
@@ -510,9 +513,7 @@ class Producer:
             if conn is None:
                 batch.fail(NoConnectionError(f"no open connection to {address or 'any nsqd'}"))
                 continue
-            if len(batch) == 1:
-                parts = [batch]
-            elif batch.nbytes <= self._mpub_limit and len(batch) <= self._mpub_max_count:
+            if len(batch) == 1 or batch.nbytes <= self._mpub_limit and len(batch) <= self._mpub_max_count:
                 parts = [batch]
             else:
                 parts = batch.split(self._mpub_limit, self._mpub_max_count)
@@ -616,7 +617,7 @@ class Producer:
     def _forget_route(self, topic: str, exc: BaseException) -> None:
         """A moved leader or a missing partition: look the topic up again before retrying."""
         if isinstance(exc, _REFRESH_ERRORS) and topic in self._routes:
-            logger.info("%s for topic %s: refreshing its partitions from nsqlookupd", exc.code, topic)  # type: ignore[attr-defined]
+            logger.info("%s for topic %s: refreshing its partitions from nsqlookupd", exc, topic)
             del self._routes[topic]
 
     # ---- connections ------------------------------------------------------------------
@@ -672,7 +673,7 @@ class Producer:
             raise failures[0]
 
     async def _open_slot(self, slot: _Slot) -> None:
-        conn = Connection(slot.address, self.options, on_close=lambda c, e, s=slot: self._on_close(s, c, e))
+        conn = Connection(slot.address, self.options, on_close=functools.partial(self._on_close, slot))
         await conn.connect()
         slot.conn = conn
         slot.failures = 0
@@ -769,7 +770,7 @@ _ANY_NSQD: tuple[None, None] = (None, None)  # no routing: any connection, no pa
 class _Route:
     """Where one topic's partitions are led (HA), from a lookup; empty for upstream topics."""
 
-    __slots__ = ("partitions", "pids", "partition_num", "expires", "turn")
+    __slots__ = ("expires", "partition_num", "partitions", "pids", "turn")
 
     def __init__(self, partitions: dict[int, str], partition_num: int, expires: float) -> None:
         self.partitions = partitions
@@ -781,7 +782,7 @@ class _Route:
 
 def murmur3_32(key: bytes) -> int:
     """The default sharding hash: murmur3 32-bit, unsigned (as youzan's documentation uses)."""
-    return mmh3.hash(key, signed=False)  # type: ignore[no-any-return]
+    return int(mmh3.hash(key, signed=False))
 
 
 def _key_bytes(key: Any) -> bytes:
@@ -831,7 +832,7 @@ def _second(pair: tuple[Any, Any]) -> Any:
     return pair[1]
 
 
-def _resolve(future: "asyncio.Future[None]") -> None:
+def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 

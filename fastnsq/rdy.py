@@ -158,7 +158,7 @@ class _Phase(enum.Enum):
 
 
 _NO_MSG = object()  # the probe message has not arrived yet
-_NO_UPDATES: list["RdyUpdate"] = []  # returned by hot paths with nothing to send; never mutated
+_NO_UPDATES: list[RdyUpdate] = []  # returned by hot paths with nothing to send; never mutated
 
 
 class _Conn:

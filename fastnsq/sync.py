@@ -20,7 +20,8 @@ import asyncio
 import concurrent.futures
 import signal
 import threading
-from typing import Any, Callable, Coroutine, Sequence, TypeVar
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 from .consumer import Consumer as AsyncConsumer
 from .consumer import StopReport
@@ -28,7 +29,7 @@ from .errors import InvalidValueError
 from .loop import new_event_loop
 from .producer import Producer as AsyncProducer
 
-__all__ = ["Producer", "Consumer"]
+__all__ = ["Consumer", "Producer"]
 
 T = TypeVar("T")
 _RESULT_MARGIN = 5.0  # seconds added to a call's own timeout before the caller stops waiting
@@ -110,17 +111,17 @@ class Producer:
         finally:
             self._thread.stop()
 
-    def __enter__(self) -> "Producer":
+    def __enter__(self) -> Producer:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 
 class _ThreadSafeMessage:
     """A message handed to a worker thread: answers are forwarded to the loop thread."""
 
-    __slots__ = ("_message", "_loop")
+    __slots__ = ("_loop", "_message")
 
     def __init__(self, message: Any, loop: asyncio.AbstractEventLoop) -> None:
         self._message = message
@@ -251,11 +252,11 @@ class Consumer:
             return {}
         return self._thread.call(_call_async(self._consumer.stats), 10)
 
-    def __enter__(self) -> "Consumer":
+    def __enter__(self) -> Consumer:
         self.start()
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-__all__ = ["enable", "is_enabled", "published", "consumed", "logger"]
+__all__ = ["consumed", "enable", "is_enabled", "logger", "published"]
 
 logger = logging.getLogger("fastnsq.trace")
 

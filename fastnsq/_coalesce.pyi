@@ -1,0 +1,27 @@
+"""Coalescing of concurrent publishes (C ``_coalesce`` and its twin ``_coalesce_py``)."""
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+IMPLEMENTATION: str
+
+def body_size(body: Any) -> int: ...
+
+class Batch:
+    bodies: list[Any]
+    futures: list[asyncio.Future[Any]]
+    nbytes: int
+    def __len__(self) -> int: ...
+    def resolve(self, sent: asyncio.Future[Any]) -> None: ...
+    def fail(self, error: BaseException) -> None: ...
+    def split(self, max_bytes: int, max_count: int) -> list[Batch]: ...
+
+class Coalescer:
+    max_msg_size: int
+    pending: int
+    published: int
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, flush: Callable[[dict[Any, Batch]], Any], max_msg_size: int
+    ) -> None: ...
+    def add(self, key: Any, body: Any) -> asyncio.Future[Any]: ...
