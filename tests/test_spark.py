@@ -817,8 +817,9 @@ def test_sigkill_of_the_driver_mid_batch_then_restart_loses_nothing(nsqd: Thread
     first = JobProcess([*common, "--batch-sleep", "2.0"], tmp_path / "job1.log")
     try:
         first.wait_for(lambda line: line.startswith("BATCH_DONE") and int(line.split()[2]) > 0, 120)
-        started = first.wait_for(lambda line: line.startswith("BATCH_START") and int(line.split()[2]) > 0, 60)
-        time.sleep(1.2)  # inside the batch: (most likely) written to parquet, sleeping, not committed
+        # Inside the next batch: its rows are in parquet, Spark has not committed it.
+        started = first.wait_for(lambda line: line.startswith("BATCH_WRITTEN") and int(line.split()[2]) > 0, 60)
+        time.sleep(0.3)
         held = nsqd.channel(topic, channel)["in_flight_count"]
         tree = _kill_tree(first.proc.pid)
         first.proc.wait(10)
@@ -843,6 +844,9 @@ def test_sigkill_of_the_driver_mid_batch_then_restart_loses_nothing(nsqd: Thread
     assert sorted(set(table.column("body").to_pylist())) == expected, "nothing lost"
     assert len(set(ids)) == count and done == f"DONE {count}"
     duplicates = len(ids) - len(set(ids))
+    killed = ds.dataset(str(out / f"batch={killed_batch}"), format="parquet").to_table(columns=["body"])
+    killed_bodies = set(killed.column("body").to_pylist())
+    assert len(killed_bodies) == int(started.split()[2]), "the killed batch's rows reached parquet"
     print(f"\nSIGKILL mid-batch {killed_batch}: {held} in flight at the kill, {len(ids)} rows written, "
           f"{duplicates} duplicates (the killed batch's rows, delivered again)")
     # The stop requeued what the second run still held: its last batch (Spark commits a
@@ -854,3 +858,8 @@ def test_sigkill_of_the_driver_mid_batch_then_restart_loses_nothing(nsqd: Thread
     leftovers = nsqd.drain(topic, channel, left["depth"]) if left["depth"] else []
     assert {body for _, body in leftovers} <= set(expected) and len(leftovers) == left["depth"]
     print(f"requeued at the final stop (already written, delivered again later): {len(leftovers)}")
+    # The killed batch was written but never committed: nsqd delivered its messages again,
+    # into a later batch (a duplicate row) or, if the job stopped first, back to the channel.
+    written = collections.Counter(table.column("body").to_pylist())
+    again = {body for body in killed_bodies if written[body] > 1} | {body for _, body in leftovers}
+    assert killed_bodies <= again, "every message of the killed batch came back from nsqd"

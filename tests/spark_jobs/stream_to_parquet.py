@@ -7,6 +7,7 @@ sleeps ``--batch-sleep`` seconds, so a kill lands inside a batch. The job stops 
 itself once ``--expect`` distinct ids are in the output.
 
 Lines on stdout (flushed) tell the test where it is: ``READY``, ``BATCH_START <id> <rows>``,
+``BATCH_WRITTEN <id> <rows>`` (its parquet is on disk, Spark has not committed the batch),
 ``BATCH_DONE <id> <rows>``, ``DONE <distinct ids>``.
 """
 
@@ -64,6 +65,7 @@ def main() -> int:
             batch_df.select("id", "body", "attempts").write.mode("overwrite").parquet(
                 os.path.join(args.out, f"batch={batch_id}")
             )
+        print(f"BATCH_WRITTEN {batch_id} {rows}", flush=True)
         time.sleep(args.batch_sleep)
         print(f"BATCH_DONE {batch_id} {rows}", flush=True)
         seen = distinct_ids()
