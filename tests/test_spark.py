@@ -182,6 +182,15 @@ def nsqd() -> Iterator[ThreadedNSQD]:
         server.close()
 
 
+def _has_available_now() -> bool:
+    """PySpark >= 4.2: Python sources can support Trigger.AvailableNow."""
+    try:
+        from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def _spark_env() -> None:
     # Workers and the streaming-source process run PYSPARK_PYTHON (python3 from PATH
     # otherwise) and must import this checkout of fastnsq.
@@ -547,8 +556,7 @@ def test_failure_in_a_batch_after_a_shuffle_loses_nothing(spark: Any, nsqd: Thre
 
 @spark_test
 def test_trigger_available_now_drains_the_topic_and_stops(spark: Any, nsqd: ThreadedNSQD) -> None:
-    pyspark_ds = pytest.importorskip("pyspark.sql.streaming.datasource")
-    if not hasattr(pyspark_ds, "SupportsTriggerAvailableNow"):
+    if not _has_available_now():
         pytest.skip("this PySpark has no Trigger.AvailableNow for Python sources (PySpark < 4.2)")
     topic, channel, count = unique("sp_now"), "spark", 2500
     nsqd.publish(topic, bodies("now", count))
@@ -575,7 +583,6 @@ def test_lookupd_discovery_and_available_now(spark: Any) -> None:
     connection options pass through (snappy on the source's connections, deflate on the sink's)."""
     import urllib.request
 
-    pyspark_ds = pytest.importorskip("pyspark.sql.streaming.datasource")
     server = ThreadedNSQD(with_lookupd=True)
     try:
         assert server.lookupd is not None
@@ -596,7 +603,7 @@ def test_lookupd_discovery_and_available_now(spark: Any) -> None:
             spark.readStream.format("nsq").option("lookupd", lookupd).option("topic", topic)
             .option("channel", "spark").option("snappy", "true").option("maxInFlight", "800").load()
         )
-        if hasattr(pyspark_ds, "SupportsTriggerAvailableNow"):
+        if _has_available_now():
             query = stream.writeStream.foreachBatch(collected).trigger(availableNow=True).start()
             try:
                 assert query.awaitTermination(90), "the AvailableNow query did not stop by itself"
