@@ -669,6 +669,16 @@ def test_sink_publishes_exactly_the_rows_of_a_dataframe(spark: Any, nsqd: Thread
     assert nsqd.topic(left)["message_count"] == 200 and nsqd.topic(right)["message_count"] == 100
     got_right = sorted(body.decode() for _, body in nsqd.drain(right, "check", 100))
     assert got_right == sorted(body for body, t in rows if t == right)
+    # deferMs: one DPUB per row; nsqd holds them deferred (the channel exists beforehand)
+    later = unique("sp_defer")
+    nsqd.drain(later, "check", 0, timeout=0.3, settle=0.1)  # SUB creates the channel
+    spark.createDataFrame([(b"later-%d" % i,) for i in range(20)], "body binary").write.format("nsq") \
+        .mode("append").option("nsqd", nsqd.tcp_address).option("topic", later).option("deferMs", "4000").save()
+    stats = nsqd.channel(later, "check")
+    assert stats["deferred_count"] == 20 and stats["depth"] == 0
+    assert sorted(body for _, body in nsqd.drain(later, "check", 20, timeout=20)) == sorted(
+        b"later-%d" % i for i in range(20)
+    )
 
 
 @spark_test
