@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 import urllib.request
 import uuid
@@ -60,7 +61,7 @@ class SourceRuntime:
 
     >>> rt = SourceRuntime(options)                    # doctest: +SKIP
     >>> rt.start()
-    >>> end = rt.call(rt.seal_after, start, None)      # in latestOffset
+    >>> end, messages = rt.call(rt.plan, start, 1000)  # in latestOffset
     """
 
     def __init__(self, options: SourceOptions) -> None:
@@ -170,11 +171,10 @@ class SourceRuntime:
         if self._shutdown_started:
             return
         self._shutdown_started = True
-        if exit_code is not None:
-            # If the loop thread is wedged, still exit, a bit later.
-            timer = threading.Timer(_SHUTDOWN_TIMEOUT + 5, os._exit, (exit_code,))
-            timer.daemon = True
-            timer.start()
+        if exit_code is not None and hasattr(signal, "alarm"):
+            # If the loop thread is wedged, SIGALRM's default action still ends the process
+            # a bit later (alarm() is a plain syscall: safe in a signal handler, unlike a thread).
+            signal.alarm(int(_SHUTDOWN_TIMEOUT) + 5)
         try:
             self.loop.call_soon_threadsafe(self._spawn_shutdown, exit_code)
         except RuntimeError:  # the loop is closed already
@@ -184,7 +184,7 @@ class SourceRuntime:
         self.loop.create_task(self._shutdown(exit_code))
 
     async def _shutdown(self, exit_code: int | None) -> None:
-        """RDY 0 and CLS, wait for CLOSE_WAIT, REQ everything held (newest delivery first), close."""
+        """RDY 0 and CLS, wait for CLOSE_WAIT, REQ everything held, close; exit if asked to."""
         try:
             if self.consumer is not None:
                 # Consumer.stop sends RDY 0 and CLS, waits for CLOSE_WAIT (nothing new can
@@ -197,6 +197,11 @@ class SourceRuntime:
         finally:
             self._shutdown_done.set()
             if exit_code is not None:
+                for stream in (sys.stdout, sys.stderr):
+                    try:
+                        stream.flush()
+                    except (OSError, ValueError):
+                        pass
                 os._exit(exit_code)
             self.loop.stop()
 
