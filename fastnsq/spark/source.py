@@ -18,6 +18,7 @@ empty, because nsqd delivers its messages again.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import logging
@@ -76,6 +77,7 @@ def _arrow_schema(schema: StructType) -> pa.Schema:
         return to_arrow_schema(schema)
 
 
+@functools.lru_cache(maxsize=1)
 def _arrow_reads_supported() -> bool:
     """Whether this PySpark accepts ``pyarrow.RecordBatch`` from a reader's ``read`` (else tuples)."""
     try:
@@ -187,6 +189,7 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
         self._runtime: SourceRuntime | None = None
         self._last_end: dict[str, Any] | None = None  # PySpark < 4.2 calls latestOffset() without start
         self._planned: tuple[str, str, list[Any]] | None = None  # the last latestOffset's batch
+        self._arrow: pa.Schema | None = None
         self._target: tuple[int, int] | None = None  # AvailableNow: (messages to seal, next_seq when prepared)
         self._target_done = False
 
@@ -305,7 +308,9 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
             self._runtime.stop()
 
     def _record_batches(self, messages: Sequence[Any], slices: int) -> list[pa.RecordBatch]:
-        arrow_schema = _arrow_schema(self._schema)
+        if self._arrow is None:
+            self._arrow = _arrow_schema(self._schema)  # once: the first call imports pandas
+        arrow_schema = self._arrow
         count = len(messages)
         slices = max(1, min(slices, count))
         bounds = [count * i // slices for i in range(slices + 1)]
