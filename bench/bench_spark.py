@@ -18,7 +18,8 @@ The embedded nsqd (fastnsq.testing) runs alone in a child process; Spark runs
 
 Prints a table and writes JSON to bench/results/. Example::
 
-    /work/venv/bin/python bench/bench_spark.py                     # both
+    /work/venv/bin/python bench/bench_spark.py                     # both, 160,000 in flight
+    /work/venv/bin/python bench/bench_spark.py --only source --max-in-flight 2500 --connections 1
     /work/venv/bin/python bench/bench_spark.py --only sink --rows 2000000
 """
 
@@ -184,7 +185,7 @@ def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dic
         if done_at is None:
             raise RuntimeError(f"the source did not finish {args.messages} messages within {args.timeout} s")
         batches = [p for p in progress if p.get("numInputRows", 0) > 0]
-        if os.environ.get("BENCH_VERBOSE"):
+        if args.verbose:
             for p in batches:
                 print(p["batchId"], p["numInputRows"], p["durationMs"], flush=True)
         rows = spark.read.parquet(str(work / "out")).count() if args.sink == "parquet" else None
@@ -237,11 +238,11 @@ def bench_sink(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dict[
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=("source", "sink"), default=None)
-    parser.add_argument("--messages", type=int, default=500_000, help="source: messages to read")
+    parser.add_argument("--messages", type=int, default=1_000_000, help="source: messages to read")
     parser.add_argument("--rows", type=int, default=2_000_000, help="sink: rows to write per run")
     parser.add_argument("--size", type=int, default=100, help="body size in bytes")
-    parser.add_argument("--max-in-flight", type=int, default=50_000, help="source option maxInFlight")
-    parser.add_argument("--connections", type=int, default=20, help="source option connectionsPerNsqd")
+    parser.add_argument("--max-in-flight", type=int, default=160_000, help="source option maxInFlight")
+    parser.add_argument("--connections", type=int, default=64, help="source option connectionsPerNsqd")
     parser.add_argument("--partitions", type=int, default=2, help="source numPartitions / sink partitions")
     parser.add_argument("--sink", choices=("parquet", "noop"), default="parquet",
                         help="source: where the stream goes (noop measures the source alone)")
@@ -250,6 +251,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="sink runs (the first is cold)")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results/")
+    parser.add_argument("--verbose", action="store_true", help="print each micro-batch's rows and durations")
     args = parser.parse_args()
 
     nsqd = NSQDProcess()
