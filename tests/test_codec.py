@@ -590,3 +590,12 @@ def test_messages_are_stamped_with_the_connections_partition(codec):
     reader.feed(codec.encode_message(TS, 1, bytes(16), b"after"))
     assert [f[1].partition for f in col.frames] == [None, 7]
     assert codec.Message(TS, 1, bytes(16), b"x", partition=2).partition == 2
+
+
+def test_messages_are_stamped_with_the_connections_address(codec):
+    col = Collector()
+    reader = col.reader(codec)
+    reader.address = "10.0.0.5:4150"
+    reader.feed(codec.encode_message(TS, 1, UPSTREAM_ID, b"x"))
+    assert col.frames[0][1].address == "10.0.0.5:4150"
+    assert codec.Message(TS, 1, UPSTREAM_ID, b"y", address="h:1").address == "h:1"
