@@ -16,6 +16,7 @@ cdef class Message:
     cdef bint _has_offset
     cdef public object delegate
     cdef readonly object partition
+    cdef readonly object address
     cdef bint _responded
     cdef bint _auto_response
 
@@ -43,6 +44,7 @@ cdef class FrameReader(_SplitBuffer):
     cdef int _layout
     cdef public object delegate
     cdef public object partition
+    cdef public object address
     cdef Py_ssize_t _max_frame_size
 
     cdef Message _decode_message(self, const char* data, Py_ssize_t n)

@@ -72,6 +72,7 @@ class Message:
     offset: int | None  # HA SUB_ORDERED / SUB_ADVANCED only
     raw_size: int | None  # HA SUB_ORDERED / SUB_ADVANCED only
     partition: int | None  # the HA partition of the connection that received it
+    address: str | None  # the nsqd ("host:port") whose connection received it
     delegate: Any
     has_responded: bool
     auto_response: bool
@@ -88,6 +89,7 @@ class Message:
         offset: int | None = ...,
         raw_size: int | None = ...,
         partition: int | None = ...,
+        address: str | None = ...,
     ) -> None: ...
     def finish(self) -> None: ...
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None: ...
@@ -113,6 +115,7 @@ class FrameReader:
     layout: int
     delegate: Any
     partition: int | None  # stamped on every Message (the HA partition subscribed to)
+    address: str | None  # stamped on every Message (the nsqd this connection talks to)
     max_frame_size: int
     def __init__(
         self,

@@ -242,7 +242,8 @@ cdef class Message:
     """One message from nsqd (see ``_frame.pyi``)."""
 
     def __init__(self, int64_t timestamp, uint16_t attempts, id, bytes body, *, bint ha=False,
-                 int ext_version=0, ext_bytes=None, offset=None, raw_size=None, partition=None):
+                 int ext_version=0, ext_bytes=None, offset=None, raw_size=None, partition=None,
+                 address=None):
         if not isinstance(id, (bytes, bytearray)) or len(id) != 16:
             raise InvalidValueError(f"a message id is 16 bytes, got {len(id)}")
         self.timestamp = timestamp
@@ -258,6 +259,7 @@ cdef class Message:
             self._raw_size = raw_size
         self.delegate = None
         self.partition = partition
+        self.address = address
         self._responded = False
         self._auto_response = True
 
@@ -473,6 +475,7 @@ cdef class FrameReader(_SplitBuffer):
         self._on_error = on_error
         self.delegate = None
         self.partition = None
+        self.address = None
         self._max_frame_size = max_frame_size
 
     @property
@@ -573,6 +576,7 @@ cdef class FrameReader(_SplitBuffer):
         msg.body = PyBytes_FromStringAndSize(data + pos, n - pos)
         msg.delegate = self.delegate
         msg.partition = self.partition
+        msg.address = self.address
         msg._responded = False
         msg._auto_response = True
         return msg

@@ -157,6 +157,7 @@ class Message:
         "id",
         "offset",
         "partition",
+        "address",
         "raw_size",
         "timestamp",
     )
@@ -174,6 +175,7 @@ class Message:
         offset: int | None = None,
         raw_size: int | None = None,
         partition: int | None = None,
+        address: str | None = None,
     ) -> None:
         if len(id) != 16:
             raise InvalidValueError(f"a message id is 16 bytes, got {len(id)}")
@@ -188,6 +190,7 @@ class Message:
         self.raw_size = raw_size
         self.delegate: Any = None
         self.partition = partition
+        self.address = address
         self._responded = False
         self._auto_response = True
 
@@ -359,7 +362,9 @@ class _SplitBuffer:
 class FrameReader(_SplitBuffer):
     """Splits nsqd's frame stream (see ``_frame.pyi``)."""
 
-    __slots__ = ("_on_error", "_on_message", "_on_response", "delegate", "layout", "max_frame_size", "partition")
+    __slots__ = (
+        "_on_error", "_on_message", "_on_response", "address", "delegate", "layout", "max_frame_size", "partition"
+    )
 
     def __init__(
         self,
@@ -382,6 +387,7 @@ class FrameReader(_SplitBuffer):
         self.layout = layout
         self.delegate: Any = None
         self.partition: int | None = None
+        self.address: str | None = None
         self.max_frame_size = max_frame_size
 
     def _split(self) -> None:
@@ -464,6 +470,7 @@ class FrameReader(_SplitBuffer):
         )
         msg.delegate = self.delegate
         msg.partition = self.partition
+        msg.address = self.address
         return msg
 
 

@@ -122,6 +122,7 @@ class Connection(asyncio.BufferedProtocol):
             self._on_error_frame,
             max_frame_size=_frame_limit(self.options),
         )
+        self._reader.address = address
         self._flush_scheduled = False
         self._in_read = False
         self._inflater: CompressionStream | None = None

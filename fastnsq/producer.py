@@ -213,7 +213,9 @@ class Producer:
         if self._lookupd_addresses:
             self._lookupd_task = asyncio.create_task(self._poll_lookupd())
         if addresses and not self._open:
-            errors = "; ".join(f"{a}: {r}" for a, r in zip(addresses, results) if isinstance(r, BaseException))
+            errors = "; ".join(
+                f"{a}: {_describe(r)}" for a, r in zip(addresses, results) if isinstance(r, BaseException)
+            )
             await self.close(timeout=0)
             raise NoConnectionError(f"no nsqd could be reached ({errors or 'no connection opened'})")
 
@@ -830,6 +832,14 @@ def _retryable(exc: BaseException) -> bool:
 
 def _second(pair: tuple[Any, Any]) -> Any:
     return pair[1]
+
+
+def _describe(error: BaseException) -> str:
+    """An error for a one-line message: its text, or its kind when it has none (timeouts)."""
+    text = str(error)
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)) and not text:
+        return "timed out"
+    return text or type(error).__name__
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
