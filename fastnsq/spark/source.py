@@ -103,17 +103,12 @@ def _check_columns(schema: StructType, ha: bool) -> None:
 
 
 def _origin(message: Any) -> tuple[str | None, int | None]:
-    # The consumer's delegate of a message knows its connection (the nsqd address) and,
-    # on HA, its partition.
-    endpoint = getattr(message.delegate, "endpoint", None)
-    if endpoint is None:
-        return None, None
-    return endpoint.address, endpoint.partition
+    """The nsqd address and (HA) partition of the connection that received ``message``."""
+    return message.address, message.partition
 
 
 def _partition(message: Any) -> int | None:
-    partition = getattr(message, "partition", None)  # stamped by the codec where it knows it
-    return partition if partition is not None else _origin(message)[1]
+    return message.partition  # stamped by the codec from the connection
 
 
 def _column(name: str, messages: Sequence[Any], topic: str, ha: bool) -> pa.Array:
