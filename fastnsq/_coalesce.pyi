@@ -21,7 +21,14 @@ class Coalescer:
     max_msg_size: int
     pending: int
     published: int
+    flush_at: int
+    flush_bytes: int
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, flush: Callable[[dict[Any, Batch]], Any], max_msg_size: int
+        self,
+        loop: asyncio.AbstractEventLoop,
+        flush: Callable[[dict[Any, Batch]], Any],
+        max_msg_size: int,
+        flush_at: int = 0,
+        flush_bytes: int = 0,
     ) -> None: ...
     def add(self, key: Any, body: Any) -> asyncio.Future[Any]: ...

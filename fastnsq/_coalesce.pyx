@@ -118,8 +118,10 @@ cdef class Coalescer:
     cdef public Py_ssize_t max_msg_size
     cdef public Py_ssize_t pending
     cdef public Py_ssize_t published
+    cdef public Py_ssize_t flush_at
+    cdef public Py_ssize_t flush_bytes
 
-    def __init__(self, loop, flush, Py_ssize_t max_msg_size):
+    def __init__(self, loop, flush, Py_ssize_t max_msg_size, Py_ssize_t flush_at=0, Py_ssize_t flush_bytes=0):
         self._create_future = loop.create_future
         self._call_soon = loop.call_soon
         self._flush = flush
@@ -128,6 +130,8 @@ cdef class Coalescer:
         self.max_msg_size = max_msg_size
         self.pending = 0
         self.published = 0
+        self.flush_at = flush_at
+        self.flush_bytes = flush_bytes
 
     cpdef object add(self, object key, object body):
         cdef Py_ssize_t size = body_size(body)
@@ -144,6 +148,14 @@ cdef class Coalescer:
         batch.futures.append(future)
         batch.nbytes += 4 + size
         self.pending += 1
+        if (self.flush_at and len(batch.bodies) >= self.flush_at) or (
+            self.flush_bytes and batch.nbytes >= self.flush_bytes
+        ):
+            # A full batch goes out now, not at the end of the pass: nsqd starts on it while
+            # this pass goes on (the waiters of the previous answer are still being woken).
+            del self._batches[key]
+            self._flush({key: batch})
+            return future
         if not self._scheduled:
             self._scheduled = True
             self._call_soon(self._run_flush)

@@ -96,10 +96,12 @@ class Coalescer:
         "max_msg_size",
         "pending",
         "published",
+        "flush_at",
+        "flush_bytes",
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, flush: Callable[[dict[Any, Batch]], Any],
-                 max_msg_size: int) -> None:
+                 max_msg_size: int, flush_at: int = 0, flush_bytes: int = 0) -> None:
         self._create_future = loop.create_future
         self._call_soon = loop.call_soon
         self._flush = flush
@@ -108,6 +110,8 @@ class Coalescer:
         self.max_msg_size = max_msg_size
         self.pending = 0
         self.published = 0
+        self.flush_at = flush_at
+        self.flush_bytes = flush_bytes
 
     def add(self, key: Any, body: Any) -> asyncio.Future[Any]:
         size = body_size(body)
@@ -123,6 +127,13 @@ class Coalescer:
         batch.futures.append(future)
         batch.nbytes += 4 + size
         self.pending += 1
+        if (self.flush_at and len(batch.bodies) >= self.flush_at) or (
+            self.flush_bytes and batch.nbytes >= self.flush_bytes
+        ):
+            # A full batch goes out now, not at the end of the pass (see _coalesce.pyx).
+            del self._batches[key]
+            self._flush({key: batch})
+            return future
         if not self._scheduled:
             self._scheduled = True
             self._call_soon(self._run_flush)

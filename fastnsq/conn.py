@@ -558,6 +558,10 @@ class Connection(asyncio.BufferedProtocol):
             assert self._loop is not None
             self._loop.call_soon(self._flush)
 
+    def flush(self) -> None:
+        """Write what is buffered now instead of at the end of this loop pass."""
+        self._flush()
+
     def _flush(self) -> None:
         self._flush_scheduled = False
         if self._transport is None or not len(self._wbuf):

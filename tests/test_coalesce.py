@@ -92,3 +92,20 @@ async def test_bad_bodies_are_refused_before_batching(impl, body, words):
     with pytest.raises(InvalidValueError, match=words):
         coalescer.add("t", body)
     assert coalescer.pending == 0
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_a_full_batch_is_flushed_at_once(impl):
+    loop = asyncio.get_running_loop()
+    flushed: list[dict] = []
+    coalescer = impl.Coalescer(loop, flushed.append, 100, 3, 1000)
+    for i in range(4):
+        coalescer.add("t", b"m%d" % i)
+    assert len(flushed) == 1 and flushed[0]["t"].bodies == [b"m0", b"m1", b"m2"]  # at once, not at the pass's end
+    await asyncio.sleep(0)
+    assert len(flushed) == 2 and flushed[1]["t"].bodies == [b"m3"]  # the rest at the end of the pass
+    by_bytes = impl.Coalescer(loop, flushed.append, 100, 0, 4 + 2 * (4 + 50))
+    by_bytes.add("u", b"x" * 50)
+    assert len(flushed) == 2
+    by_bytes.add("u", b"y" * 50)
+    assert len(flushed) == 3 and len(flushed[2]["u"]) == 2
