@@ -582,7 +582,7 @@ class NSQCluster:
             for pid, placement in known.placements.items():
                 for index in placement.replicas:
                     self.nsqds[index].partitions[(topic, pid)].get_channel(channel)
-        await self._wait_leaders(topic)
+        await self._wait_leaders(topic, channels)
         return self.partition_leaders(topic)
 
     def partition_leaders(self, topic: str) -> dict[int, int]:
@@ -662,16 +662,22 @@ class NSQCluster:
             replicas=min(meta.replica, running) if running else None,
         )
 
-    async def _wait_leaders(self, topic: str) -> None:
+    async def _wait_leaders(self, topic: str, channels: Sequence[str] = ()) -> None:
+        """Until the lookupd lists every running leader (and ``channels`` on each partition)."""
         known = self._placed(topic)
         leaders = {}
         for pid, placement in known.placements.items():
             if self.is_running(placement.leader):
                 node = self.nsqds[placement.leader]
                 leaders[pid] = (node.tcp_port, node.http_port)
-        await self.lookupd.wait_for_partitions(  # type: ignore[attr-defined]
-            topic, len(leaders), timeout=self.register_timeout, leaders=leaders
-        )
+        lookupd: Any = self.lookupd
+        await lookupd.wait_for_partitions(topic, len(leaders), timeout=self.register_timeout, leaders=leaders)
+        if channels:
+
+            def registered() -> bool | None:
+                return all(set(channels) <= set(lookupd.channels(topic, str(pid))) for pid in leaders) or None
+
+            await lookupd._wait(registered, self.register_timeout, f"channels {list(channels)} of {topic!r}")
 
     def _placed(self, topic: str) -> _HATopic:
         self._require_ha("the partition layout")

@@ -69,11 +69,15 @@ class LookupPeer:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        if task is not None:
+            # Python 3.11's wait_for can swallow a cancellation that races with the
+            # answer it waits for (gh-86296): cancel until the task is really done.
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=0.05)
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                task.result()
         self._close()
 
     def notify(self, command: bytes) -> None:
