@@ -49,7 +49,7 @@ MALFORMED_FRAMES: dict[str, bytes] = {
     # A well-sized frame of a type NSQ does not have (0, 1, 2 are).
     "frame_type": struct.pack(">ii", 4 + 4, 7) + b"boom",
     # A frame size below zero (go-nsq rejects it).
-    "negative_size": struct.pack(">i", -5),
+    "negative_size": struct.pack(">ii", -5, 0),
     # A message frame too short for the 26-byte message header.
     "short_message": struct.pack(">ii", 4 + 10, 2) + b"\x00" * 10,
     # What the HTTP port would answer: the size reads as 1213486160 ("HTTP").
