@@ -206,7 +206,7 @@ class HANSQLookupd(NSQLookupd):
         self._notify()
         return meta
 
-    def lookup(  # type: ignore[override]
+    def lookup(
         self, topic: str, *, access: str = "r", metainfo: bool = False, partition: str = "*"
     ) -> dict[str, Any]:
         """What ``/lookup`` answers (the bare object); raises HTTPAPIError for its errors."""
@@ -276,12 +276,13 @@ class HANSQLookupd(NSQLookupd):
                     return None
             return listed
 
-        return await self._wait(found, timeout, f"{count} partition(s) of topic {topic!r}")  # type: ignore[no-any-return]
+        answer: dict[str, Any] = await self._wait(found, timeout, f"{count} partition(s) of topic {topic!r}")
+        return answer
 
     def topics(self) -> list[str]:
         return list(self.registry.topics)
 
-    def channels(self, topic: str, partition: str = "*") -> list[str]:  # type: ignore[override]
+    def channels(self, topic: str, partition: str = "*") -> list[str]:
         return self._channel_names(topic, partition)
 
     def nodes(self) -> list[dict[str, Any]]:
@@ -447,17 +448,17 @@ class HANSQLookupd(NSQLookupd):
             "/channels": ("GET", self._do_channels),
             "/nodes": ("GET", self._do_nodes),
             "/listlookup": ("GET", self._do_listlookup),
-            "/topic/create": ("POST", self._do_create_topic),
+            "/topic/create": ("POST", self._do_create_topic_ha),
             "/topic/tombstone": ("POST", self._do_tombstone_topic_producer),
         }
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         route = self._routes().get(request.path)
         if route is None:
-            return self._respond(request, 404, "NOT_FOUND")
+            return respond_v1(404, "NOT_FOUND")  # httprouter's NotFound: always the v1 form
         method, handler = route
         if request.method != method and not (request.path == "/topic/create" and request.method == "PUT"):
-            return self._respond(request, 405, "METHOD_NOT_ALLOWED")
+            return respond_v1(405, "METHOD_NOT_ALLOWED")
         try:
             params = parse_go_query(request.rel_url.raw_query_string)
             await request.read()
@@ -559,7 +560,7 @@ class HANSQLookupd(NSQLookupd):
         }
         return {"lookupdleader": node, "lookupdnodes": [dict(node)]}
 
-    async def _do_create_topic(self, params: dict[str, str]) -> None:
+    async def _do_create_topic_ha(self, params: dict[str, str]) -> None:
         topic = params.get("topic", "")
         if not topic:
             raise HTTPAPIError(400, "MISSING_ARG_TOPIC")

@@ -96,7 +96,7 @@ class ClientConnection(asyncio.BufferedProtocol):
     """
 
     #: Command name -> handler; filled in below the class.
-    COMMANDS: ClassVar[dict[bytes, Callable[[ClientConnection, list[bytes], Any], None]]] = {}
+    COMMANDS: ClassVar[dict[bytes, Callable[[Any, list[bytes], Any], None]]] = {}
     #: The read deadline is this many heartbeat intervals after the last read (HA: 3).
     READ_DEADLINE_FACTOR: ClassVar[int] = 2
     #: FIN/REQ/TOUCH ids are read as 16 raw bytes (the HA dialect's binary ids).

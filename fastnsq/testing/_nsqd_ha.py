@@ -864,7 +864,7 @@ class HAClientConnection(ClientConnection):
                 try:
                     trace_id, _, keep = self._check_ext(topic, ext)
                 except _ClientError as err:
-                    raise _Desync(*err.args, rest=body[pos:]) from None
+                    raise _Desync(err.args[0], err.args[1], body[pos:]) from None
                 if keep:
                     ext_version = EXT_JSON_HEADER
                 else:

@@ -963,6 +963,10 @@ class NSQLookupd:
             return respond_plain(data)  # /ping is the one plain-text route
         return self._respond(request, 200, data)
 
+    def _ha_registration(self, command: str, peer: PeerInfo, params: list[bytes]) -> None:
+        """REGISTER/UNREGISTER of the HA dialect (HANSQLookupd); upstream never calls it."""
+        raise _ClientError("E_INVALID", f"invalid command {command}")
+
     def _respond(self, request: web.Request, status: int, data: Any) -> web.Response:
         # Upstream nsqlookupd (1.2+) answers every route in the v1 form, whatever Accept says.
         return respond_v1(status, data)

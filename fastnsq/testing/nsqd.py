@@ -271,7 +271,8 @@ class NSQD:
         self._next_id = (time.time_ns() // 1_000_000) << 20
         self.start_time = 0
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
-        self._tcp_server: asyncio.Server | None = None
+        # An asyncio server, or one being created after refuse_connections = False.
+        self._tcp_server: Any = None
         self._http_runner: web.AppRunner | None = None
         self._http_session: aiohttp.ClientSession | None = None
         self._watched: set[Channel] = set()
@@ -353,7 +354,7 @@ class NSQD:
         if self._lookup is not None:
             await self._lookup.stop()
             self._lookup = None
-        self._tcp_server.close()  # type: ignore[union-attr]
+        self._tcp_server.close()
         clients = list(self.clients.values())
         for client in clients:
             client.close()
@@ -365,8 +366,8 @@ class NSQD:
                 del self.topics[name]
             else:
                 topic.keep_for_restart(keep_messages)
-        for partition in self.partitions.values():
-            partition.keep_for_restart(keep_messages)
+        for part in self.partitions.values():
+            part.keep_for_restart(keep_messages)
         self._watched.clear()
         if self._scan_timer is not None:
             self._scan_timer.cancel()
@@ -383,7 +384,7 @@ class NSQD:
             if client.alive and client.transport is not None:
                 client.transport.abort()
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._tcp_server.wait_closed(), _CLOSE_GRACE)  # type: ignore[union-attr]
+            await asyncio.wait_for(self._tcp_server.wait_closed(), _CLOSE_GRACE)
         self._tcp_server = None
         self._refusing = False
         if self._http_runner is not None:
@@ -420,7 +421,7 @@ class NSQD:
             return
         self._refusing = bool(refuse)
         if refuse:
-            self._tcp_server.close()  # type: ignore[union-attr]
+            self._tcp_server.close()
             return
         sock = _listen(self.options.host, self.tcp_port)
         self._tcp_server = _PendingServer(self.loop, self.loop.create_server(self._new_connection, sock=sock))
@@ -577,10 +578,10 @@ class NSQD:
         """
         out: list[tuple[str, ...]] = []
         if self.ha:
-            for (name, partition), topic in sorted(self.partitions.items()):
-                if topic.leader:
+            for (name, partition), part in sorted(self.partitions.items()):
+                if part.leader:
                     out.append((name, str(partition)))
-                    out.extend((name, str(partition), channel) for channel in topic.channels)
+                    out.extend((name, str(partition), channel) for channel in part.channels)
             return out
         for topic in self.topics.values():
             if topic.channels:
@@ -643,8 +644,8 @@ class NSQD:
         pid = str(partition)
         if leader:
             self.notify_lookupd(b"REGISTER", topic, pid)
-            for channel in part.channels:
-                self.notify_lookupd(b"REGISTER", topic, pid, channel)
+            for name in part.channels:
+                self.notify_lookupd(b"REGISTER", topic, pid, name)
         else:
             for channel in part.channels.values():
                 channel.close_clients()
@@ -686,6 +687,7 @@ class NSQD:
     ) -> dict[str, Any]:
         """``GET /stats?format=json`` without the memory section (nsqd 1.3 shape)."""
         topics: list[dict[str, Any]] | None
+        selected: list[Any] | None
         if self.ha:
             parts = sorted(self.partitions.items())
             chosen = [t for (name, _), t in parts if not topic_name or name == topic_name]
@@ -721,7 +723,7 @@ class _PendingServer:
     """An asyncio server being created; quacks like one for ``close``/``wait_closed``."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, creating: Awaitable[asyncio.Server]) -> None:
-        self._task = loop.create_task(creating)  # type: ignore[arg-type]
+        self._task: asyncio.Task[asyncio.Server] = loop.create_task(creating)  # type: ignore[arg-type]
 
     def close(self) -> None:
         if self._task.done() and not self._task.cancelled() and self._task.exception() is None:
