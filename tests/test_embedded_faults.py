@@ -20,7 +20,7 @@ import pytest
 from fastnsq import codec
 from fastnsq.errors import InvalidValueError, ProtocolError
 from fastnsq.testing import NSQD
-from fastnsq.testing._nsqd_faults import MALFORMED_FRAMES
+from fastnsq.testing._nsqd_faults import MALFORMED_FRAMES, default_fatality
 
 from .test_embedded_ha import HAClient
 
@@ -353,3 +353,34 @@ def test_frame_counting_is_on_plain_frames() -> None:
     data, cut = Faults.count_frames(conn, frames)  # type: ignore[arg-type]
     assert not cut and data == frames and conn.frames_left == 2
     assert struct.unpack_from(">i", MALFORMED_FRAMES["negative_size"])[0] < 0
+
+
+@pytest.mark.parametrize(
+    ("code", "command", "ha", "fatal"),
+    [
+        ("E_PUB_FAILED", b"PUB", False, True),
+        ("E_PUB_FAILED", b"PUB", True, False),
+        ("E_MPUB_FAILED", b"MPUB", True, False),
+        ("E_FIN_FAILED", b"FIN", False, False),
+        ("E_FAILED_ON_NOT_LEADER", b"PUB_TRACE", True, False),
+        ("E_FAILED_ON_NOT_LEADER", b"SUB", True, True),
+        ("E_FAILED_ON_NOT_WRITABLE", b"FIN", True, True),
+        ("E_PUB_TOO_MUCH_WAITING", b"PUB", True, True),
+        ("INVALID_TRACE_ID", b"PUB_EXT", True, False),
+        ("E_TOPIC_NOT_EXIST", b"MPUB", True, True),
+    ],
+)
+def test_injected_errors_close_the_connection_as_nsqd_would(
+    code: str, command: bytes, ha: bool, fatal: bool
+) -> None:
+    assert default_fatality(code, command, ha) is fatal
+
+
+async def test_an_injected_fatal_ha_publish_error_closes_the_connection() -> None:
+    async with NSQD(ha=True) as nsqd:
+        nsqd.create_topic("waiting", 1)
+        nsqd.faults.fail_next("PUB", "E_PUB_TOO_MUCH_WAITING")
+        client = await connect(nsqd)
+        client.out.pub("waiting", b"x", 0)
+        client.flush()
+        await client.fatal("E_PUB_TOO_MUCH_WAITING ")

@@ -502,9 +502,12 @@ async def test_pub_to_an_ordered_topic_needs_a_partition(nsqd_ha: Any) -> None:
         frame
         == struct.pack(">i", 1) + b"E_BAD_PARTITION topic partition is not valid for multi partition: -1"
     )
+    for verb in (b"SUB", b"SUB_ADVANCED"):  # SUB_ADVANCED too: only SUB_ORDERED will do
+        client = await connect(nsqd_ha.tcp_address, heartbeat_interval=1000)
+        client.send_raw(command(verb, name.encode(), b"c", b"0"))
+        await client.fatal("E_SUB_ORDER_IS_MUST this topic is configured only allow ordered sub")
     client = await connect(nsqd_ha.tcp_address, heartbeat_interval=1000)
-    client.send_raw(command(b"SUB", name.encode(), b"c", b"0"))
-    await client.fatal("E_SUB_ORDER_IS_MUST this topic is configured only allow ordered sub")
+    await client.sub_ha(name, "c", 0, mode="ordered")
 
 
 # ---- the SUB family and the message layouts --------------------------------------------------------------
@@ -1102,3 +1105,54 @@ async def test_frames_of_an_ha_message_need_the_layout(nsqd_ha: Any, topic: str)
     await producer.ok()
     message = await consumer.message()
     assert len(message.body) == 12 + len(b"body") and message.body.endswith(b"body")
+
+
+async def test_fin_on_a_partition_no_longer_led_is_fatal() -> None:
+    """FIN's NOT_LEADER is fatal (a move closes the consumers first; here the flag flips alone)."""
+    async with NSQD(ha=True) as nsqd:
+        nsqd.create_topic("led", 1)
+        consumer = await connect(nsqd.tcp_address, heartbeat_interval=1000)
+        await consumer.sub_ha("led", "c", 0, rdy=1)
+        producer = await connect(nsqd.tcp_address)
+        producer.out.pub("led", b"x", 0)
+        producer.flush()
+        await producer.ok()
+        message = await consumer.message()
+        nsqd.partitions[("led", 0)].leader = False
+        consumer.fin(message.id)
+        await consumer.fatal("E_FAILED_ON_NOT_LEADER ")
+
+
+async def test_a_channel_that_cannot_take_the_client_is_not_writable() -> None:
+    """AddClient failing (here: the channel's consumer limit) is a fatal E_FAILED_ON_NOT_WRITABLE."""
+    async with NSQD(ha=True, max_channel_consumers=1) as nsqd:
+        nsqd.create_topic("full", 1)
+        first = await connect(nsqd.tcp_address, heartbeat_interval=1000)
+        await first.sub_ha("full", "c", 0)
+        second = await connect(nsqd.tcp_address, heartbeat_interval=1000)
+        second.send_raw(command(b"SUB", b"full", b"c", b"0"))
+        await second.fatal("E_FAILED_ON_NOT_WRITABLE ")
+
+
+async def test_too_many_connections_has_no_error_code() -> None:
+    async with NSQD(ha=True, max_conn_for_client=1) as nsqd:
+        first = await connect(nsqd.tcp_address)
+        first.send_raw(b"NOP\n")
+        await first.nothing(0.1)
+        frame = await raw_error_frame(nsqd.tcp_address, b"")
+        assert frame == struct.pack(">i", 1) + b"too much client connections"
+
+
+async def test_channels_must_exist_when_auto_create_is_disabled(nsq_cluster_ha: Any) -> None:
+    name, leaders = await cluster_topic(
+        nsq_cluster_ha, partitions=1, channels=["known"], disable_channel_auto_create=True
+    )
+    known = await connect(leaders[0], heartbeat_interval=1000)
+    await known.sub_ha(name, "known", 0)
+    other = await connect(leaders[0], heartbeat_interval=1000)
+    other.send_raw(command(b"SUB", name.encode(), b"other", b"0"))
+    await other.fatal("E_SUB_CHANNEL_NOT_REGISTERED channel is not registered under topic.")
+    _, _, body = await get(
+        f"http://{nsq_cluster_ha.lookupd_http_addresses[0]}/lookup", {"topic": name, "metainfo": "1"}
+    )
+    assert json.loads(body)["meta"]["disable_channel_auto_create"] is True

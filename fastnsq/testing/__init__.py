@@ -200,6 +200,7 @@ class ExternalCluster:
         ordered: bool = False,
         replicas: int | None = None,
         channels: Sequence[str] = (),
+        disable_channel_auto_create: bool = False,
         timeout: float = 30.0,
     ) -> dict[int, str]:
         """HA: create a topic through the lookupd (``POST /topic/create``), as on the embedded cluster.
@@ -217,6 +218,8 @@ class ExternalCluster:
             query["extend"] = "true"
         if ordered:
             query["orderedmulti"] = "true"
+        if disable_channel_auto_create:
+            query["disable_channel_auto_create"] = "true"
         accept = {"Accept": "application/vnd.nsq; version=1.0"}
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -534,6 +537,7 @@ class NSQCluster:
         ordered: bool = False,
         replicas: int | None = None,
         channels: Sequence[str] = (),
+        disable_channel_auto_create: bool = False,
     ) -> dict[int, int]:
         """HA: create ``topic`` with ``partitions`` partitions; returns {partition: leader index}.
 
@@ -542,7 +546,8 @@ class NSQCluster:
         an ext topic (consumers need ``extend_support``), ``ordered`` one that only
         allows SUB_ORDERED. ``channels`` are created on every partition (so that
         producers find the partitions with ``access=w`` and nothing published is
-        missed). Returns once the lookupd lists every partition with its leader.
+        missed); with ``disable_channel_auto_create`` SUB reaches no other channel.
+        Returns once the lookupd lists every partition with its leader.
         """
         self._require_ha("create_topic")
         from fastnsq import codec
@@ -572,11 +577,17 @@ class NSQCluster:
             known = self._ha_topics[topic] = _HATopic(partitions, ext, ordered, placements)
             for pid, placement in placements.items():
                 for index in placement.replicas:
-                    self.nsqds[index].create_partition(
+                    part = self.nsqds[index].create_partition(
                         topic, pid, ext=ext, ordered=ordered, leader=index == placement.leader
                     )
+                    part.disable_channel_auto_create = disable_channel_auto_create
             self.lookupd.set_topic_meta(  # type: ignore[attr-defined]
-                topic, partition_num=partitions, replica=replicas, extend_support=ext, ordered=ordered
+                topic,
+                partition_num=partitions,
+                replica=replicas,
+                extend_support=ext,
+                ordered=ordered,
+                disable_channel_auto_create=disable_channel_auto_create,
             )
         for channel in channels:
             for pid, placement in known.placements.items():
@@ -621,6 +632,7 @@ class NSQCluster:
         new_part = new.partitions.get(key) or new.create_partition(
             topic, partition, ext=known.ext, ordered=known.ordered, leader=False
         )
+        new_part.disable_channel_auto_create = old_part.disable_channel_auto_create
         old.set_leader(topic, partition, False)  # closes the partition's consumers, unregisters
         new_part.next_internal_id = max(new_part.next_internal_id, old_part.next_internal_id)
         new_part.next_offset = max(new_part.next_offset, old_part.next_offset)
@@ -660,6 +672,7 @@ class NSQCluster:
             ext=meta.extend_support,
             ordered=meta.ordered,
             replicas=min(meta.replica, running) if running else None,
+            disable_channel_auto_create=meta.disable_channel_auto_create,
         )
 
     async def _wait_leaders(self, topic: str, channels: Sequence[str] = ()) -> None:

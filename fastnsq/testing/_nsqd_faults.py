@@ -33,13 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from fastnsq.errors import InvalidValueError, is_fatal
+from fastnsq.errors import InvalidValueError
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._nsqd_client import ClientConnection
     from .nsqd import NSQD
 
-__all__ = ["MALFORMED_FRAMES", "FailRule", "Faults"]
+__all__ = ["MALFORMED_FRAMES", "FailRule", "Faults", "default_fatality"]
 
 Where = Callable[["ClientConnection"], bool]
 Direction = Literal["read", "write", "both"]
@@ -61,6 +61,31 @@ MALFORMED_FRAMES: dict[str, bytes] = {
 _PUBLISH_COMMANDS = frozenset(
     {b"PUB", b"MPUB", b"DPUB", b"PUB_TRACE", b"MPUB_TRACE", b"PUB_EXT", b"MPUB_EXT"}
 )
+# The server's own rules (shared/protocol.md §6), kept apart from the client's copy so
+# that a test of the client is not checked against the client's own belief.
+_NON_FATAL_UPSTREAM = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
+_NON_FATAL_HA = _NON_FATAL_UPSTREAM | {
+    "E_CREATE_TOPIC_FAILED",
+    "E_INVALID_JSON_HEADER",
+    "INVALID_TRACE_ID",
+    "E_EXT_NOT_SUPPORT",
+    "E_PUB_FAILED",
+    "E_MPUB_FAILED",
+}
+_NON_FATAL_HA_PUBLISH = frozenset({"E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE"})
+
+
+def default_fatality(code: str, command: bytes, ha: bool) -> bool:
+    """Whether nsqd closes the connection after ``code`` answering ``command``.
+
+    >>> default_fatality("E_PUB_FAILED", b"PUB", ha=False), default_fatality("E_PUB_FAILED", b"PUB", ha=True)
+    (True, False)
+    """
+    if not ha:
+        return code not in _NON_FATAL_UPSTREAM
+    if code in _NON_FATAL_HA:
+        return False
+    return not (command in _PUBLISH_COMMANDS and code in _NON_FATAL_HA_PUBLISH)
 
 
 @dataclass
@@ -208,7 +233,7 @@ class Faults:
                     del self.rules[index]
                 fatal = rule.fatal
                 if fatal is None:
-                    fatal = is_fatal(rule.code, ha=self._server.ha, answers_publish=name in _PUBLISH_COMMANDS)
+                    fatal = default_fatality(rule.code, name, self._server.ha)
                 return rule.code, rule.description, fatal
         return None
 

@@ -311,6 +311,8 @@ class HATopic(Topic):
         self.ext = ext
         self.ordered = ordered
         self.leader = leader
+        #: SUB only reaches existing channels (E_SUB_CHANNEL_NOT_REGISTERED otherwise).
+        self.disable_channel_auto_create = False
         self.next_internal_id = 1
         self.next_offset = 0
 
@@ -442,6 +444,16 @@ class HAClientConnection(ClientConnection):
         self.enable_trace = False
         self.layout = 0
         self.topic: HATopic | None = None
+
+    def _on_magic(self, magic: bytes) -> None:
+        limit = self.options.max_conn_for_client
+        if magic == codec.MAGIC_V2 and limit and len(self.server.clients) > limit:
+            # IOLoop's first check: no E_ code, then the close.
+            self._reader.pause()
+            self._write_now(codec.encode_error(b"too much client connections"))
+            self.close()
+            return
+        super()._on_magic(magic)
 
     def _unknown_command(self, name: bytes, params: list[bytes]) -> _ClientError:
         # fmt.Sprintf("invalid command %v", params) of the [][]byte words.
@@ -608,6 +620,8 @@ class HAClientConnection(ClientConnection):
             )
         if not topic.leader:
             raise _fatal(NOT_LEADER, "")
+        if topic.disable_channel_auto_create and channel_name not in topic.channels:
+            raise _fatal("E_SUB_CHANNEL_NOT_REGISTERED", "channel is not registered under topic.")
         channel: HAChannel = topic.get_channel(channel_name)  # type: ignore[assignment]
         if not topic.ext and self.desired_tag:
             self.desired_tag = ""  # a tag on a topic without ext is dropped

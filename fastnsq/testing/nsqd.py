@@ -115,6 +115,7 @@ class NSQDOptions:
     lookupd_ping_interval: float = 15.0
     allow_ext_compatible: bool = False
     allow_sub_ext_compatible: bool = False
+    max_conn_for_client: int = 0  # HA: more client connections are refused (0: no limit)
 
     def __post_init__(self) -> None:
         for name in (
@@ -593,12 +594,19 @@ class NSQD:
     # -- HA topic partitions ------------------------------------------------------------
 
     def create_topic(
-        self, topic: str, partitions: int = 1, *, ext: bool = False, ordered: bool = False
+        self,
+        topic: str,
+        partitions: int = 1,
+        *,
+        ext: bool = False,
+        ordered: bool = False,
+        disable_channel_auto_create: bool = False,
     ) -> None:
         """HA: create partitions ``0..partitions-1`` of ``topic`` here (this node leads them).
 
         What ``INTERNAL_CREATE_TOPIC`` does over TCP, plus what only a cluster can
-        create (``ordered`` topics). Existing partitions are left as they are.
+        create (``ordered`` topics, and ``disable_channel_auto_create``: SUB then only
+        reaches channels created beforehand). Existing partitions are left as they are.
 
         >>> nsqd = NSQD(ha=True)
         >>> nsqd.create_topic("events", 2, ext=True)
@@ -614,7 +622,8 @@ class NSQD:
         if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= 255:
             raise InvalidValueError(f"partitions must be an integer in 1..255, got {partitions!r}")
         for partition in range(partitions):
-            self.create_partition(topic, partition, ext=ext, ordered=ordered)
+            part = self.create_partition(topic, partition, ext=ext, ordered=ordered)
+            part.disable_channel_auto_create = disable_channel_auto_create
 
     def create_partition(
         self, topic: str, partition: int, *, ext: bool = False, ordered: bool = False, leader: bool = True
