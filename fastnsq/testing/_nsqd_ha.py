@@ -104,6 +104,7 @@ _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 # The message record on disk: u32 size + 8 timestamp + 2 attempts + 16 id + body.
 _RECORD_BASE = 4 + 26
+_ZERO_ID = bytes(8)
 
 # Message layouts per connection (what it sent): the ext header, the offset/size header.
 LAYOUT_EXT = 1
@@ -661,14 +662,14 @@ class HAClientConnection(ClientConnection):
 
     def _cmd_fin(self, params: list[bytes], body: Any) -> None:
         message_id = self._full_id(params, "FIN")
-        internal_id = _U64.unpack_from(message_id)[0]
-        if internal_id == 0 or internal_id >= 1 << 63:  # int64(id) <= 0
+        key = message_id[:8]
+        if key == _ZERO_ID or message_id[0] & 0x80:  # int64(internal id) <= 0
             raise _fatal("E_INVALID", "Invalid Message ID")
         topic = self.topic
         if topic is not None and not topic.leader:
             raise _fatal(NOT_LEADER, "")
         channel = self.channel
-        error = channel.finish(self, message_id[:8])  # type: ignore[union-attr]
+        error = channel.finish(self, key)  # type: ignore[union-attr]
         if error is not None:
             raise _nonfatal("E_FIN_FAILED", f"FIN {go_bytes(message_id)} failed {error}")
         self.finish_count += 1

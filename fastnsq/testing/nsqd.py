@@ -166,9 +166,15 @@ class NSQD:
     are nsqd's flags with durations in seconds (see :class:`NSQDOptions`); TLS needs
     ``tls_cert``/``tls_key`` (PEM files), AUTH needs ``auth_http_addresses``.
 
+    ``ha=True`` makes it a standalone youzan HA nsqd (``0.3.7-HA.1.13.0``): topics are
+    created with ``INTERNAL_CREATE_TOPIC`` or :meth:`create_topic`, never on use.
+    :attr:`faults` and :attr:`refuse_connections` inject failures in either dialect.
+
     >>> nsqd = NSQD(msg_timeout=5.0)
     >>> nsqd.options.msg_timeout
     5.0
+    >>> NSQD(ha=True).version
+    '0.3.7-HA.1.13.0'
     """
 
     #: The protocol class serving each TCP connection (a subclass may change the
