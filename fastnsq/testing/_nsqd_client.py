@@ -172,6 +172,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         )
         self._in_read = False
         self._pending_flush = False
+        self._pending_refill = False
         self._switch_compression: tuple[str, int] | None = None
         self._last_read = 0.0
         self._heartbeat_timer: asyncio.TimerHandle | None = None
@@ -249,6 +250,10 @@ class ClientConnection(asyncio.BufferedProtocol):
         finally:
             self._in_read = False
         self._last_read = self.loop.time()
+        if self._pending_refill:
+            self._pending_refill = False
+            if self.channel is not None and not self._closing:
+                self.channel.client_may_be_ready(self)
         if self._switch_compression is not None and not self._closing:
             self._start_decompressing()
         if self._pending_flush:
@@ -349,11 +354,35 @@ class ClientConnection(asyncio.BufferedProtocol):
         if self._out_size >= self.output_buffer_size:
             self._flush()
         elif self._flush_timer is None and self.output_buffer_timeout > 0:
-            # nsqd's flusher is a ticker: flush at its next tick.
-            period = self.output_buffer_timeout
-            now = self.loop.time()
-            due = now + period - ((now - self._tick_origin) % period)
-            self._flush_timer = self.loop.call_at(due, self._on_flush_tick)
+            self._arm_flush_tick()
+
+    def _arm_flush_tick(self) -> None:
+        # nsqd's flusher is a ticker: flush at its next tick.
+        period = self.output_buffer_timeout
+        now = self.loop.time()
+        due = now + period - ((now - self._tick_origin) % period)
+        self._flush_timer = self.loop.call_at(due, self._on_flush_tick)
+
+    def write_messages(self, frames: list[bytes]) -> None:
+        """Buffer several message frames at once (one delivery batch)."""
+        self._out.extend(frames)
+        self._out_size += sum(map(len, frames))
+        if self._out_size >= self.output_buffer_size:
+            self._flush()
+        elif self._flush_timer is None and self.output_buffer_timeout > 0:
+            self._arm_flush_tick()
+
+    def refill(self) -> None:
+        """A FIN or REQ freed room: let the channel hand this client more.
+
+        Within a read pass this waits for the pass's end, so that a pass of many
+        FINs refills in one batch (nsqd's message pump runs beside the reader; both
+        orders are what a real nsqd may do).
+        """
+        if self._in_read:
+            self._pending_refill = True
+        elif self.channel is not None:
+            self.channel.client_may_be_ready(self)
 
     def flush_messages(self) -> None:
         """The client is no longer ready: nsqd's message pump flushes."""
@@ -791,7 +820,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             raise _ClientError("E_FIN_FAILED", f"FIN {text(message_id)} failed {error}", fatal=False)
         self.finish_count += 1
         self.in_flight -= 1
-        channel.client_may_be_ready(self)  # type: ignore[union-attr]
+        self.refill()
 
     def _cmd_req(self, params: list[bytes], body: Any) -> None:
         message_id = self._message_id(params, "REQ", 2)
@@ -805,7 +834,7 @@ class ClientConnection(asyncio.BufferedProtocol):
             raise _ClientError("E_REQ_FAILED", f"REQ {text(message_id)} failed {error}", fatal=False)
         self.requeue_count += 1
         self.in_flight -= 1
-        channel.client_may_be_ready(self)  # type: ignore[union-attr]
+        self.refill()
 
     def _cmd_touch(self, params: list[bytes], body: Any) -> None:
         message_id = self._message_id(params, "TOUCH", 1)

@@ -204,6 +204,13 @@ class HAChannel(Channel):
         if self.ordered:
             client.flush_messages()  # needFlush = IsOrdered()
 
+    def _deliver_from_queue(self, client: Any, count: int, now: float) -> None:
+        # The HA layouts and ordered flushes live in _deliver: one at a time
+        # (sampled-out messages free their room, hence the loop on room, not count).
+        queue = self.queue
+        while queue and client.rdy > client.in_flight:
+            self._deliver(client, queue.popleft(), now)
+
     # -- ordered channels: one message in flight for the whole partition -------------
 
     def client_may_be_ready(self, client: Any) -> None:
@@ -674,7 +681,7 @@ class HAClientConnection(ClientConnection):
             raise _nonfatal("E_FIN_FAILED", f"FIN {go_bytes(message_id)} failed {error}")
         self.finish_count += 1
         self.in_flight -= 1
-        channel.client_may_be_ready(self)  # type: ignore[union-attr]
+        self.refill()
 
     def _cmd_req(self, params: list[bytes], body: Any) -> None:
         message_id = self._full_id(params, "REQ")
@@ -692,7 +699,7 @@ class HAClientConnection(ClientConnection):
             raise _nonfatal("E_REQ_FAILED", f"REQ {go_bytes(message_id)} failed {error}")
         self.requeue_count += 1
         self.in_flight -= 1
-        channel.client_may_be_ready(self)
+        self.refill()
 
     def _cmd_touch(self, params: list[bytes], body: Any) -> None:
         message_id = self._full_id(params, "TOUCH")

@@ -124,11 +124,42 @@ class Channel:
             client.flush_messages()
 
     def _fill(self, client: ClientConnection) -> None:
+        count = min(len(self.queue), client.rdy - client.in_flight)
+        if count > 0:
+            self._deliver_from_queue(client, count, self.server.loop.time())
+
+    def _deliver_from_queue(self, client: ClientConnection, count: int, now: float) -> None:
+        """Deliver the first ``count`` queued messages to ``client``: :meth:`_deliver`
+        unrolled for a batch (one deadline, one write), the path of every refill."""
         queue = self.queue
-        now = self.server.loop.time()
-        deliver = self._deliver
-        while queue and client.rdy > client.in_flight:
-            deliver(client, queue.popleft(), now)
+        if client.sample_rate:  # sampled-out messages free their room: fill it again
+            deliver = self._deliver
+            while queue and client.rdy > client.in_flight:
+                deliver(client, queue.popleft(), now)
+            return
+        pop = queue.popleft
+        in_flight = self.in_flight
+        if not in_flight:
+            self.server.watch(self)
+        timeout = client.delivery_timeout
+        deadline = now + timeout
+        expiring = self._timeouts.get(timeout)
+        if expiring is None:
+            expiring = self._timeouts[timeout] = deque()
+        expire = expiring.append
+        encode = _encode_message
+        frames = []
+        add_frame = frames.append
+        for _ in range(count):
+            message_id, body, timestamp, attempts, _defer = pop()
+            attempts += 1
+            in_flight[message_id] = (message_id, body, timestamp, attempts, client, deadline, now)
+            expire((deadline, message_id))
+            add_frame(encode(timestamp, attempts & 0xFFFF, message_id, body))
+        client.in_flight += count
+        client.message_count += count
+        self.delivery_count += count
+        client.write_messages(frames)
 
     # -- messages in -------------------------------------------------------
 
@@ -223,8 +254,13 @@ class Channel:
 
     def finish(self, client: ClientConnection, message_id: bytes) -> str | None:
         """FIN: forget the message; returns nsqd's error text on failure."""
-        entry = self._pop_in_flight(client, message_id)
-        return entry if type(entry) is str else None
+        in_flight = self.in_flight
+        entry = in_flight.get(message_id)
+        if entry is not None and entry[OWNER] is client:  # the hot path, inlined
+            del in_flight[message_id]
+            return None
+        error = self._pop_in_flight(client, message_id)
+        return error if type(error) is str else None
 
     def requeue(self, client: ClientConnection, message_id: bytes, delay: float) -> str | None:
         """REQ: back to the queue now, or after ``delay`` seconds; error text on failure."""
