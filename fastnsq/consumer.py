@@ -78,6 +78,10 @@ _ORDERED_GIVE_UP = ("finish", "requeue", "stop")
 _REFRESH_ERRORS = (NotLeaderError, NotWritableError, TopicNotExistError)
 _REFRESH_DELAY = 1.0
 _EAGER_TASKS = sys.version_info >= (3, 12)
+# `async for` hands out queued messages without awaiting; after this many in a row the
+# loop gets a pass, or a fast iterator would hold back its own FINs (they are written at
+# the end of a pass) and nsqd's refills until the whole max_in_flight is drained.
+_YIELD_EVERY = 256
 
 
 @dataclass
@@ -428,11 +432,17 @@ class Consumer:
         return self._messages()
 
     async def _messages(self) -> AsyncIterator[Any]:
+        handed = 0
         while True:
             while self._queue:
                 yield self._queue.popleft()
+                handed += 1
+                if handed >= _YIELD_EVERY:
+                    handed = 0
+                    await _give_the_loop_a_pass()
             if self._stopping or not self._running:
                 return
+            handed = 0
             await self._wait_queue()
 
     async def batches(self, max_size: int = 100, max_wait: float = 1.0) -> AsyncIterator[Batch]:
@@ -460,6 +470,8 @@ class Consumer:
             take = min(max_size, len(self._queue))
             if take:
                 yield Batch([self._queue.popleft() for _ in range(take)])
+                if self._queue:  # nothing above awaited: let the FINs out and the reads in
+                    await _give_the_loop_a_pass()
 
     async def _wait_queue(self, timeout: float | None = None) -> None:
         assert self._loop is not None
@@ -852,6 +864,10 @@ class Consumer:
             if timer is not None:
                 timer.cancel()
         self._rdy_timer = self._touch_timer = None
+
+
+async def _give_the_loop_a_pass() -> None:
+    await asyncio.sleep(0)
 
 
 async def _resume(coro: Any, yielded: Any) -> Any:

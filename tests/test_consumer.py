@@ -244,6 +244,63 @@ async def test_batches_wait_for_max_wait_when_not_starved(nsqd):
     await consumer.stop()
 
 
+class LoopPasses:
+    """Counts event-loop passes: a callback that reschedules itself with call_soon."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.count += 1
+        self._handle = self._loop.call_soon(self._tick)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+async def starved_consumer(nsqd, name: str, count: int = 3000, max_in_flight: int = 2500) -> Consumer:
+    """A consumer holding at least 85 % of ``max_in_flight`` unanswered messages."""
+    topic = unique(name)
+    await publish_spread([nsqd.tcp_address], topic, count)
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], max_in_flight=max_in_flight)
+    await consumer.start()
+    await eventually(consumer.is_starved, what="the consumer to hold its max_in_flight")
+    return consumer
+
+
+async def test_async_for_that_never_awaits_still_gives_the_loop_passes(nsqd):
+    # Otherwise its FINs (written at the end of a pass) and nsqd's refills wait until
+    # the whole max_in_flight is drained: a stop-and-go pipeline at half speed.
+    consumer = await starved_consumer(nsqd, "iterpasses")
+    passes = LoopPasses()
+    seen_at: list[int] = []
+    async for message in consumer:
+        message.finish()
+        seen_at.append(passes.count)
+        if len(seen_at) == 2000:  # all of them queued before the loop started
+            break
+    passes.stop()
+    assert seen_at[-1] - seen_at[0] >= 2000 // 256 - 1, seen_at[::256]
+    await consumer.stop()
+
+
+async def test_batches_give_the_loop_a_pass_between_batches(nsqd):
+    consumer = await starved_consumer(nsqd, "batchpasses")
+    passes = LoopPasses()
+    seen_at: list[int] = []
+    async for batch in consumer.batches(max_size=250, max_wait=10.0):
+        assert len(batch) == 250
+        batch.finish()
+        seen_at.append(passes.count)
+        if len(seen_at) == 8:  # 2000 messages, all queued before the loop started
+            break
+    passes.stop()
+    assert all(b > a for a, b in zip(seen_at, seen_at[1:])), seen_at
+    await consumer.stop()
+
+
 async def test_async_for_and_explicit_answers(nsqd):
     topic = unique("iter")
     await publish_spread([nsqd.tcp_address], topic, 4)
