@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import fastnsq  # noqa: E402
+import fastnsq
 
 SERVER = r"""
 import asyncio, json, sys

@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import fastnsq  # noqa: E402
-from fastnsq.testing.proxy import FaultProxy  # noqa: E402
+import fastnsq
+from fastnsq.testing.proxy import FaultProxy
 
 
 def rss_kib() -> int:

@@ -93,11 +93,11 @@ class Coalescer:
         "_create_future",
         "_flush",
         "_scheduled",
+        "flush_at",
+        "flush_bytes",
         "max_msg_size",
         "pending",
         "published",
-        "flush_at",
-        "flush_bytes",
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, flush: Callable[[dict[Any, Batch]], Any],

@@ -149,6 +149,7 @@ class Message:
         "_auto_response",
         "_ha",
         "_responded",
+        "address",
         "attempts",
         "body",
         "delegate",
@@ -157,7 +158,6 @@ class Message:
         "id",
         "offset",
         "partition",
-        "address",
         "raw_size",
         "timestamp",
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ def scenario_names() -> list[str]:
     return sorted(p.stem for p in CAPTURES.glob("*.json") if p.stem != "http")
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(name: str) -> dict[str, Any]:
     return json.loads((CAPTURES / f"{name}.json").read_text())
 

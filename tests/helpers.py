@@ -7,9 +7,10 @@ import itertools
 import os
 import ssl
 import tempfile
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import pytest
 import trustme

@@ -13,8 +13,8 @@ import asyncio
 import base64
 import io
 import json
-import re
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -432,7 +432,7 @@ async def test_bench_runs_workloads_with_progress_and_table(nsqd, tmp_path: Path
     assert [row.split()[0] for row in rows] == ["pub", "consume"]
     # The timed window opens at the first acknowledgement past the warm-up; acks come in
     # batches, so it measures up to one batch fewer than --count (and says how many).
-    measured = re.findall(r"^(pub|consume): ([\d,]+) messages in", outcome.stderr, re.M)
+    measured = re.findall(r"^(pub|consume): ([\d,]+) messages in", outcome.stderr, re.MULTILINE)
     assert [name for name, _ in measured] == ["pub", "consume"]
     assert all(2800 <= int(n.replace(",", "")) <= 3000 for _, n in measured)
     data = json.loads(results.read_text())

@@ -185,7 +185,7 @@ def as_bytes(body) -> bytes:
 def expected_command(cmd) -> tuple:
     """What the server-side splitter must give back for a command."""
     name, *args = cmd
-    part = lambda p: [] if p is None else [b"%d" % p]  # noqa: E731
+    part = lambda p: [] if p is None else [b"%d" % p]
     if name == "pub":
         return (b"PUB", [args[0].encode(), *part(args[2])], as_bytes(args[1]))
     if name == "mpub":

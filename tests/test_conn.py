@@ -26,7 +26,7 @@ from fastnsq.errors import (
 from fastnsq.testing import NSQD, AuthServer
 from fastnsq.testing.auth import authorization
 
-from .helpers import eventually, is_tls_failure, skip_if_external, tls_files, unique
+from .helpers import eventually, is_tls_failure, tls_files, unique
 
 SECRET = "s3cret-token"
 

@@ -8,6 +8,7 @@ FASTNSQ_TEST_* variables). RDY is sampled on the server side, through nsqd's own
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import Counter
 
 import aiohttp
@@ -297,7 +298,7 @@ async def test_batches_give_the_loop_a_pass_between_batches(nsqd):
         if len(seen_at) == 8:  # 2000 messages, all queued before the loop started
             break
     passes.stop()
-    assert all(b > a for a, b in zip(seen_at, seen_at[1:])), seen_at
+    assert all(b > a for a, b in itertools.pairwise(seen_at)), seen_at
     await consumer.stop()
 
 

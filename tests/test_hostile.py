@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from fastnsq import Consumer, Producer, codec
 from fastnsq.config import ConnectionOptions
 from fastnsq.conn import Connection
-from fastnsq.errors import ConnectionClosedError, InvalidValueError, NSQError, ProtocolError, ServerError
+from fastnsq.errors import InvalidValueError, NSQError, ProtocolError, ServerError
 from fastnsq.testing import NSQD, AuthServer
 from fastnsq.testing.auth import authorization
 
-from .helpers import eventually, unique
+from .helpers import eventually
 
 CORPUS = Path(__file__).parent / "corpus" / "server_bytes"
 IDENTIFY_ANSWER = codec.encode_response(json.dumps({"max_rdy_count": 2500, "version": "1.3.0"}).encode())

@@ -19,7 +19,7 @@ from fastnsq.errors import (
 )
 from fastnsq.testing import NSQD
 
-from .helpers import eventually, skip_if_external, unique
+from .helpers import eventually, unique
 
 
 async def drain(address: str, topic: str, expected: int | None = None, *, quiet: float = 0.3) -> list[bytes]:

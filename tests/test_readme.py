@@ -20,8 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
-SHELL_BLOCKS = [b for b in re.findall(r"```sh\n(.*?)```", README, re.S) if "fastnsq " in b]
+PYTHON_BLOCKS = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
+SHELL_BLOCKS = [b for b in re.findall(r"```sh\n(.*?)```", README, re.DOTALL) if "fastnsq " in b]
 
 
 def _env() -> dict[str, str]:

@@ -148,7 +148,7 @@ class Channel:
             expiring = self._timeouts[timeout] = deque()
         expire = expiring.append
         encode = _encode_message
-        frames = []
+        frames: list[bytes] = []
         add_frame = frames.append
         for _ in range(count):
             message_id, body, timestamp, attempts, _defer = pop()

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from ..loop import new_event_loop
 
-__all__ = ["in_thread", "BackgroundServer"]
+__all__ = ["BackgroundServer", "in_thread"]
 
 S = TypeVar("S")
 

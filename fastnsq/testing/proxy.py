@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 import socket
-from typing import Any
 
 from ..config import parse_address
 
@@ -32,7 +31,7 @@ _CHUNK = 65536
 class _Link:
     """One proxied connection: client side and upstream side, two pumps."""
 
-    def __init__(self, proxy: "FaultProxy", client: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+    def __init__(self, proxy: FaultProxy, client: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
         self.proxy = proxy
         self.client_reader, self.client_writer = client
         self.upstream_writer: asyncio.StreamWriter | None = None
@@ -121,7 +120,7 @@ class FaultProxy:
     @property
     def port(self) -> int:
         assert self._server is not None, "the proxy is not started"
-        return self._server.sockets[0].getsockname()[1]  # type: ignore[no-any-return]
+        return int(self._server.sockets[0].getsockname()[1])
 
     @property
     def connections(self) -> int:
@@ -138,11 +137,11 @@ class FaultProxy:
             await self._server.wait_closed()
             self._server = None
 
-    async def __aenter__(self) -> "FaultProxy":
+    async def __aenter__(self) -> FaultProxy:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc_info: Any) -> None:
+    async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
