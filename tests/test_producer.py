@@ -239,3 +239,15 @@ async def test_sync_producer_from_many_threads(nsqd):
     await asyncio.get_running_loop().run_in_executor(None, blocking_part)
     assert results == [b"OK"] * 401
     assert len(await drain(nsqd.tcp_address, topic, 402)) == 402
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray])  # bytes: the one-pass check; bytearray: per item
+def test_mpublish_chunks_at_the_exact_body_limit(kind):
+    producer = Producer(["127.0.0.1:4150"], max_body_size=8 + 10 * (4 + 100), max_msg_size=100)
+    fits = [kind(b"z" * 100)] * 10  # 4 + 4 + 10 * (4 + 100) bytes: exactly max_body_size
+    assert [len(c) for c in producer._chunks(fits)] == [10]
+    assert [len(c) for c in producer._chunks([*fits, kind(b"z")])] == [10, 1]
+    with pytest.raises(InvalidValueError, match="exceeds max_msg_size 100"):
+        producer._chunks([*fits[:3], kind(b"z" * 101)])
+    with pytest.raises(InvalidValueError, match="empty message body"):
+        producer._chunks([*fits[:3], kind(b"")])
