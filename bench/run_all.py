@@ -8,9 +8,10 @@ own virtualenv under ``bench/.peers/<peer>``), so the CPU each reports is its ow
 The peers are installed from PyPI on first use; one that cannot be installed or
 does not work gets its reason recorded instead of a number.
 
-    /work/venv/bin/python bench/run_all.py            # the full run (3 rounds; 160-290 s on 2 shared cores)
-    /work/venv/bin/python bench/run_all.py --quick    # CI-sized
-    /work/venv/bin/python bench/run_all.py --count 100000 --clients fastnsq,ansq --workloads consume
+    python3 dev.py bench                              # the full run (3 rounds; 140-290 s on 2 shared cores)
+    python3 dev.py bench --repeat 5 --readme          # what the README shows (its summary table updated)
+    .venv/bin/python bench/run_all.py --quick         # CI-sized
+    .venv/bin/python bench/run_all.py --count 100000 --clients fastnsq,ansq --workloads consume
 
 Writes ``bench/results/<date>-<host>.json`` and renders ``bench/results/report.md``
 and ``bench/results/chart.png`` from it (``bench/report.py``).
@@ -457,6 +458,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reinstall", action="store_true", help="recreate the peers' virtualenvs")
     parser.add_argument("--output", default=None, help="JSON path (default bench/results/<date>-<host>.json)")
     parser.add_argument("--no-report", action="store_true", help="write the JSON only")
+    parser.add_argument("--readme", action="store_true",
+                        help="also put the summary table in README.md (for a full run on a quiet machine)")
     return parser
 
 
@@ -544,8 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     output.write_text(json.dumps(data, indent=2) + "\n")
     log(f"wrote {output}")
     if not args.no_report:
-        md, png = report.render(output)
-        log(f"wrote {md} and {png}")
+        md, png = report.render(output, readme=ROOT / "README.md" if args.readme else None)
+        log(f"wrote {md} and {png}" + (" and README.md's summary" if args.readme else ""))
         print()
         print(md.read_text())
     return 0
