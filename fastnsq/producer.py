@@ -388,19 +388,13 @@ class Producer:
             header = body_of = None
             make = lambda conn, pid, chunk: conn.mpublish(topic, chunk, partition=pid)
         chunks = self._chunks(items, header, body_of)
-        if len(chunks) == 1:  # the common case: no task for gather() to wrap it in
-            chunk = chunks[0]
-            return await self._call(
-                topic, lambda conn, pid: make(conn, pid, chunk), timeout, partition, sharding_key,
-                traced=trace_ids is not None,
-            )
-        results = await asyncio.gather(
-            *(
-                self._call(topic, lambda conn, pid, c=chunk: make(conn, pid, c), timeout, partition, sharding_key,
-                           traced=trace_ids is not None)
-                for chunk in chunks
-            )
-        )
+        sends = [
+            self._call(topic, lambda conn, pid, c=chunk: make(conn, pid, c), timeout, partition, sharding_key,
+                       traced=trace_ids is not None)
+            for chunk in chunks
+        ]
+        # One chunk is the common case: awaited directly, without a task for gather() to wrap it in.
+        results = [await sends[0]] if len(sends) == 1 else await asyncio.gather(*sends)
         return results[-1]
 
     def _check_topic(self, topic: str) -> None:
