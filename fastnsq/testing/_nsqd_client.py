@@ -549,13 +549,9 @@ class ClientConnection(asyncio.BufferedProtocol):
     def _apply_identify(self, data: dict[str, Any]) -> str | None:
         """client_v2.go's Identify: each setting validated in nsqd's order."""
         options = self.options
-        interval = data["heartbeat_interval"]
-        if interval == -1:
-            self.heartbeat_interval = 0.0
-        elif interval != 0:
-            if not 1000 <= interval <= int(options.max_heartbeat_interval * 1000):
-                return f"heartbeat interval ({interval}) is invalid"
-            self.heartbeat_interval = interval / 1000.0
+        error = self._apply_heartbeat_interval(data["heartbeat_interval"])
+        if error:
+            return error
         timeout = data["output_buffer_timeout"]
         if timeout == -1:
             self.output_buffer_timeout = 0.0
@@ -572,13 +568,27 @@ class ClientConnection(asyncio.BufferedProtocol):
             if not 64 <= size <= options.max_output_buffer_size:
                 return f"output buffer size ({size}) is invalid"
             self.output_buffer_size = size
+        return self._apply_sample_rate_and_msg_timeout(data)
+
+    def _apply_heartbeat_interval(self, interval: int) -> str | None:
+        """IDENTIFY's heartbeat_interval (ms; -1 disables), as both dialects check it."""
+        if interval == -1:
+            self.heartbeat_interval = 0.0
+        elif interval != 0:
+            if not 1000 <= interval <= int(self.options.max_heartbeat_interval * 1000):
+                return f"heartbeat interval ({interval}) is invalid"
+            self.heartbeat_interval = interval / 1000.0
+        return None
+
+    def _apply_sample_rate_and_msg_timeout(self, data: dict[str, Any]) -> str | None:
+        """IDENTIFY's sample_rate and msg_timeout, as both dialects check them."""
         rate = data["sample_rate"]
         if not 0 <= rate <= 99:
             return f"sample rate ({rate}) is invalid"
         self.sample_rate = rate
         msg_timeout = data["msg_timeout"]
         if msg_timeout != 0:
-            if not 1000 <= msg_timeout <= int(options.max_msg_timeout * 1000):
+            if not 1000 <= msg_timeout <= int(self.options.max_msg_timeout * 1000):
                 return f"msg timeout ({msg_timeout}) is invalid"
             self.msg_timeout = msg_timeout / 1000.0
         return None

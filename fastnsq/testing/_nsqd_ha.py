@@ -38,7 +38,6 @@ import json
 import random
 import struct
 import time
-from collections import deque
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fastnsq import codec
@@ -168,19 +167,7 @@ class HAChannel(Channel):
         attempts += 1
         if attempts > MAX_ATTEMPTS:  # noqa: PLR1730 - cheaper than min() per delivery
             attempts = MAX_ATTEMPTS
-        timeout = client.delivery_timeout
-        deadline = now + timeout
-        in_flight = self.in_flight
-        if not in_flight:
-            self.server.watch(self)
-        in_flight[message_id] = (message_id, payload, timestamp, attempts, client, deadline, now)
-        expiring = self._timeouts.get(timeout)
-        if expiring is None:
-            expiring = self._timeouts[timeout] = deque()
-        expiring.append((deadline, message_id))
-        client.in_flight += 1
-        client.message_count += 1
-        self.delivery_count += 1
+        self._take_off(client, message_id, payload, timestamp, attempts, now)
         body, wire_id, ext_version, ext, offset, raw_size = payload
         layout = client.layout
         if not layout:
@@ -481,13 +468,9 @@ class HAClientConnection(ClientConnection):
     def _apply_identify(self, data: dict[str, Any]) -> str | None:
         """youzan's client_v2 Identify: its order, its output-buffer rules, the tag and ext."""
         options = self.options
-        interval = data["heartbeat_interval"]
-        if interval == -1:
-            self.heartbeat_interval = 0.0
-        elif interval != 0:
-            if not 1000 <= interval <= int(options.max_heartbeat_interval * 1000):
-                return f"heartbeat interval ({interval}) is invalid"
-            self.heartbeat_interval = interval / 1000.0
+        error = self._apply_heartbeat_interval(data["heartbeat_interval"])
+        if error:
+            return error
         size = data["output_buffer_size"]
         if size == -1:
             self.output_buffer_size = 1
@@ -504,15 +487,9 @@ class HAClientConnection(ClientConnection):
             if not 1 <= timeout <= int(options.max_output_buffer_timeout * 1000):
                 return f"output buffer timeout ({timeout}) is invalid"
             self.output_buffer_timeout = max(timeout, 10) / 1000.0
-        rate = data["sample_rate"]
-        if not 0 <= rate <= 99:
-            return f"sample rate ({rate}) is invalid"
-        self.sample_rate = rate
-        msg_timeout = data["msg_timeout"]
-        if msg_timeout != 0:
-            if not 1000 <= msg_timeout <= int(options.max_msg_timeout * 1000):
-                return f"msg timeout ({msg_timeout}) is invalid"
-            self.msg_timeout = msg_timeout / 1000.0
+        error = self._apply_sample_rate_and_msg_timeout(data)
+        if error:
+            return error
         tag = data["desired_tag"]
         if tag:
             if len(tag.encode()) > 100:

@@ -143,10 +143,7 @@ class Channel:
             self.server.watch(self)
         timeout = client.delivery_timeout
         deadline = now + timeout
-        expiring = self._timeouts.get(timeout)
-        if expiring is None:
-            expiring = self._timeouts[timeout] = deque()
-        expire = expiring.append
+        expire = self._expiring(timeout).append
         encode = _encode_message
         frames: list[bytes] = []
         add_frame = frames.append
@@ -221,20 +218,29 @@ class Channel:
             return
         message_id, body, timestamp, attempts, _ = msg
         attempts += 1
+        self._take_off(client, message_id, body, timestamp, attempts, now)
+        client.write_message(_encode_message(timestamp, attempts & 0xFFFF, message_id, body))
+
+    def _take_off(self, client: ClientConnection, message_id: bytes, payload: Any, timestamp: int,
+                  attempts: int, now: float) -> None:
+        """Record one delivery: in flight with ``client`` until its deadline, counted."""
         timeout = client.delivery_timeout
         deadline = now + timeout
         in_flight = self.in_flight
         if not in_flight:
             self.server.watch(self)
-        in_flight[message_id] = (message_id, body, timestamp, attempts, client, deadline, now)
-        expiring = self._timeouts.get(timeout)
-        if expiring is None:
-            expiring = self._timeouts[timeout] = deque()
-        expiring.append((deadline, message_id))
+        in_flight[message_id] = (message_id, payload, timestamp, attempts, client, deadline, now)
+        self._expiring(timeout).append((deadline, message_id))
         client.in_flight += 1
         client.message_count += 1
         self.delivery_count += 1
-        client.write_message(_encode_message(timestamp, attempts & 0xFFFF, message_id, body))
+
+    def _expiring(self, timeout: float) -> deque[tuple[float, bytes]]:
+        """The (deadline, id) of the deliveries made with ``timeout``, oldest first."""
+        expiring = self._timeouts.get(timeout)
+        if expiring is None:
+            expiring = self._timeouts[timeout] = deque()
+        return expiring
 
     #: nsqd's error texts for FIN/REQ/TOUCH of a message that is not the client's.
     NOT_IN_FLIGHT = "ID not in flight"
