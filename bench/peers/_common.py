@@ -215,6 +215,35 @@ DRAINED = "nsqd /stats: channel drained (last FIN processed)"
 HANDLED = "the handler saw the last message"
 
 
+async def end_of_consume(meter: Meter, args: argparse.Namespace) -> str:
+    """After an asyncio driver's handler saw its last message: wait (in a thread, so the
+    client's loop keeps writing its last FINs) until nsqd has them; the window's end label."""
+    import asyncio
+
+    if meter.finished and args.nsqd_http_address:
+        await asyncio.get_running_loop().run_in_executor(
+            None, wait_drained, args.nsqd_http_address, args.topic, args.channel
+        )
+        return DRAINED
+    return "max_seconds" if meter.capped else HANDLED
+
+
+def run_asyncio_driver(client: str, version: str, runners: dict[str, Callable[..., Any]]) -> None:
+    """The main() of a driver whose workloads are coroutines ``runner(args, meter, loop_name)``."""
+    import asyncio
+
+    args = build_parser(client).parse_args()
+    loop_name = install_loop(args.loop)
+    if args.workload == "info":
+        emit_info(client, version, loop_name)
+        return
+
+    async def run() -> dict[str, Any]:
+        return await runners[args.workload](args, Meter(args), loop_name)
+
+    emit(asyncio.run(run()))
+
+
 def emit(result: dict[str, Any]) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 

@@ -87,14 +87,7 @@ async def run_consume(args, meter, loop_name):
         await asyncio.wait({task}, timeout=0.05)
         if not task.done() and meter.past_deadline():
             task.cancel()
-    end = _common.HANDLED
-    if meter.finished and args.nsqd_http_address:
-        await asyncio.get_running_loop().run_in_executor(
-            None, _common.wait_drained, args.nsqd_http_address, args.topic, args.channel
-        )
-        end = _common.DRAINED
-    elif meter.capped:
-        end = "max_seconds"
+    end = await _common.end_of_consume(meter, args)
     meter.close_window()
     await conn.close()
     return meter.result(
@@ -105,19 +98,8 @@ async def run_consume(args, meter, loop_name):
     )
 
 
-async def main_async(args, loop_name):
-    meter = _common.Meter(args)
-    runner = {"pub": run_pub, "mpub": run_mpub, "consume": run_consume}[args.workload]
-    return await runner(args, meter, loop_name)
-
-
 def main() -> None:
-    args = _common.build_parser(CLIENT).parse_args()
-    loop_name = _common.install_loop(args.loop)
-    if args.workload == "info":
-        _common.emit_info(CLIENT, version(CLIENT), loop_name)
-        return
-    _common.emit(asyncio.run(main_async(args, loop_name)))
+    _common.run_asyncio_driver(CLIENT, version(CLIENT), {"pub": run_pub, "mpub": run_mpub, "consume": run_consume})
 
 
 if __name__ == "__main__":
