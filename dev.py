@@ -5,6 +5,12 @@
     python3 dev.py test     # venv + install + the test suite, with both codec implementations
     python3 dev.py bench    # venv + install + the benchmark report in bench/
 
+    python3 dev.py test --real BIN_DIR      # the suite against real nsqd/nsqlookupd from BIN_DIR
+    python3 dev.py captures --real BIN_DIR  # record the released nsqd's answers into tests/captures
+
+Real servers: BIN_DIR holds nsqd and nsqlookupd (build them with ../shared/real-servers);
+FASTNSQ_REAL_BIN=BIN_DIR adds the real pass to a plain `dev.py test`.
+
 Idempotent: the virtualenv lives in .venv and is only reinstalled when the build inputs
 change (pyproject.toml, setup.py, the Cython sources).
 """
@@ -23,6 +29,7 @@ VENV = ROOT / ".venv"
 STAMP = VENV / ".fastnsq-install-stamp"
 BUILD_INPUTS = ["pyproject.toml", "setup.py", "fastnsq/_frame.pyx", "fastnsq/_frame.pxd", "fastnsq/_coalesce.pyx"]
 EXTRAS = "test,testing,bench,spark"
+REAL_BIN_ENV = "FASTNSQ_REAL_BIN"
 
 
 def venv_python() -> Path:
@@ -64,18 +71,65 @@ def demo(python: Path, args: list[str]) -> None:
     run(python, "-m", "fastnsq.demo", *args)
 
 
-def test(python: Path, args: list[str]) -> None:
+def take_real(args: list[str]) -> tuple[Path | None, list[str]]:
+    """``--real BIN_DIR`` out of ``args`` (else ``FASTNSQ_REAL_BIN``), and the rest."""
+    rest = list(args)
+    if "--real" in rest:
+        at = rest.index("--real")
+        if at + 1 >= len(rest):
+            raise SystemExit("--real needs the folder with the real nsqd and nsqlookupd binaries")
+        folder = rest[at + 1]
+        del rest[at : at + 2]
+        return Path(folder).expanduser().resolve(), rest
+    from_env = os.environ.get(REAL_BIN_ENV, "").strip()
+    return (Path(from_env).expanduser().resolve() if from_env else None), rest
+
+
+def pytest_passes(python: Path, args: list[str], prefix: list[object]) -> None:
     """The suite with the C codec, then the integration tests again on the Python twin."""
-    run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args)
+    run(*prefix, python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args)
     env = dict(os.environ, FASTNSQ_NO_EXTENSIONS="1")
-    run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not spark and not slow", *args, env=env)
+    run(*prefix, python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not spark and not slow", *args, env=env)
+
+
+def test(python: Path, args: list[str]) -> None:
+    """The embedded pass, and the real pass when real binaries are given (``--real``)."""
+    real_bin, rest = take_real(args)
+    if real_bin is None or "--real" not in args:
+        pytest_passes(python, rest, [])
+    if real_bin is None:
+        print(
+            "real-server pass: skipped: no real nsqd binaries given "
+            f"(python3 dev.py test --real BIN_DIR, or {REAL_BIN_ENV}=BIN_DIR; build them with "
+            "../shared/real-servers); the suite ran on the embedded servers only",
+            flush=True,
+        )
+        return
+    print(f"real-server pass: nsqd and nsqlookupd from {real_bin}", flush=True)
+    pytest_passes(python, rest, [python, "-m", "fastnsq.testing.real", real_bin, "--"])
+
+
+def captures(python: Path, args: list[str]) -> None:
+    """Record the released nsqd's answers (tests/captures/nsqd-v1.3.0) from fresh real servers."""
+    real_bin, rest = take_real(args)
+    if real_bin is None:
+        raise SystemExit("captures needs --real BIN_DIR: the folder with the released nsqd v1.3.0 binaries")
+    out = ROOT / "tests" / "captures" / "nsqd-v1.3.0"
+    record = (
+        "import os, sys; from tests.captures import record; "
+        "emulates = os.environ['FASTNSQ_TEST_NSQD_EMULATES']; "
+        "sys.exit(f'{emulates} binaries: the recording is of the released v1.3.0') if emulates != 'v1.3.0' else "
+        "record.main(['--nsqd-tcp', os.environ['FASTNSQ_TEST_NSQD'], '--nsqd-http', os.environ['FASTNSQ_TEST_NSQD_HTTP'], "
+        "'--lookupd-http', os.environ['FASTNSQ_TEST_LOOKUPD_HTTP'], '--out', sys.argv[1], '--server', 'nsqd v1.3.0 (released)'])"
+    )
+    run(python, "-m", "fastnsq.testing.real", real_bin, "--nsqds", "1", "--", python, "-c", record, out, *rest)
 
 
 def bench(python: Path, args: list[str]) -> None:
     run(python, "bench/run_all.py", *args)
 
 
-COMMANDS = {"demo": demo, "test": test, "bench": bench}
+COMMANDS = {"demo": demo, "test": test, "bench": bench, "captures": captures}
 
 
 def main() -> int:

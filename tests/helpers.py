@@ -25,6 +25,46 @@ def unique(prefix: str = "t") -> str:
     return f"{prefix}_{os.getpid()}_{next(_counter)}_{os.urandom(3).hex()}"
 
 
+#: How late a real nsqd may hand back a deferred (REQ with a delay, DPUB, ``/pub?defer=``)
+#: or timed-out message: it notices them only in its queue scan, which runs every
+#: ``--queue-scan-interval`` (100 ms) over a list of channels it re-reads every 5 s
+#: (``QueueScanRefreshInterval``, built in: no flag), so a message of a channel younger
+#: than 5 s can come back up to 5.1 s after it was due. Tests wait that long and never
+#: assert an upper bound a real nsqd does not keep.
+NSQD_SCAN_LATENESS = 5.0 + 0.1
+# What a loaded 2-core machine adds to any wait.
+_LOAD_MARGIN = 1.0
+
+
+def due_within(delay: float) -> float:
+    """How long to wait for a message due in ``delay`` seconds from a real nsqd (see above)."""
+    return delay + NSQD_SCAN_LATENESS + _LOAD_MARGIN
+
+
+async def upstream_version(embedded: Any, http_address: str | None) -> str:
+    """Which upstream nsqd a server answers like: ``"v1.3.0"`` (released) or ``"master"``.
+
+    Embedded (an nsqd or a lookupd): its ``emulate`` option. Real: what the runner
+    said (``FASTNSQ_TEST_NSQD_EMULATES``), else nsq master's mark in the nsqd's
+    ``/info``: the topology fields (both versions report 1.3.0).
+    """
+    if embedded is not None:
+        options = getattr(embedded, "options", embedded)
+        return str(options.emulate)
+    said = os.environ.get("FASTNSQ_TEST_NSQD_EMULATES", "").strip()
+    if said:
+        return said
+    if not http_address:
+        pytest.skip("which nsqd version this is needs FASTNSQ_TEST_NSQD_EMULATES or FASTNSQ_TEST_NSQD_HTTP")
+    import json
+
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http, http.get(f"http://{http_address}/info") as response:
+        info = json.loads(await response.read())
+    return "master" if "topology_zone" in info else "v1.3.0"
+
+
 def skip_if_external(server: Any, why: str) -> None:
     if is_external(server):
         pytest.skip(f"needs an embedded server: {why}")

@@ -1,9 +1,11 @@
-"""Replay every conversation recorded from a real nsqd 1.3.0 against the embedded nsqd.
+"""Replay every conversation recorded from a real nsqd against the embedded nsqd.
 
-Each scenario of shared/captures/nsqd-1.3.0 is replayed step by step on a fresh
-embedded :class:`~fastnsq.testing.nsqd.NSQD`: a ``send`` step writes the recorded bytes,
-a ``recv`` step reads what arrives within a short wait (up to EOF for ``eof: true``)
-and compares it with the recorded bytes, frame by frame.
+Two recordings (``tests/captures``): the released nsqd v1.3.0 (what the embedded nsqd
+answers like by default) and nsq master 3103474b (``NSQD(emulate="master")``). Each
+scenario is replayed step by step on a fresh embedded :class:`~fastnsq.testing.nsqd.NSQD`
+emulating that version: a ``send`` step writes the recorded bytes, a ``recv`` step
+reads as many frames as the recording holds (plus a quiet period, or up to EOF) and
+compares them with the recorded ones, frame by frame.
 
 How the comparison treats what may legitimately differ:
 
@@ -19,7 +21,9 @@ How the comparison treats what may legitimately differ:
   frames are therefore compared in their own order, and every other frame in its
   own order.
 
-The HTTP answers (http.json) are compared by status, content headers and JSON shape.
+The HTTP answers of the released version are compared byte for byte (only the values
+of ``http_requests.VARIABLE_KEYS`` may differ: times, ports, addresses, memory); the
+older master recording, made from another server state, by status, headers and shape.
 """
 
 from __future__ import annotations
@@ -34,31 +38,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from fastnsq.compression import DeflateStream, SnappyStream
-from fastnsq.testing.nsqd import NSQD
+from fastnsq.testing.lookupd import NSQLookupd, go_json
+from fastnsq.testing.nsqd import MASTER, NSQD, RELEASED
 
-from .captures import COMPRESSED, http_answers, load, scenario_names
+from .captures import VERSIONS, http_answers, http_requests, load, scenario_names
+from .captures.wire import Conversation, expected_frames, split_frames
 
-# How long a recv step waits for the recorded bytes, and how long it then listens
-# for anything more (a frame too many is a failure too).
-RECV_TIMEOUT = 3.0
-QUIET = 0.15
-EMPTY_WAIT = 0.3
 HEX = re.compile(rb"^[0-9a-f]{16}$")
-
-
-def split_frames(data: bytes) -> tuple[list[tuple[int, bytes]], bytes]:
-    """(frame type, data) for each complete frame, and the bytes left over."""
-    frames = []
-    pos = 0
-    while len(data) - pos >= 8:
-        size = struct.unpack_from(">i", data, pos)[0]
-        if len(data) - pos - 4 < size:
-            break
-        frame_type = struct.unpack_from(">i", data, pos + 4)[0]
-        frames.append((frame_type, data[pos + 8 : pos + 4 + size]))
-        pos += 4 + size
-    return frames, data[pos:]
 
 
 def message_fields(data: bytes) -> tuple[int, bytes, bytes]:
@@ -102,142 +88,110 @@ def assert_frames_match(
         assert actual == expected, f"{where}: {actual!r} vs recorded {expected!r}"
 
 
-class Replayer:
-    """One client connection replaying a scenario's steps."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str) -> None:
-        self.reader = reader
-        self.writer = writer
-        self.name = name
-        self.compressed = name in COMPRESSED
-        self.kind = "snappy" if "snappy" in name else "deflate"
-        # Decompressors for the recorded and for the received server streams.
-        self._expected_stream: SnappyStream | DeflateStream | None = None
-        self._actual_stream: SnappyStream | DeflateStream | None = None
-        # Message ids are variable: FIN/REQ/TOUCH of a recorded id are sent with the
-        # id the embedded server gave the same message.
-        self.ids: dict[bytes, bytes] = {}
-
-    async def send(self, data: bytes) -> None:
-        for recorded, received in self.ids.items():
-            data = data.replace(recorded, received)
-        self.writer.write(data)
-        await self.writer.drain()
-
-    async def receive(self, expected_size: int, eof: bool, timeout: float = RECV_TIMEOUT) -> bytes:
-        """What arrives: up to EOF, or ``expected_size`` bytes plus a quiet period."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        data = b""
-        if eof:
-            while True:
-                chunk = await asyncio.wait_for(self.reader.read(65536), max(0.01, deadline - loop.time()))
-                if not chunk:
-                    return data
-                data += chunk
-        if expected_size == 0:
-            try:
-                return await asyncio.wait_for(self.reader.read(65536), EMPTY_WAIT)
-            except asyncio.TimeoutError:
-                return b""
-        while len(data) < expected_size and loop.time() < deadline:
-            try:
-                chunk = await asyncio.wait_for(self.reader.read(65536), deadline - loop.time())
-            except asyncio.TimeoutError:
-                break
-            if not chunk:
-                return data
-            data += chunk
-        try:
-            data += await asyncio.wait_for(self.reader.read(65536), QUIET)
-        except asyncio.TimeoutError:
-            pass
-        return data
-
-    def _stream(self) -> SnappyStream | DeflateStream:
-        return SnappyStream() if self.kind == "snappy" else DeflateStream()
-
-    def compare(self, expected: bytes, actual: bytes, variable: list[str], where: str) -> None:
-        if not self.compressed:
-            assert_frames_match(expected, actual, variable, where, self.ids)
-            return
-        if self._expected_stream is None:
-            # The first answer: the IDENTIFY JSON in plaintext, then the compressed stream.
-            size = struct.unpack_from(">i", expected, 0)[0]
-            plain_exp, expected = expected[: 4 + size], expected[4 + size :]
-            assert actual[: 4 + size] == plain_exp, f"{where}: {actual!r} vs {plain_exp!r}"
-            actual = actual[4 + size :]
-            self._expected_stream, self._actual_stream = self._stream(), self._stream()
-        if self.kind == "snappy":
-            assert actual[:10] == expected[:10] or not expected.startswith(b"\xff\x06")
-        plain_expected = self._expected_stream.decompress(expected)
-        plain_actual = self._actual_stream.decompress(actual)  # type: ignore[union-attr]
-        assert_frames_match(plain_expected, plain_actual, variable, where, self.ids)
-
-    def expected_size(self, expected: bytes) -> int:
-        """How many bytes to wait for (compressed sizes differ: wait for any)."""
-        if self.compressed and self._expected_stream is not None:
-            return 1
-        if self.compressed:
-            return struct.unpack_from(">i", expected, 0)[0] + 5
-        return len(expected)
+def assert_messages_and_others_match(
+    expected: list[tuple[int, bytes]], actual: list[tuple[int, bytes]], variable: list[str], where: str
+) -> None:
+    """Compare decoded frames (compressed streams are decoded by the conversation)."""
+    exp_bytes = b"".join(struct.pack(">ii", 4 + len(d), t) + d for t, d in expected)
+    act_bytes = b"".join(struct.pack(">ii", 4 + len(d), t) + d for t, d in actual)
+    assert_frames_match(exp_bytes, act_bytes, variable, where)
 
 
-async def replay(embedded: NSQD, name: str) -> None:
-    """Replay scenario ``name`` on its own connection to ``embedded``."""
-    scenario = load(name)
+async def replay(embedded: NSQD, name: str, version: str) -> None:
+    """Replay scenario ``name`` of ``version``'s recording on its own connection to ``embedded``."""
+    scenario = load(name, version)
     variable = scenario.get("variable") or []
-    host, port = embedded.tcp_address.rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    replayer = Replayer(reader, writer, name)
+    wanted = iter(expected_frames(scenario))
+    conversation = await Conversation.open(embedded.tcp_address, scenario)
     try:
         for index, step in enumerate(scenario["steps"]):
-            where = f"{name} step {index} ({step.get('why')})"
+            where = f"{version} {name} step {index} ({step.get('why')})"
             if "send" in step:
-                await replayer.send(bytes.fromhex(step["send"]))
+                await conversation.send(bytes.fromhex(step["send"]))
                 continue
-            expected = bytes.fromhex(step["recv"])
+            expected = next(wanted)
             eof = bool(step.get("eof"))
-            actual = await replayer.receive(replayer.expected_size(expected), eof)
-            replayer.compare(expected, actual, variable, where)
+            data, frames, closed = await conversation.receive(len(expected), eof)
+            conversation.learn_ids(expected, frames)
+            assert closed == eof, f"{where}: closed={closed}, recorded eof={eof}"
+            assert_messages_and_others_match(expected, frames, variable, where)
+            plain = conversation.stream.compression is None and not any(k == 2 for k, _ in expected)
+            if plain and not any("version" in v for v in variable):
+                # Without messages nor compression the bytes must be identical.
+                assert data == bytes.fromhex(step["recv"]), f"{where}: {data!r}"
     finally:
-        writer.close()
+        await conversation.close()
+
+
+@pytest.fixture(params=VERSIONS)
+def version(request: pytest.FixtureRequest) -> str:
+    """Each recorded upstream version in turn: the released v1.3.0, then nsq master."""
+    return str(request.param)
 
 
 @pytest.fixture
-async def embedded() -> AsyncIterator[NSQD]:
-    """A fresh embedded nsqd (the captures are replayed on the embedded server only)."""
-    server = NSQD()
+async def embedded(version: str) -> AsyncIterator[NSQD]:
+    """A fresh embedded nsqd emulating ``version`` (the captures are replayed on the embedded server only)."""
+    server = NSQD(emulate=version)
     await server.start()
     yield server
     await server.stop()
 
 
-SCENARIOS = [n for n in scenario_names() if n not in ("consume", "heartbeat_timeout")]
+def _scenarios(version: str) -> list[str]:
+    return [n for n in scenario_names(version) if n not in ("consume", "heartbeat_timeout")]
 
 
-@pytest.mark.parametrize("name", SCENARIOS)
-async def test_scenario(embedded: NSQD, name: str) -> None:
-    await replay(embedded, name)
+@pytest.mark.parametrize(
+    ("version", "name"), [(v, n) for v in VERSIONS for n in _scenarios(v)], indirect=["version"]
+)
+async def test_scenario(embedded: NSQD, version: str, name: str) -> None:
+    await replay(embedded, name, version)
 
 
-async def test_consume_after_publish(embedded: NSQD) -> None:
+def test_both_recordings_have_the_same_scenarios() -> None:
+    assert scenario_names(RELEASED) == scenario_names(MASTER)
+    assert len(scenario_names(RELEASED)) >= 20
+
+
+@pytest.mark.parametrize(("version", "topology"), [(RELEASED, False), (MASTER, True)])
+def test_only_master_answers_with_the_topology(version: str, topology: bool) -> None:
+    (answer,) = expected_frames(load("identify_negotiate", version))[0]
+    identify = json.loads(answer[1])
+    assert ("topology_zone" in identify, "topology_region" in identify) == (topology, topology)
+    info = json.loads(http_answers(version)["nsqd_info"]["body"])
+    assert ("topology_zone" in info) == topology
+
+
+async def test_consume_after_publish(embedded: NSQD, version: str) -> None:
     # consume.json was recorded on the nsqd that had just run publish.json (same
     # topic cap_topic, no channel yet): its messages are the ones publish.json
     # published, so publish.json is replayed first on the same server. SUB then
     # creates cap_channel, which receives the messages waiting in the topic; the DPUB
     # message is deferred by 1 s from then, so the first three are hello, a, bc.
-    await replay(embedded, "publish")
-    await replay(embedded, "consume")
+    await replay(embedded, "publish", version)
+    await replay(embedded, "consume", version)
 
 
-async def test_heartbeat_timeout(embedded: NSQD) -> None:
+async def test_heartbeat_timeout(embedded: NSQD, version: str) -> None:
     loop = asyncio.get_running_loop()
     started = loop.time()
-    await replay(embedded, "heartbeat_timeout")
+    scenario = load("heartbeat_timeout", version)
+    conversation = await Conversation.open(embedded.tcp_address, scenario)
+    try:
+        for step in scenario["steps"]:
+            if "send" in step:
+                await conversation.send(bytes.fromhex(step["send"]))
+        # Heartbeats 1 s apart, then the read deadline (2 x 1 s) closes the connection;
+        # whether the second heartbeat beats the close is a race in nsqd too.
+        _, frames, closed = await conversation.receive(1, eof=True)
+    finally:
+        await conversation.close()
     elapsed = loop.time() - started
-    # Two heartbeats 1 s apart, then the read deadline (2 x 1 s) closes the connection.
+    assert closed
     assert 1.8 < elapsed < 3.0, elapsed
+    assert frames[0][1].startswith(b"{")
+    assert 1 <= len(frames) - 1 <= 2 and all(f == (0, b"_heartbeat_") for f in frames[1:]), frames
 
 
 # ---- HTTP -----------------------------------------------------------------------------
@@ -275,10 +229,10 @@ def assert_same_shape(expected: Any, actual: Any, where: str) -> None:
         assert type(actual) is type(expected), f"{where}: {actual!r} is not a {type(expected).__name__}"
 
 
-def assert_http_matches(key: str, status: int, headers: Any, body: bytes) -> None:
-    recorded = http_answers()[key]
+def assert_http_matches(version: str, key: str, status: int, headers: Any, body: bytes) -> None:
+    recorded = http_answers(version)[key]
     assert status == recorded["status"], f"{key}: status {status}, body {body!r}"
-    for header in ("Content-Type", "X-Nsq-Content-Type"):
+    for header in http_requests.HEADERS:
         assert headers.get(header) == recorded["headers"].get(header), f"{key}: {header}"
     if recorded["headers"].get("Content-Type", "").startswith("application/json"):
         assert_same_shape(json.loads(recorded["body"]), json.loads(body), key)
@@ -286,24 +240,45 @@ def assert_http_matches(key: str, status: int, headers: Any, body: bytes) -> Non
         assert body.decode() == recorded["body"], key
 
 
-async def test_http_answers(embedded: NSQD) -> None:
-    # The recorded /stats came after publish, consume and the error scenarios (which
-    # created the channel cap_err), with no client connected: rebuild that state.
-    await replay(embedded, "publish")
-    await replay(embedded, "consume")
-    await replay(embedded, "err_sub_twice")
-    await asyncio.sleep(0.05)
-    url = f"http://{embedded.http_address}"
-    accept = {"Accept": "application/vnd.nsq; version=1.0"}
-    requests = [
-        ("nsqd_ping", "GET", "/ping", None),
-        ("nsqd_pub", "POST", "/pub?topic=cap_http", b"http hello"),
-        ("nsqd_mpub", "POST", "/mpub?topic=cap_http", b"one\ntwo\n"),
-        ("nsqd_pub_bad_topic", "POST", "/pub?topic=bad*topic", b"x"),
-        ("nsqd_info", "GET", "/info", None),
-        ("nsqd_stats", "GET", "/stats?format=json&topic=cap_topic", None),
-    ]
-    async with aiohttp.ClientSession(headers=accept) as session:
-        for key, method, path, body in requests:
-            async with session.request(method, url + path, data=body) as response:
-                assert_http_matches(key, response.status, response.headers, await response.read())
+def assert_http_same_bytes(key: str, recorded: dict[str, Any], actual: dict[str, Any]) -> None:
+    """Status, headers and body as recorded, but for the values of the variable keys."""
+    assert (actual["status"], actual["headers"]) == (recorded["status"], recorded["headers"]), key
+    if recorded["headers"].get("Content-Type", "").startswith("application/json"):
+        expected = go_json(http_requests.with_values_of(json.loads(recorded["body"]), json.loads(actual["body"])))
+        assert actual["body"].encode() == expected, f"{key}:\n{actual['body']}\nrecorded (variable values filled in):\n{expected.decode()}"
+    else:
+        assert actual["body"] == recorded["body"], key
+
+
+async def test_http_answers_of_the_released_nsqd_byte_for_byte() -> None:
+    # The recording's state: every scenario in the recorder's order (publish, consume,
+    # the rest) on one nsqd registered with one lookupd, then http_requests.run.
+    from .captures.record import FIRST
+
+    async with NSQLookupd() as lookupd, NSQD(emulate=RELEASED, lookupd_tcp_addresses=[lookupd.tcp_address]) as nsqd:
+        for name in FIRST + [n for n in scenario_names(RELEASED) if n not in FIRST]:
+            if name == "heartbeat_timeout":
+                continue  # the same server state without its 2 s of waiting (nothing published)
+            await replay(nsqd, name, RELEASED)
+        answers = await http_requests.run(nsqd.tcp_address, nsqd.http_address, lookupd.http_address)
+    recorded = http_answers(RELEASED)
+    assert sorted(answers) == sorted(recorded)
+    for key, actual in answers.items():
+        assert actual["request"] == recorded[key]["request"], key
+        assert_http_same_bytes(key, recorded[key], actual)
+
+
+async def test_http_answers_of_nsq_master_have_its_shape() -> None:
+    # The master recording's /stats came after publish, consume and the error scenarios
+    # (which created the channel cap_err), with no client connected.
+    async with NSQD(emulate=MASTER) as nsqd:
+        await replay(nsqd, "publish", MASTER)
+        await replay(nsqd, "consume", MASTER)
+        await replay(nsqd, "err_sub_twice", MASTER)
+        await asyncio.sleep(0.05)
+        async with aiohttp.ClientSession(headers=http_requests.ACCEPT_V1) as session:
+            for key, _, method, path, body in http_requests.NSQD_REQUESTS:
+                if key not in http_answers(MASTER):
+                    continue
+                async with session.request(method, f"http://{nsqd.http_address}{path}", data=body) as response:
+                    assert_http_matches(MASTER, key, response.status, response.headers, await response.read())

@@ -1,13 +1,15 @@
 """The embedded nsqlookupd answers as a real nsqlookupd 1.3 does, seen through the wire only.
 
-Registrations go over lookupd's TCP protocol with a raw client built on the codec;
-HTTP answers are compared with the real lookupd's in shared/captures/nsqd-1.3.0/http.json
-(status, content-type headers, JSON shape).
+Registrations go over lookupd's TCP protocol with a raw client built on the codec
+(standing in for an nsqd); HTTP answers are compared with the real lookupd's of the
+same version (tests/captures: the released v1.3.0 and nsq master): status,
+content-type headers, JSON shape.
 
-With ``FASTNSQ_TEST_LOOKUPD_HTTP`` set the HTTP tests run against that real
-nsqlookupd instead, registering topics through the real nsqd of
-``FASTNSQ_TEST_NSQD_HTTP`` (which must be registered with that lookupd); the TCP
-tests, which need the embedded server, skip.
+With ``FASTNSQ_TEST_LOOKUPD_HTTP`` (and ``FASTNSQ_TEST_LOOKUPD_TCP``) set, the same
+tests run against that real nsqlookupd: the HTTP ones register topics through the real
+nsqd of ``FASTNSQ_TEST_NSQD_HTTP`` (registered with that lookupd), the TCP ones talk to
+its TCP port as a made-up nsqd would. Only tests that configure, restart or reach into
+the embedded server skip there, each saying which.
 """
 
 from __future__ import annotations
@@ -28,10 +30,21 @@ from fastnsq.testing import NSQLookupd, external_lookupd_from_env, external_nsqd
 from fastnsq.testing.lookupd import LOOKUPD_VERSION, decode_identify, go_json, parse_go_query
 from tests.captures import http_answers
 
+from .helpers import upstream_version
+
 ACCEPT_V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 EXTERNAL = external_lookupd_from_env()
 EXTERNAL_NSQD = external_nsqd_from_env()
-embedded_only = pytest.mark.skipif(EXTERNAL is not None, reason="needs the embedded nsqlookupd")
+
+
+def embedded_only(why: str) -> pytest.MarkDecorator:
+    """Skip on a real lookupd, saying what of the embedded one the test needs."""
+    return pytest.mark.skipif(EXTERNAL is not None, reason=f"needs the embedded nsqlookupd: {why}")
+
+
+def fake_port() -> int:
+    """A TCP port for a made-up nsqd (nothing listens: lookupd only stores it), unique per test."""
+    return 20000 + 10 * (uuid.uuid4().int % 900)
 
 # The headers http.json recorded; compared on these names only (Date etc. vary).
 COMPARED_HEADERS = ("Content-Type", "X-Nsq-Content-Type")
@@ -94,18 +107,33 @@ class RawLookupdClient:
 
 
 def peer_fields(port: int, **overrides: Any) -> dict[str, Any]:
-    """An IDENTIFY body as nsqd 1.3 sends it (TCP on ``port``, HTTP on ``port + 1``)."""
+    """An IDENTIFY body as the released nsqd 1.3.0 sends it (TCP on ``port``, HTTP on ``port + 1``).
+
+    (nsq master adds ``topology_zone`` and ``topology_region``; lookupds of both
+    versions take either.)
+    """
     fields = {
         "version": "1.3.0",
         "tcp_port": port,
         "http_port": port + 1,
         "hostname": "testhost",
         "broadcast_address": "127.0.0.1",
-        "topology_zone": "",
-        "topology_region": "",
     }
     fields.update(overrides)
     return fields
+
+
+def tcp_address(lookupd: Any) -> str:
+    """The lookupd's TCP address (a real one's comes from ``FASTNSQ_TEST_LOOKUPD_TCP``)."""
+    if not lookupd.tcp_address:
+        pytest.skip("the real lookupd's TCP address is not given: set FASTNSQ_TEST_LOOKUPD_TCP")
+    return str(lookupd.tcp_address)
+
+
+async def node_of(http: aiohttp.ClientSession, lookupd: Any, remote_address: str) -> list[dict[str, Any]]:
+    """The /nodes entries of the connection from ``remote_address`` (other nsqds may be registered)."""
+    nodes = (await request(http, lookupd, "/nodes")).json()["producers"]
+    return [n for n in nodes if n["remote_address"] == remote_address]
 
 
 # ---- the server under test and how producers get into it -----------------------------------
@@ -145,9 +173,16 @@ async def request(
         return Answer(response.status, kept, await response.read())
 
 
-def assert_like_capture(answer: Answer, name: str) -> Any:
-    """Status and content-type headers exactly as the real lookupd's; returns the captured body."""
-    captured = http_answers()[name]
+async def version_of(lookupd: Any) -> str:
+    """Which upstream lookupd this is: ``"v1.3.0"`` (released) or ``"master"`` (topology fields)."""
+    if EXTERNAL is None:
+        return await upstream_version(lookupd, None)
+    return await upstream_version(None, EXTERNAL_NSQD.http_address if EXTERNAL_NSQD else None)
+
+
+async def assert_like_capture(answer: Answer, name: str, lookupd: Any) -> Any:
+    """Status and content-type headers exactly as the real lookupd's of the same version; the recorded body."""
+    captured = http_answers(await version_of(lookupd))[name]
     assert answer.status == captured["status"]
     assert answer.headers == captured["headers"]
     return captured["body"]
@@ -242,12 +277,12 @@ async def registrar(lookupd: Any, http: aiohttp.ClientSession) -> AsyncIterator[
 
 async def test_ping_is_plain_ok_as_captured(lookupd: Any, http: aiohttp.ClientSession) -> None:
     answer = await request(http, lookupd, "/ping")
-    assert answer.body.decode() == assert_like_capture(answer, "lookupd_ping")
+    assert answer.body.decode() == await assert_like_capture(answer, "lookupd_ping", lookupd)
 
 
 async def test_info_has_the_captured_shape(lookupd: Any, http: aiohttp.ClientSession) -> None:
     answer = await request(http, lookupd, "/info")
-    captured = json.loads(assert_like_capture(answer, "lookupd_info"))
+    captured = json.loads(await assert_like_capture(answer, "lookupd_info", lookupd))
     assert list(answer.json()) == list(captured) == ["version"]
     if EXTERNAL is None:
         assert answer.json() == {"version": LOOKUPD_VERSION}
@@ -262,7 +297,7 @@ async def test_lookup_has_the_captured_shape(
     await registrar.register(node, topic, "cap_err")
 
     answer = await request(http, lookupd, f"/lookup?topic={topic}")
-    captured = json.loads(assert_like_capture(answer, "lookupd_lookup"))
+    captured = json.loads(await assert_like_capture(answer, "lookupd_lookup", lookupd))
     body = answer.json()
     assert list(body) == list(captured) == ["channels", "producers"]
     assert sorted(body["channels"]) == ["cap_channel", "cap_err"]
@@ -283,12 +318,12 @@ async def test_lookup_of_an_unknown_topic_is_the_captured_404(
     lookupd: Any, http: aiohttp.ClientSession
 ) -> None:
     answer = await request(http, lookupd, f"/lookup?topic={unique('nope')}")
-    assert answer.body.decode() == assert_like_capture(answer, "lookupd_lookup_missing")
+    assert answer.body.decode() == await assert_like_capture(answer, "lookupd_lookup_missing", lookupd)
 
 
 async def test_listlookup_is_the_captured_404(lookupd: Any, http: aiohttp.ClientSession) -> None:
     answer = await request(http, lookupd, "/listlookup")
-    assert answer.body.decode() == assert_like_capture(answer, "lookupd_listlookup")
+    assert answer.body.decode() == await assert_like_capture(answer, "lookupd_listlookup", lookupd)
 
 
 async def test_topics_channels_nodes_have_the_captured_shape(
@@ -300,15 +335,15 @@ async def test_topics_channels_nodes_have_the_captured_shape(
     await registrar.register(node, other)
 
     topics = await request(http, lookupd, "/topics")
-    assert list(topics.json()) == list(json.loads(assert_like_capture(topics, "lookupd_topics")))
+    assert list(topics.json()) == list(json.loads(await assert_like_capture(topics, "lookupd_topics", lookupd)))
     assert {topic, other} <= set(topics.json()["topics"])
 
     channels = await request(http, lookupd, f"/channels?topic={topic}")
     assert channels.json() == {"channels": ["cap_channel"]}
-    assert_like_capture(channels, "lookupd_channels")
+    await assert_like_capture(channels, "lookupd_channels", lookupd)
 
     nodes = await request(http, lookupd, "/nodes")
-    captured = json.loads(assert_like_capture(nodes, "lookupd_nodes"))
+    captured = json.loads(await assert_like_capture(nodes, "lookupd_nodes", lookupd))
     mine = [
         p
         for p in nodes.json()["producers"]
@@ -353,7 +388,7 @@ async def test_errors_are_v1_json_with_the_real_status(
     answer = await request(http, lookupd, path, method=method)
     assert answer.status == status
     # The same headers as the captured 404.
-    assert answer.headers == http_answers()["lookupd_lookup_missing"]["headers"]
+    assert answer.headers == http_answers(await version_of(lookupd))["lookupd_lookup_missing"]["headers"]
     assert answer.json() == {"message": message}
 
 
@@ -378,11 +413,19 @@ async def test_answers_are_v1_with_or_without_the_accept_header(
     with_accept = await request(http, lookupd, path.format(topic=topic))
     without = await request(http, lookupd, path.format(topic=topic), accept=False)
     assert without.headers.get("X-Nsq-Content-Type") == "nsq; version=1.0"
-    assert (without.status, without.headers, without.body) == (
-        with_accept.status,
-        with_accept.headers,
-        with_accept.body,
-    )
+    assert (without.status, without.headers) == (with_accept.status, with_accept.headers)
+    # The same bytes, but for the order of listed names: nsqlookupd lists topics and
+    # channels in Go's map order, which differs from one call to the next.
+    assert names_sorted(without.body) == names_sorted(with_accept.body)
+
+
+def names_sorted(body: bytes) -> bytes:
+    """``body`` with its lists of names (topics, channels) in sorted order."""
+    data = json.loads(body)
+    for key in ("topics", "channels"):
+        if isinstance(data, dict) and isinstance(data.get(key), list):
+            data[key] = sorted(data[key])
+    return go_json(data)
 
 
 async def test_topic_create_and_delete(lookupd: Any, http: aiohttp.ClientSession) -> None:
@@ -441,103 +484,104 @@ async def test_tombstoned_producer_leaves_lookup_but_not_nodes(
     assert flags[topic] is True and flags[other] is False
 
 
-# ---- TCP: the registration protocol (embedded server only) ---------------------------------
+# ---- TCP: the registration protocol -------------------------------------------------------
 
 
-@embedded_only
-async def test_identify_answers_lookupds_own_info(lookupd: NSQLookupd) -> None:
-    client = await RawLookupdClient.connect(lookupd.tcp_address)
+async def test_identify_answers_lookupds_own_info(lookupd: Any) -> None:
+    client = await RawLookupdClient.connect(tcp_address(lookupd))
     try:
-        answer_bytes_sent = peer_fields(24150)
-        client.send_identify(json.dumps(answer_bytes_sent).encode())
+        client.send_identify(json.dumps(peer_fields(fake_port())).encode())
         raw = await client.answer()
         answer = json.loads(raw)
         # A Go map: keys sorted.
         assert list(answer) == ["broadcast_address", "hostname", "http_port", "tcp_port", "version"]
-        assert answer["tcp_port"] == lookupd.tcp_port
-        assert answer["http_port"] == lookupd.http_port
+        assert (answer["tcp_port"], answer["http_port"]) == (lookupd.tcp_port, lookupd.http_port)
         assert answer["version"] == LOOKUPD_VERSION
-        assert answer["broadcast_address"] == lookupd.broadcast_address
+        assert answer["broadcast_address"] == getattr(lookupd, "broadcast_address", answer["broadcast_address"])
+        assert answer["broadcast_address"] and answer["hostname"]
         assert raw == go_json(answer)
         assert await client.command("PING") == b"OK"
     finally:
         await client.close()
 
 
-@embedded_only
-async def test_register_unregister_and_close(lookupd: NSQLookupd, http: aiohttp.ClientSession) -> None:
-    client = await RawLookupdClient.connect(lookupd.tcp_address)
-    await client.identify(**peer_fields(24150))
-    assert await client.command("REGISTER events archive") == b"OK"
-    assert await client.command("REGISTER events tmp#ephemeral") == b"OK"
-    assert await client.command("REGISTER other") == b"OK"
-    body = (await request(http, lookupd, "/lookup?topic=events")).json()
-    assert body["channels"] == ["archive", "tmp#ephemeral"]
-    assert [p["tcp_port"] for p in body["producers"]] == [24150]
+async def test_register_unregister_and_close(lookupd: Any, http: aiohttp.ClientSession) -> None:
+    events, other = unique("events"), unique("other")
+    port = fake_port()
+    client = await RawLookupdClient.connect(tcp_address(lookupd))
+    await client.identify(**peer_fields(port))
+    assert await client.command(f"REGISTER {events} archive") == b"OK"
+    assert await client.command(f"REGISTER {events} tmp#ephemeral") == b"OK"
+    assert await client.command(f"REGISTER {other}") == b"OK"
+    body = (await request(http, lookupd, f"/lookup?topic={events}")).json()
+    assert sorted(body["channels"]) == ["archive", "tmp#ephemeral"]
+    assert [p["tcp_port"] for p in body["producers"]] == [port]
 
     # UNREGISTER of a channel: an ephemeral one disappears, a durable one stays listed.
-    assert await client.command("UNREGISTER events tmp#ephemeral") == b"OK"
-    assert await client.command("UNREGISTER events archive") == b"OK"
-    assert (await request(http, lookupd, "/channels?topic=events")).json() == {"channels": ["archive"]}
+    assert await client.command(f"UNREGISTER {events} tmp#ephemeral") == b"OK"
+    assert await client.command(f"UNREGISTER {events} archive") == b"OK"
+    assert (await request(http, lookupd, f"/channels?topic={events}")).json() == {"channels": ["archive"]}
 
     # UNREGISTER of a topic: the producer leaves it; the topic stays known (200, no producers).
-    assert await client.command("UNREGISTER events") == b"OK"
-    assert (await request(http, lookupd, "/lookup?topic=events")).json() == {
+    assert await client.command(f"UNREGISTER {events}") == b"OK"
+    assert (await request(http, lookupd, f"/lookup?topic={events}")).json() == {
         "channels": ["archive"],
         "producers": [],
     }
-    assert [n["topics"] for n in (await request(http, lookupd, "/nodes")).json()["producers"]] == [["other"]]
+    assert [n["topics"] for n in await node_of(http, lookupd, client.local_address)] == [[other]]
 
     # Closing the connection removes the node everywhere.
     await client.close()
     for _ in range(100):
-        if not (await request(http, lookupd, "/nodes")).json()["producers"]:
+        if not await node_of(http, lookupd, client.local_address):
             break
         await asyncio.sleep(0.01)
-    assert (await request(http, lookupd, "/nodes")).json() == {"producers": []}
-    assert (await request(http, lookupd, "/lookup?topic=other")).json() == {"channels": [], "producers": []}
-    assert set((await request(http, lookupd, "/topics")).json()["topics"]) == {"events", "other"}
+    assert await node_of(http, lookupd, client.local_address) == []
+    assert (await request(http, lookupd, f"/lookup?topic={other}")).json() == {"channels": [], "producers": []}
+    assert {events, other} <= set((await request(http, lookupd, "/topics")).json()["topics"])
 
 
-@embedded_only
-async def test_two_nodes_one_topic(lookupd: NSQLookupd, http: aiohttp.ClientSession) -> None:
-    clients = [await RawLookupdClient.connect(lookupd.tcp_address) for _ in range(2)]
+async def test_two_nodes_one_topic(lookupd: Any, http: aiohttp.ClientSession) -> None:
+    shared = unique("shared")
+    ports = [fake_port(), fake_port() + 5]
+    clients = [await RawLookupdClient.connect(tcp_address(lookupd)) for _ in range(2)]
     try:
-        for i, client in enumerate(clients):
-            await client.identify(**peer_fields(25000 + 10 * i))
-            assert await client.command("REGISTER shared ch") == b"OK"
+        for client, port in zip(clients, ports):
+            await client.identify(**peer_fields(port))
+            assert await client.command(f"REGISTER {shared} ch") == b"OK"
             # REGISTER twice is harmless.
-            assert await client.command("REGISTER shared ch") == b"OK"
-        body = (await request(http, lookupd, "/lookup?topic=shared")).json()
-        assert sorted(p["tcp_port"] for p in body["producers"]) == [25000, 25010]
+            assert await client.command(f"REGISTER {shared} ch") == b"OK"
+        body = (await request(http, lookupd, f"/lookup?topic={shared}")).json()
+        assert sorted(p["tcp_port"] for p in body["producers"]) == sorted(ports)
         assert body["channels"] == ["ch"]
         await clients[0].close()
         for _ in range(100):
-            producers = (await request(http, lookupd, "/lookup?topic=shared")).json()["producers"]
+            producers = (await request(http, lookupd, f"/lookup?topic={shared}")).json()["producers"]
             if len(producers) == 1:
                 break
             await asyncio.sleep(0.01)
-        assert [p["tcp_port"] for p in producers] == [25010]
+        assert [p["tcp_port"] for p in producers] == [ports[1]]
     finally:
         for client in clients:
             await client.close()
 
 
-@embedded_only
-async def test_pipelined_commands_are_answered_in_order(lookupd: NSQLookupd) -> None:
-    client = await RawLookupdClient.connect(lookupd.tcp_address)
+async def test_pipelined_commands_are_answered_in_order(lookupd: Any, http: aiohttp.ClientSession) -> None:
+    topic = unique("pipe")
+    client = await RawLookupdClient.connect(tcp_address(lookupd))
     try:
         out = codec.WriteBuffer()
-        out.identify(json.dumps(peer_fields(24150)).encode())
-        client.send(out.take() + b"PING\nREGISTER a\nREGISTER a b\r\nUNREGISTER a b\nPING\n")
+        out.identify(json.dumps(peer_fields(fake_port())).encode())
+        lines = f"PING\nREGISTER {topic}\nREGISTER {topic} b\r\nUNREGISTER {topic} b\nPING\n"
+        client.send(out.take() + lines.encode())
         assert json.loads(await client.answer())["tcp_port"] == lookupd.tcp_port
         assert [await client.answer() for _ in range(5)] == [b"OK"] * 5
-        assert lookupd.channels("a") == ["b"]
+        # A durable channel stays listed after its UNREGISTER (see above).
+        assert (await request(http, lookupd, f"/channels?topic={topic}")).json() == {"channels": ["b"]}
     finally:
         await client.close()
 
 
-@embedded_only
 @pytest.mark.parametrize(
     ("setup", "line", "error"),
     [
@@ -553,18 +597,17 @@ async def test_pipelined_commands_are_answered_in_order(lookupd: NSQLookupd) -> 
         (True, "UNREGISTER t bad!ch", b"E_BAD_CHANNEL UNREGISTER channel name 'bad!ch' is not valid"),
     ],
 )
-async def test_command_errors_are_fatal(lookupd: NSQLookupd, setup: bool, line: str, error: bytes) -> None:
-    client = await RawLookupdClient.connect(lookupd.tcp_address)
+async def test_command_errors_are_fatal(lookupd: Any, setup: bool, line: str, error: bytes) -> None:
+    client = await RawLookupdClient.connect(tcp_address(lookupd))
     try:
         if setup:
-            await client.identify(**peer_fields(24150))
+            await client.identify(**peer_fields(fake_port()))
         assert await client.command(line) == error
         assert await client.closed_by_server()
     finally:
         await client.close()
 
 
-@embedded_only
 @pytest.mark.parametrize(
     ("body", "error"),
     [
@@ -581,32 +624,30 @@ async def test_command_errors_are_fatal(lookupd: NSQLookupd, setup: bool, line: 
         (b"null", b"E_BAD_BODY IDENTIFY missing fields"),
     ],
 )
-async def test_identify_errors(lookupd: NSQLookupd, body: bytes, error: bytes) -> None:
-    client = await RawLookupdClient.connect(lookupd.tcp_address)
+async def test_identify_errors(lookupd: Any, http: aiohttp.ClientSession, body: bytes, error: bytes) -> None:
+    client = await RawLookupdClient.connect(tcp_address(lookupd))
     try:
         client.send(b"IDENTIFY\n" + struct.pack(">I", len(body)) + body)
         assert await client.answer() == error
         assert await client.closed_by_server()
-        assert lookupd.nodes() == []
+        assert await node_of(http, lookupd, client.local_address) == []
     finally:
         await client.close()
 
 
-@embedded_only
-async def test_identify_twice_is_fatal(lookupd: NSQLookupd) -> None:
-    client = await RawLookupdClient.connect(lookupd.tcp_address)
+async def test_identify_twice_is_fatal(lookupd: Any) -> None:
+    client = await RawLookupdClient.connect(tcp_address(lookupd))
     try:
-        await client.identify(**peer_fields(24150))
-        client.send_identify(json.dumps(peer_fields(24150)).encode())
+        await client.identify(**peer_fields(fake_port()))
+        client.send_identify(json.dumps(peer_fields(fake_port())).encode())
         assert await client.answer() == b"E_INVALID cannot IDENTIFY again"
         assert await client.closed_by_server()
     finally:
         await client.close()
 
 
-@embedded_only
-async def test_bad_magic_is_refused(lookupd: NSQLookupd) -> None:
-    client = await RawLookupdClient.connect(lookupd.tcp_address, magic=b"  V2")
+async def test_bad_magic_is_refused(lookupd: Any) -> None:
+    client = await RawLookupdClient.connect(tcp_address(lookupd), magic=b"  V2")
     try:
         assert await client.answer() == b"E_BAD_PROTOCOL"
         assert await client.closed_by_server()
@@ -614,44 +655,45 @@ async def test_bad_magic_is_refused(lookupd: NSQLookupd) -> None:
         await client.close()
 
 
-@embedded_only
-async def test_ping_before_identify_is_ok(lookupd: NSQLookupd) -> None:
-    client = await RawLookupdClient.connect(lookupd.tcp_address)
+async def test_ping_before_identify_is_ok(lookupd: Any) -> None:
+    client = await RawLookupdClient.connect(tcp_address(lookupd))
     try:
         assert await client.command("PING") == b"OK"
-        await client.identify(**peer_fields(24150))
-        assert await client.command("REGISTER t") == b"OK"
+        await client.identify(**peer_fields(fake_port()))
+        assert await client.command(f"REGISTER {unique('ping')}") == b"OK"
     finally:
         await client.close()
 
 
-@embedded_only
-async def test_identify_keys_match_like_go_json(lookupd: NSQLookupd, http: aiohttp.ClientSession) -> None:
+async def test_identify_keys_match_like_go_json(lookupd: Any, http: aiohttp.ClientSession) -> None:
     # Go's json.Unmarshal: case-insensitive keys, unknown keys ignored, remote_address overwritten.
-    client = await RawLookupdClient.connect(lookupd.tcp_address)
+    topic = unique("keys")
+    port = fake_port()
+    client = await RawLookupdClient.connect(tcp_address(lookupd))
     try:
         await client.identify(
             BROADCAST_ADDRESS="10.1.2.3",
-            Tcp_Port=7000,
-            http_port=7001,
+            Tcp_Port=port,
+            http_port=port + 1,
             version="1.3.0",
             hostname="h",
             remote_address="1.1.1.1:1",
             extra={"x": 1},
             topology_zone="z1",
         )
-        assert await client.command("REGISTER t") == b"OK"
-        (producer,) = (await request(http, lookupd, "/lookup?topic=t")).json()["producers"]
-        assert producer == {
+        assert await client.command(f"REGISTER {topic}") == b"OK"
+        (producer,) = (await request(http, lookupd, f"/lookup?topic={topic}")).json()["producers"]
+        expected = {
             "remote_address": client.local_address,
             "hostname": "h",
             "broadcast_address": "10.1.2.3",
-            "tcp_port": 7000,
-            "http_port": 7001,
+            "tcp_port": port,
+            "http_port": port + 1,
             "version": "1.3.0",
-            "topology_zone": "z1",
-            "topology_region": "",
         }
+        if await version_of(lookupd) == "master":  # its PeerInfo keeps the topology
+            expected.update(topology_zone="z1", topology_region="")
+        assert producer == expected
     finally:
         await client.close()
 
@@ -689,18 +731,18 @@ async def _expiry_scenario() -> None:
             await client.close()
 
 
-@embedded_only
+@embedded_only("sets inactive_producer_timeout and tombstone_lifetime to 0.3 s")
 async def test_inactive_producers_and_tombstones_expire() -> None:
     await _expiry_scenario()
 
 
-@embedded_only
+@embedded_only("sets inactive_producer_timeout and tombstone_lifetime to 0.3 s")
 def test_inactive_producers_and_tombstones_expire_on_uvloop() -> None:
     uvloop = pytest.importorskip("uvloop")
     uvloop.run(_expiry_scenario())
 
 
-@embedded_only
+@embedded_only("stops and starts the lookupd")
 async def test_restart_keeps_ports_and_forgets_registrations(http: aiohttp.ClientSession) -> None:
     lookupd = NSQLookupd()
     await lookupd.start()
@@ -727,7 +769,7 @@ async def test_restart_keeps_ports_and_forgets_registrations(http: aiohttp.Clien
 # ---- in-process registration and helpers ---------------------------------------------------
 
 
-@embedded_only
+@embedded_only("registers a node in-process (NSQLookupd.register_node)")
 async def test_register_node_in_process(lookupd: NSQLookupd, http: aiohttp.ClientSession) -> None:
     node = lookupd.register_node(tcp_port=4150, http_port=4151, hostname="n1")
     node.register("events", "archive")
@@ -748,13 +790,13 @@ async def test_register_node_in_process(lookupd: NSQLookupd, http: aiohttp.Clien
         node.register("events")
 
 
-@embedded_only
+@embedded_only("waits with NSQLookupd.wait_for_producers")
 async def test_wait_for_producers_times_out_with_a_clear_message(lookupd: NSQLookupd) -> None:
     with pytest.raises(TimeoutError, match="producer.*'never'"):
         await lookupd.wait_for_producers("never", timeout=0.1)
 
 
-@embedded_only
+@embedded_only("waits with NSQLookupd.wait_for_producers")
 async def test_wait_for_producers_wakes_on_a_tcp_registration(lookupd: NSQLookupd) -> None:
     client = await RawLookupdClient.connect(lookupd.tcp_address)
     try:

@@ -22,7 +22,7 @@ One job: answer what youzan's ``nsqlookupd`` (``0.3.7-HA.1.13.0``) answers:
 
 *Cluster mode* (``ha_cluster=True``, the default) emulates a lookupd with a
 coordinator: it keeps the topic meta (from ``/topic/create`` or
-:meth:`HANSQLookupd.set_topic_meta`; zeros for a topic it does not know, as the
+:meth:`HALookupd.set_topic_meta`; zeros for a topic it does not know, as the
 real one answers), reports ``ha_support``, lists itself in ``/listlookup``, and asks
 its ``topic_creator`` (set by :class:`~fastnsq.testing.NSQCluster`) to place the
 partitions of a topic created over HTTP. There is no etcd: leadership is what the
@@ -41,21 +41,12 @@ from aiohttp import web
 
 from fastnsq import codec
 
-from ._nsqd_ha import HA_VERSION
+from ._http import HTTPAPIError, go_json, join_host_port, parse_go_query, respond_v1
+from ._lookupd_core import HA_PEER_FIELDS, LookupdServer, PeerInfo, _ClientError
+from ._nsqd_base import HA_VERSION
 from ._nsqd_parse import go_atoi
-from .lookupd import (
-    HA_PEER_FIELDS,
-    HTTPAPIError,
-    NSQLookupd,
-    PeerInfo,
-    _ClientError,
-    go_json,
-    join_host_port,
-    parse_go_query,
-    respond_v1,
-)
 
-__all__ = ["OLD_VERSION_PID", "HANSQLookupd", "TopicMetaInfo"]
+__all__ = ["OLD_VERSION_PID", "HALookupd", "TopicMetaInfo"]
 
 #: The partition id an old (non-HA) nsqd registers under.
 OLD_VERSION_PID = -11
@@ -141,8 +132,8 @@ def _peer_json(peer: PeerInfo) -> dict[str, Any]:
     }
 
 
-class HANSQLookupd(NSQLookupd):
-    """youzan's nsqlookupd in this process (``NSQLookupd(ha=True)`` builds one).
+class HALookupd(LookupdServer):
+    """youzan's nsqlookupd in this process (``NSQLookupd(ha=True)`` builds one, a :class:`HANSQLookupd`).
 
     Example::
 

@@ -27,7 +27,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from fastnsq import codec
 from fastnsq._protocol import UPSTREAM_MAX_LINE
@@ -38,11 +38,61 @@ from ._nsqd_parse import as_int64, base10, go_quote, parse_identify, text
 from ._nsqd_queue import new_message
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._nsqd_auth import AuthState
-    from ._nsqd_queue import Channel
-    from .nsqd import NSQD
+    import ssl
 
-__all__ = ["STATE_CLOSING", "STATE_INIT", "STATE_SUBSCRIBED", "ClientConnection", "go_quote"]
+    from ._nsqd_auth import AuthState
+    from ._nsqd_base import NSQDOptions
+    from ._nsqd_faults import Faults
+    from ._nsqd_queue import Channel, Topic
+
+__all__ = [
+    "STATE_CLOSING",
+    "STATE_INIT",
+    "STATE_SUBSCRIBED",
+    "ClientConnection",
+    "ConnectionServer",
+    "go_quote",
+]
+
+
+class ConnectionServer(Protocol):
+    """What a client connection uses of its nsqd."""
+
+    @property
+    def options(self) -> NSQDOptions: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def faults(self) -> Faults: ...
+
+    @property
+    def tls_context(self) -> ssl.SSLContext | None: ...
+
+    @property
+    def auth_enabled(self) -> bool: ...
+
+    @property
+    def topics(self) -> dict[str, Topic]: ...
+
+    def next_client_id(self) -> int: ...
+
+    def add_client(self, client: ClientConnection) -> None: ...
+
+    def remove_client(self, client: ClientConnection) -> None: ...
+
+    def identify_answer(self, **values: Any) -> bytes: ...
+
+    async def query_auth(self, remote_ip: str, tls: bool, common_name: str, secret: str) -> AuthState | None: ...
+
+    def next_id(self) -> bytes: ...
+
+    def take_ids(self, count: int) -> int: ...
+
+    def get_topic(self, name: str) -> Topic: ...
+
+    def topic_preparation(self, name: str) -> Callable[[], Awaitable[None]] | None: ...
 
 log = logging.getLogger("fastnsq.testing.nsqd")
 
@@ -110,7 +160,7 @@ class ClientConnection(asyncio.BufferedProtocol):
         "none": "AUTH no authorizations found",
     }
 
-    def __init__(self, server: NSQD) -> None:
+    def __init__(self, server: ConnectionServer) -> None:
         self.server = server
         options = server.options
         self.options = options
@@ -135,6 +185,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.client_id = ""
         self.hostname = ""
         self.user_agent = ""
+        self.topology_zone = ""  # nsq master: the client's own, from IDENTIFY
+        self.topology_region = ""
         self.heartbeat_interval = options.client_timeout / 2
         self.msg_timeout = options.msg_timeout
         self.output_buffer_size = _DEFAULT_OUTPUT_BUFFER_SIZE
@@ -545,6 +597,8 @@ class ClientConnection(asyncio.BufferedProtocol):
         self.client_id = data["client_id"]
         self.hostname = data["hostname"]
         self.user_agent = data["user_agent"]
+        self.topology_zone = data.get("topology_zone", "")
+        self.topology_region = data.get("topology_region", "")
 
     def _apply_identify(self, data: dict[str, Any]) -> str | None:
         """client_v2.go's Identify: each setting validated in nsqd's order."""
@@ -929,7 +983,7 @@ class ClientConnection(asyncio.BufferedProtocol):
     # -- stats ----------------------------------------------------------------
 
     def stats(self, topic_filter: str = "") -> dict[str, Any]:
-        """This client in ``/stats`` (nsqd 1.3's ClientV2Stats, field for field)."""
+        """This client in ``/stats`` (nsqd's ClientV2Stats, field for field; master adds the topology)."""
         out: dict[str, Any] = {
             "client_id": self.client_id,
             "hostname": self.hostname,
@@ -954,6 +1008,9 @@ class ClientConnection(asyncio.BufferedProtocol):
                 out["auth_identity"] = state.identity
             if state.identity_url:
                 out["auth_identity_url"] = state.identity_url
+        if self.options.topology:
+            out["topology_zone"] = self.topology_zone
+            out["topology_region"] = self.topology_region
         # nsqd 1.3 lists (at most) one pub count: its loop breaks after the first.
         for topic, count in self.pub_counts.items():
             if topic_filter and topic != topic_filter:

@@ -29,19 +29,56 @@ Each fault takes an optional ``where`` predicate to pick connections, e.g.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from fastnsq.errors import InvalidValueError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._nsqd_client import ClientConnection
-    from .nsqd import NSQD
+    import asyncio
 
-__all__ = ["MALFORMED_FRAMES", "FailRule", "Faults", "default_fatality"]
+__all__ = ["MALFORMED_FRAMES", "FailRule", "Faults", "FaultyClient", "FaultyServer", "default_fatality"]
 
-Where = Callable[["ClientConnection"], bool]
+
+class FaultyClient(Protocol):
+    """What faults use of a client connection (``ClientConnection`` has it all)."""
+
+    alive: bool
+    channel: Any
+    pub_counts: dict[str, int]
+    frames_left: int | None
+    stalled_output: list[bytes] | None
+    read_stalled: bool
+    _last_read: float
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def transport(self) -> asyncio.Transport | None: ...
+
+    def cut(self) -> None: ...
+
+    def flush_messages(self) -> None: ...
+
+    def _write_now(self, data: bytes) -> None: ...
+
+
+class FaultyServer(Protocol):
+    """What faults use of the nsqd they act on."""
+
+    @property
+    def ha(self) -> bool: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    @property
+    def clients(self) -> Mapping[int, FaultyClient]: ...
+
+
+Where = Callable[[FaultyClient], bool]
 Direction = Literal["read", "write", "both"]
 
 #: What :meth:`Faults.send_malformed` can send, by name.
@@ -102,7 +139,7 @@ class FailRule:
 class Faults:
     """The faults armed on one nsqd (``nsqd.faults``); see the module docstring."""
 
-    def __init__(self, server: NSQD) -> None:
+    def __init__(self, server: FaultyServer) -> None:
         self._server = server
         #: Pending :meth:`fail_next` rules, oldest first (read on every command: keep it a list).
         self.rules: list[FailRule] = []
@@ -213,7 +250,7 @@ class Faults:
 
     # -- what the connections call ---------------------------------------------------
 
-    def connection_made(self, client: ClientConnection) -> None:
+    def connection_made(self, client: FaultyClient) -> None:
         """Arm what waits for new connections."""
         if self._new_cuts:
             after = self._new_cuts.pop(0)
@@ -224,7 +261,7 @@ class Faults:
         if self._stall is not None:
             _stall_client(client, self._stall[0])
 
-    def injected_error(self, client: ClientConnection, name: bytes) -> tuple[str, str, bool] | None:
+    def injected_error(self, client: FaultyClient, name: bytes) -> tuple[str, str, bool] | None:
         """The (code, description, fatal) to answer ``name`` with, if a rule says so."""
         for index, rule in enumerate(self.rules):
             if rule.command == name:
@@ -238,7 +275,7 @@ class Faults:
         return None
 
     @staticmethod
-    def count_frames(client: ClientConnection, data: bytes) -> tuple[bytes, bool]:
+    def count_frames(client: FaultyClient, data: bytes) -> tuple[bytes, bool]:
         """Take what may still be written before a cut: (bytes to write, cut after them)."""
         left = client.frames_left or 0
         pos = 0
@@ -254,7 +291,7 @@ class Faults:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _clients(self, where: Where | None) -> list[ClientConnection]:
+    def _clients(self, where: Where | None) -> list[FaultyClient]:
         return [c for c in list(self._server.clients.values()) if c.alive and (where is None or where(c))]
 
     def _cancel_stall_timer(self) -> None:
@@ -268,7 +305,7 @@ def _check_count(name: str, value: int) -> None:
         raise InvalidValueError(f"{name} must be an integer >= 0, got {value!r}")
 
 
-def _stall_client(client: ClientConnection, direction: Direction) -> None:
+def _stall_client(client: FaultyClient, direction: Direction) -> None:
     if direction in ("write", "both") and client.stalled_output is None:
         client.stalled_output = []
     if direction in ("read", "both") and not client.read_stalled:
@@ -278,7 +315,7 @@ def _stall_client(client: ClientConnection, direction: Direction) -> None:
             transport.pause_reading()
 
 
-def _unstall_client(client: ClientConnection) -> None:
+def _unstall_client(client: FaultyClient) -> None:
     held, client.stalled_output = client.stalled_output, None
     transport = client.transport
     if held and transport is not None and not transport.is_closing():

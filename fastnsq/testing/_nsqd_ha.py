@@ -38,16 +38,19 @@ import json
 import random
 import struct
 import time
-from typing import TYPE_CHECKING, Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Protocol
 
 from fastnsq import codec
 from fastnsq._protocol import HA_MAX_LINE
 
+from ._nsqd_base import HA_VERSION
 from ._nsqd_client import (
     STATE_CLOSING,
     STATE_INIT,
     STATE_SUBSCRIBED,
     ClientConnection,
+    ConnectionServer,
     _ClientError,
     _fatal,
 )
@@ -63,22 +66,39 @@ from ._nsqd_parse import (
     parse_identify,
     text,
 )
-from ._nsqd_queue import Channel, Msg, Topic
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .nsqd import NSQD
+from ._nsqd_queue import Channel, Msg, QueueServer, Subscriber, Topic
 
 __all__ = [
     "HA_VERSION",
     "MAX_ATTEMPTS",
     "HAChannel",
     "HAClientConnection",
+    "HAServer",
     "HATopic",
     "raw_record_size",
 ]
 
-#: The version an HA nsqd reports (IDENTIFY, /info, lookupd IDENTIFY): "HA" marks the dialect.
-HA_VERSION = "0.3.7-HA.1.13.0"
+
+class HAServer(ConnectionServer, QueueServer, Protocol):
+    """What an HA connection and an HA partition use of their nsqd, beyond upstream's."""
+
+    @property
+    def clients(self) -> Mapping[int, ClientConnection]: ...
+
+    @property
+    def partitions(self) -> dict[tuple[str, int], HATopic]: ...
+
+    @property
+    def ha_cluster(self) -> bool: ...
+
+    def notify_lookupd(self, verb: bytes, *params: str) -> None: ...
+
+    def default_partition(self, topic: str) -> int: ...
+
+    def create_partition(
+        self, topic: str, partition: int, *, ext: bool = False, ordered: bool = False, leader: bool = True
+    ) -> HATopic: ...
+
 #: Attempts are capped here when a message is written to a client (nsqd/message.go).
 MAX_ATTEMPTS = 4000
 #: ext_ver of a JSON header (internal/ext/ext.go).
@@ -144,7 +164,7 @@ class HAChannel(Channel):
         self.ext = topic.ext
         self.ordered = topic.ordered
 
-    def _not_owner(self, owner: ClientConnection, client: ClientConnection) -> str:
+    def _not_owner(self, owner: Subscriber, client: Subscriber) -> str:
         return f"client does not own message : {owner.id} vs {client.id}"
 
     def set_ordered(self, ordered: bool) -> None:
@@ -293,7 +313,7 @@ class HATopic(Topic):
 
     def __init__(
         self,
-        server: NSQD,
+        server: HAServer,
         name: str,
         partition: int,
         *,
@@ -302,6 +322,7 @@ class HATopic(Topic):
         leader: bool = True,
     ) -> None:
         super().__init__(server, name)
+        self.server: HAServer = server
         self.partition = partition
         self.ext = ext
         self.ordered = ordered
@@ -430,8 +451,9 @@ class HAClientConnection(ClientConnection):
         "none": "AUTH No authorizations found",
     }
 
-    def __init__(self, server: NSQD) -> None:
+    def __init__(self, server: HAServer) -> None:
         super().__init__(server)
+        self.server: HAServer = server
         self.output_buffer_size = DEFAULT_OUTPUT_BUFFER_SIZE
         self._buffer_size_set = False
         self.extend_support = False

@@ -23,7 +23,7 @@ import json
 import resource
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -32,9 +32,47 @@ from fastnsq import codec
 from ._nsqd_queue import new_message
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .nsqd import NSQD
+    from ._nsqd_base import NSQDOptions
+    from ._nsqd_queue import Topic
 
-__all__ = ["build_app"]
+__all__ = ["HTTPServer", "build_app"]
+
+
+class HTTPServer(Protocol):
+    """What the HTTP API uses of its nsqd."""
+
+    @property
+    def options(self) -> NSQDOptions: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def hostname(self) -> str: ...
+
+    @property
+    def tcp_port(self) -> int: ...
+
+    @property
+    def http_port(self) -> int: ...
+
+    @property
+    def start_time(self) -> int: ...
+
+    @property
+    def topics(self) -> dict[str, Topic]: ...
+
+    def next_id(self) -> bytes: ...
+
+    def take_ids(self, count: int) -> int: ...
+
+    async def get_topic_async(self, name: str) -> Topic: ...
+
+    def delete_topic(self, name: str) -> bool: ...
+
+    def stats(
+        self, topic_name: str = "", channel_name: str = "", include_clients: bool = True
+    ) -> dict[str, Any]: ...
 
 _V1 = {"X-Nsq-Content-Type": "nsq; version=1.0"}
 _BOOL_PARAMS = {"true": True, "1": True, "false": False, "0": False}
@@ -69,7 +107,7 @@ def _respond(status: int, data: Any) -> web.Response:
     )
 
 
-def _v1(handler: Callable[[NSQD, web.Request], Awaitable[Any]], nsqd: NSQD) -> Handler:
+def _v1(handler: Callable[[HTTPServer, web.Request], Awaitable[Any]], nsqd: HTTPServer) -> Handler:
     async def respond(request: web.Request) -> web.Response:
         try:
             data = await handler(nsqd, request)
@@ -119,15 +157,15 @@ async def _read_limited(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _ping(nsqd: NSQD, request: web.Request) -> web.Response:
+async def _ping(nsqd: HTTPServer, request: web.Request) -> web.Response:
     # PlainText decorator: no X-Nsq-Content-Type.
     return web.Response(text="OK", content_type="text/plain", charset="utf-8")
 
 
-async def _info(nsqd: NSQD, request: web.Request) -> Any:
+async def _info(nsqd: HTTPServer, request: web.Request) -> Any:
     options = nsqd.options
-    return {
-        "version": _version(),
+    info = {
+        "version": nsqd.version,
         "broadcast_address": options.broadcast_address,
         "hostname": nsqd.hostname,
         "http_port": nsqd.http_port,
@@ -137,18 +175,14 @@ async def _info(nsqd: NSQD, request: web.Request) -> Any:
         "max_output_buffer_size": options.max_output_buffer_size,
         "max_output_buffer_timeout": round(options.max_output_buffer_timeout * 1e9),
         "max_deflate_level": options.max_deflate_level,
-        "topology_zone": options.topology_zone,
-        "topology_region": options.topology_region,
     }
+    if options.topology:
+        info["topology_zone"] = options.topology_zone
+        info["topology_region"] = options.topology_region
+    return info
 
 
-def _version() -> str:
-    from .nsqd import VERSION
-
-    return VERSION
-
-
-async def _pub(nsqd: NSQD, request: web.Request) -> Any:
+async def _pub(nsqd: HTTPServer, request: web.Request) -> Any:
     options = nsqd.options
     if request.content_length is not None and request.content_length > options.max_msg_size:
         raise _HTTPError(413, "MSG_TOO_BIG")
@@ -172,7 +206,7 @@ async def _pub(nsqd: NSQD, request: web.Request) -> Any:
     return "OK"
 
 
-async def _mpub(nsqd: NSQD, request: web.Request) -> Any:
+async def _mpub(nsqd: HTTPServer, request: web.Request) -> Any:
     options = nsqd.options
     if request.content_length is not None and request.content_length > options.max_body_size:
         raise _HTTPError(413, "BODY_TOO_BIG")
@@ -203,7 +237,7 @@ async def _mpub(nsqd: NSQD, request: web.Request) -> Any:
     return "OK"
 
 
-async def _topic_create(nsqd: NSQD, request: web.Request) -> Any:
+async def _topic_create(nsqd: HTTPServer, request: web.Request) -> Any:
     await nsqd.get_topic_async(_topic_from_query(request))
     return None
 
@@ -217,13 +251,13 @@ def _existing_topic_name(request: web.Request, validate: bool) -> str:
     return name
 
 
-async def _topic_delete(nsqd: NSQD, request: web.Request) -> Any:
+async def _topic_delete(nsqd: HTTPServer, request: web.Request) -> Any:
     if not nsqd.delete_topic(_existing_topic_name(request, validate=False)):
         raise _HTTPError(404, "TOPIC_NOT_FOUND")
     return None
 
 
-async def _topic_empty(nsqd: NSQD, request: web.Request) -> Any:
+async def _topic_empty(nsqd: HTTPServer, request: web.Request) -> Any:
     topic = nsqd.topics.get(_existing_topic_name(request, validate=True))
     if topic is None:
         raise _HTTPError(404, "TOPIC_NOT_FOUND")
@@ -231,7 +265,7 @@ async def _topic_empty(nsqd: NSQD, request: web.Request) -> Any:
     return None
 
 
-async def _topic_pause(nsqd: NSQD, request: web.Request) -> Any:
+async def _topic_pause(nsqd: HTTPServer, request: web.Request) -> Any:
     topic = nsqd.topics.get(_existing_topic_name(request, validate=False))
     if topic is None:
         raise _HTTPError(404, "TOPIC_NOT_FOUND")
@@ -242,7 +276,7 @@ async def _topic_pause(nsqd: NSQD, request: web.Request) -> Any:
     return None
 
 
-def _existing_channel(nsqd: NSQD, request: web.Request) -> tuple[Any, str]:
+def _existing_channel(nsqd: HTTPServer, request: web.Request) -> tuple[Any, str]:
     topic_name, channel_name = _topic_channel_args(request)
     topic = nsqd.topics.get(topic_name)
     if topic is None:
@@ -250,20 +284,20 @@ def _existing_channel(nsqd: NSQD, request: web.Request) -> tuple[Any, str]:
     return topic, channel_name
 
 
-async def _channel_create(nsqd: NSQD, request: web.Request) -> Any:
+async def _channel_create(nsqd: HTTPServer, request: web.Request) -> Any:
     topic, channel_name = _existing_channel(nsqd, request)
     topic.get_channel(channel_name)
     return None
 
 
-async def _channel_delete(nsqd: NSQD, request: web.Request) -> Any:
+async def _channel_delete(nsqd: HTTPServer, request: web.Request) -> Any:
     topic, channel_name = _existing_channel(nsqd, request)
     if not topic.delete_channel(channel_name):
         raise _HTTPError(404, "CHANNEL_NOT_FOUND")
     return None
 
 
-async def _channel_empty(nsqd: NSQD, request: web.Request) -> Any:
+async def _channel_empty(nsqd: HTTPServer, request: web.Request) -> Any:
     topic, channel_name = _existing_channel(nsqd, request)
     channel = topic.channels.get(channel_name)
     if channel is None:
@@ -272,7 +306,7 @@ async def _channel_empty(nsqd: NSQD, request: web.Request) -> Any:
     return None
 
 
-async def _channel_pause(nsqd: NSQD, request: web.Request) -> Any:
+async def _channel_pause(nsqd: HTTPServer, request: web.Request) -> Any:
     topic, channel_name = _existing_channel(nsqd, request)
     channel = topic.channels.get(channel_name)
     if channel is None:
@@ -301,7 +335,7 @@ def _memory_stats() -> dict[str, int]:
     }
 
 
-async def _stats(nsqd: NSQD, request: web.Request) -> Any:
+async def _stats(nsqd: HTTPServer, request: web.Request) -> Any:
     query = request.query
     topic_name = query.get("topic", "")
     channel_name = query.get("channel", "")
@@ -311,7 +345,7 @@ async def _stats(nsqd: NSQD, request: web.Request) -> Any:
     if query.get("format", "") != "json":
         return _stats_text(nsqd, stats)
     out: dict[str, Any] = {
-        "version": _version(),
+        "version": nsqd.version,
         "health": "OK",
         "start_time": nsqd.start_time,
         "topics": stats["topics"],
@@ -322,9 +356,9 @@ async def _stats(nsqd: NSQD, request: web.Request) -> Any:
     return out
 
 
-def _stats_text(nsqd: NSQD, stats: dict[str, Any]) -> str:
+def _stats_text(nsqd: HTTPServer, stats: dict[str, Any]) -> str:
     """The plain-text /stats (nsqd's printStats, abridged)."""
-    lines = [f"nsqd v{_version()} (embedded fastnsq)", f"start_time {nsqd.start_time}", "", "Health: OK", ""]
+    lines = [f"nsqd v{nsqd.version} (embedded fastnsq)", f"start_time {nsqd.start_time}", "", "Health: OK", ""]
     topics = stats["topics"] or []
     if not topics:
         lines.append("Topics: None")
@@ -365,7 +399,7 @@ async def _not_found(
         return _respond(404, "NOT_FOUND")
 
 
-def build_app(nsqd: NSQD) -> web.Application:
+def build_app(nsqd: HTTPServer) -> web.Application:
     """The aiohttp application serving ``nsqd``'s HTTP API."""
     app = web.Application(middlewares=[_not_found], client_max_size=nsqd.options.max_body_size + 1)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote
 
 from aiohttp import web
@@ -29,10 +29,44 @@ from ._nsqd_http import _HTTPError, _memory_stats, _read_limited
 from ._nsqd_parse import go_atoi, go_parse_uint
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ._nsqd_base import NSQDOptions
     from ._nsqd_ha import HATopic
-    from .nsqd import NSQD
 
-__all__ = ["build_ha_app", "respond_negotiated"]
+__all__ = ["HAHTTPServer", "build_ha_app", "respond_negotiated"]
+
+
+class HAHTTPServer(Protocol):
+    """What the HA HTTP API uses of its nsqd."""
+
+    @property
+    def options(self) -> NSQDOptions: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def hostname(self) -> str: ...
+
+    @property
+    def tcp_port(self) -> int: ...
+
+    @property
+    def http_port(self) -> int: ...
+
+    @property
+    def start_time(self) -> int: ...
+
+    @property
+    def ha_cluster(self) -> bool: ...
+
+    @property
+    def partitions(self) -> dict[tuple[str, int], HATopic]: ...
+
+    def default_partition(self, topic: str) -> int: ...
+
+    def stats(
+        self, topic_name: str = "", channel_name: str = "", include_clients: bool = True
+    ) -> dict[str, Any]: ...
 
 ACCEPT_V1 = "application/vnd.nsq; version=1.0"
 _V1_HEADER = {"X-Nsq-Content-Type": "nsq; version=1.0"}
@@ -68,7 +102,7 @@ def respond_negotiated(
 
 
 def _route(
-    nsqd: NSQD, handler: Callable[[NSQD, web.Request], Awaitable[Any]], *, v1_only: bool = False
+    nsqd: HAHTTPServer, handler: Callable[[HAHTTPServer, web.Request], Awaitable[Any]], *, v1_only: bool = False
 ) -> Handler:
     async def respond(request: web.Request) -> web.Response:
         try:
@@ -80,7 +114,7 @@ def _route(
     return respond
 
 
-def _topic_partition(nsqd: NSQD, request: web.Request) -> HATopic:
+def _topic_partition(nsqd: HAHTTPServer, request: web.Request) -> HATopic:
     """GetTopicPartitionArgs, then the existing partition (404 E_TOPIC_NOT_EXIST)."""
     query = request.query
     name = query.get("topic", "")
@@ -103,11 +137,11 @@ def _topic_partition(nsqd: NSQD, request: web.Request) -> HATopic:
     return topic
 
 
-async def _ping(nsqd: NSQD, request: web.Request) -> web.Response:
+async def _ping(nsqd: HAHTTPServer, request: web.Request) -> web.Response:
     return web.Response(text="OK", content_type="text/plain", charset="utf-8")
 
 
-async def _info(nsqd: NSQD, request: web.Request) -> Any:
+async def _info(nsqd: HAHTTPServer, request: web.Request) -> Any:
     return {
         "version": nsqd.version,
         "broadcast_address": nsqd.options.broadcast_address,
@@ -119,7 +153,7 @@ async def _info(nsqd: NSQD, request: web.Request) -> Any:
     }
 
 
-async def _body(nsqd: NSQD, request: web.Request, limit: int, too_big: str) -> bytes:
+async def _body(nsqd: HAHTTPServer, request: web.Request, limit: int, too_big: str) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise _HTTPError(413, too_big)
     body = await _read_limited(request, limit)
@@ -128,7 +162,7 @@ async def _body(nsqd: NSQD, request: web.Request, limit: int, too_big: str) -> b
     return body
 
 
-async def _pub_common(nsqd: NSQD, request: web.Request, *, traced: bool, ext: bool) -> Any:
+async def _pub_common(nsqd: HAHTTPServer, request: web.Request, *, traced: bool, ext: bool) -> Any:
     body = await _body(nsqd, request, nsqd.options.max_msg_size, "MSG_TOO_BIG")
     if not body:
         raise _HTTPError(406, "MSG_EMPTY")
@@ -180,19 +214,19 @@ async def _pub_common(nsqd: NSQD, request: web.Request, *, traced: bool, ext: bo
     return "OK"
 
 
-async def _pub(nsqd: NSQD, request: web.Request) -> Any:
+async def _pub(nsqd: HAHTTPServer, request: web.Request) -> Any:
     return await _pub_common(nsqd, request, traced=False, ext=False)
 
 
-async def _pub_trace(nsqd: NSQD, request: web.Request) -> Any:
+async def _pub_trace(nsqd: HAHTTPServer, request: web.Request) -> Any:
     return await _pub_common(nsqd, request, traced=True, ext=False)
 
 
-async def _pub_ext(nsqd: NSQD, request: web.Request) -> Any:
+async def _pub_ext(nsqd: HAHTTPServer, request: web.Request) -> Any:
     return await _pub_common(nsqd, request, traced=False, ext=True)
 
 
-async def _mpub(nsqd: NSQD, request: web.Request) -> Any:
+async def _mpub(nsqd: HAHTTPServer, request: web.Request) -> Any:
     options = nsqd.options
     body = await _body(nsqd, request, options.max_body_size, "BODY_TOO_BIG")
     topic = _topic_partition(nsqd, request)
@@ -212,7 +246,7 @@ async def _mpub(nsqd: NSQD, request: web.Request) -> Any:
     return "OK"
 
 
-def _channel_of(nsqd: NSQD, request: web.Request) -> tuple[HATopic, str]:
+def _channel_of(nsqd: HAHTTPServer, request: web.Request) -> tuple[HATopic, str]:
     topic = _topic_partition(nsqd, request)
     name = request.query.get("channel", "")
     if not name:
@@ -222,20 +256,20 @@ def _channel_of(nsqd: NSQD, request: web.Request) -> tuple[HATopic, str]:
     return topic, name
 
 
-async def _channel_create(nsqd: NSQD, request: web.Request) -> Any:
+async def _channel_create(nsqd: HAHTTPServer, request: web.Request) -> Any:
     topic, name = _channel_of(nsqd, request)
     topic.get_channel(name)
     return None
 
 
-async def _channel_delete(nsqd: NSQD, request: web.Request) -> Any:
+async def _channel_delete(nsqd: HAHTTPServer, request: web.Request) -> Any:
     topic, name = _channel_of(nsqd, request)
     if not topic.delete_channel(name):
         raise _HTTPError(404, "CHANNEL_NOT_FOUND")
     return None
 
 
-def _existing_channel(nsqd: NSQD, request: web.Request) -> Any:
+def _existing_channel(nsqd: HAHTTPServer, request: web.Request) -> Any:
     topic, name = _channel_of(nsqd, request)
     channel = topic.channels.get(name)
     if channel is None:
@@ -243,12 +277,12 @@ def _existing_channel(nsqd: NSQD, request: web.Request) -> Any:
     return channel
 
 
-async def _channel_empty(nsqd: NSQD, request: web.Request) -> Any:
+async def _channel_empty(nsqd: HAHTTPServer, request: web.Request) -> Any:
     _existing_channel(nsqd, request).empty()
     return None
 
 
-async def _channel_pause(nsqd: NSQD, request: web.Request) -> Any:
+async def _channel_pause(nsqd: HAHTTPServer, request: web.Request) -> Any:
     channel = _existing_channel(nsqd, request)
     if "unpause" in request.path:
         channel.unpause()
@@ -257,7 +291,7 @@ async def _channel_pause(nsqd: NSQD, request: web.Request) -> Any:
     return None
 
 
-async def _channel_setorder(nsqd: NSQD, request: web.Request) -> Any:
+async def _channel_setorder(nsqd: HAHTTPServer, request: web.Request) -> Any:
     channel = _existing_channel(nsqd, request)
     order = request.query.get("order", "")
     if order not in ("true", "false"):
@@ -266,7 +300,7 @@ async def _channel_setorder(nsqd: NSQD, request: web.Request) -> Any:
     return None
 
 
-async def _stats(nsqd: NSQD, request: web.Request) -> Any:
+async def _stats(nsqd: HAHTTPServer, request: web.Request) -> Any:
     query = request.query
     stats = nsqd.stats(query.get("topic", ""), query.get("channel", ""), True)
     return {
@@ -292,7 +326,7 @@ async def _not_found(
         return respond_negotiated(request, 404, "NOT_FOUND", v1_only=True)
 
 
-def build_ha_app(nsqd: NSQD) -> web.Application:
+def build_ha_app(nsqd: HAHTTPServer) -> web.Application:
     """The aiohttp application serving an HA ``nsqd``'s HTTP API."""
     app = web.Application(middlewares=[_not_found], client_max_size=nsqd.options.max_body_size + 1)
 

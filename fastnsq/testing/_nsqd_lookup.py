@@ -2,7 +2,7 @@
 
 What nsqd 1.3 does (``nsqd/lookup.go``, ``nsqd/lookup_peer.go``), per lookupd address:
 connect, send the magic ``"  V1"``, ``IDENTIFY`` with a JSON body (broadcast address,
-hostname, ports, version, topology), then ``REGISTER <topic> <channel>`` for every
+hostname, ports, version; nsq master adds the topology), then ``REGISTER <topic> <channel>`` for every
 channel it has (``REGISTER <topic>`` for a topic without channels); afterwards one
 ``REGISTER``/``UNREGISTER`` per topic or channel created or deleted, and ``PING``
 every 15 s. Every command is answered by lookupd with ``u32 size`` + data.
@@ -20,14 +20,44 @@ import contextlib
 import json
 import logging
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .nsqd import NSQD
+    from ._nsqd_base import NSQDOptions
 
-__all__ = ["LookupPeer", "LookupRegistrar"]
+__all__ = ["LookupPeer", "LookupRegistrar", "RegisteringServer"]
+
+
+class RegisteringServer(Protocol):
+    """What the registration uses of its nsqd."""
+
+    @property
+    def options(self) -> NSQDOptions: ...
+
+    @property
+    def ha(self) -> bool: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def hostname(self) -> str: ...
+
+    @property
+    def tcp_port(self) -> int: ...
+
+    @property
+    def http_port(self) -> int: ...
+
+    @property
+    def distributed_id(self) -> str: ...
+
+    @property
+    def http_session(self) -> aiohttp.ClientSession | None: ...
+
+    def registrations(self) -> list[tuple[str, ...]]: ...
 
 log = logging.getLogger("fastnsq.testing.nsqd")
 
@@ -138,15 +168,18 @@ class LookupPeer:
                 "version": server.version,
             }
         else:
+            # A Go map too; nsq master adds the topology, the released 1.3.0 has none.
             identity = {
                 "broadcast_address": options.broadcast_address,
                 "hostname": server.hostname,
                 "http_port": server.http_port,
                 "tcp_port": server.tcp_port,
-                "topology_region": options.topology_region,
-                "topology_zone": options.topology_zone,
                 "version": server.version,
             }
+            if options.topology:
+                identity["topology_region"] = options.topology_region
+                identity["topology_zone"] = options.topology_zone
+                identity = dict(sorted(identity.items()))
         body = json.dumps(identity, separators=(",", ":")).encode()
         answer = await self._send(reader, writer, b"IDENTIFY\n" + struct.pack(">I", len(body)) + body)
         if answer.startswith(b"E_"):
@@ -202,7 +235,7 @@ class LookupPeer:
 class LookupRegistrar:
     """All of an nsqd's lookupd peers (``lookupd_tcp_addresses``)."""
 
-    def __init__(self, server: NSQD) -> None:
+    def __init__(self, server: RegisteringServer) -> None:
         self.server = server
         self.peers = [LookupPeer(self, address) for address in server.options.lookupd_tcp_addresses]
 
@@ -224,7 +257,7 @@ class LookupRegistrar:
 
     async def topic_channels(self, topic: str) -> list[str]:
         """The channels lookupd knows for ``topic`` (``GET /channels``), union of all."""
-        session = self.server._http_session
+        session = self.server.http_session
         names: list[str] = []
         if session is None:
             return names

@@ -25,7 +25,7 @@ shared by every channel of the topic. A message in flight is a second tuple that
 adds its owner, deadline and delivery time (:data:`InFlight`); there are at most
 RDY of those per client.
 
-The server (``nsqd.NSQD``) drives timeouts with a scan every 100 ms, like nsqd's
+The server (a :class:`QueueServer`: ``nsqd.NSQD``) drives timeouts with a scan every 100 ms, like nsqd's
 ``--queue-scan-interval``; a client connection (``_nsqd_client``) is the consumer.
 """
 
@@ -35,15 +35,68 @@ import heapq
 import itertools
 import random
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastnsq import codec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._nsqd_client import ClientConnection
-    from .nsqd import NSQD
+    import asyncio
 
-__all__ = ["EPHEMERAL_SUFFIX", "Channel", "InFlight", "Msg", "Topic", "new_message"]
+    from ._nsqd_base import NSQDOptions
+
+__all__ = [
+    "EPHEMERAL_SUFFIX",
+    "Channel",
+    "InFlight",
+    "Msg",
+    "QueueServer",
+    "Subscriber",
+    "Topic",
+    "new_message",
+]
+
+
+class QueueServer(Protocol):
+    """What topics and channels use of their nsqd."""
+
+    @property
+    def options(self) -> NSQDOptions: ...
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def watch(self, channel: Channel) -> None: ...
+
+    def unwatch(self, channel: Channel) -> None: ...
+
+    def notify_register(self, topic: str, channel: str | None) -> None: ...
+
+    def notify_unregister(self, topic: str, channel: str | None) -> None: ...
+
+    def delete_topic(self, name: str) -> bool: ...
+
+
+class Subscriber(Protocol):
+    """What a channel uses of a subscribed client connection (its RDY accounting and output)."""
+
+    id: int
+    state: int
+    rdy: int
+    in_flight: int
+    in_ready: bool
+    message_count: int
+    sample_rate: int
+    delivery_timeout: float
+
+    def write_message(self, frame: bytes) -> None: ...
+
+    def write_messages(self, frames: list[bytes]) -> None: ...
+
+    def flush_messages(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def stats(self, topic_filter: str = "") -> dict[str, Any]: ...
 
 EPHEMERAL_SUFFIX = "#ephemeral"
 
@@ -58,7 +111,7 @@ _sequence = itertools.count()
 #: A queued message: (id, body, timestamp ns, attempts so far, DPUB delay in ms).
 Msg = tuple  # tuple[bytes, bytes, int, int, int]
 #: A message in flight: (id, body, timestamp, attempts, owner, deadline, delivered_at).
-InFlight = tuple  # tuple[bytes, bytes, int, int, ClientConnection, float, float]
+InFlight = tuple  # tuple[bytes, bytes, int, int, Subscriber, float, float]
 ID, BODY, TIMESTAMP, ATTEMPTS, DEFER_MS = range(5)
 OWNER, DEADLINE, DELIVERED_AT = 4, 5, 6
 
@@ -73,7 +126,7 @@ class Channel:
 
     def __init__(self, topic: Topic, name: str) -> None:
         self.topic = topic
-        self.server: NSQD = topic.server
+        self.server: QueueServer = topic.server
         self.name = name
         self.ephemeral = name.endswith(EPHEMERAL_SUFFIX)
         self.queue: deque[Msg] = deque()
@@ -83,19 +136,19 @@ class Channel:
         # msg_timeout (s) -> deque of (deadline, id), deadlines ascending.
         self._timeouts: dict[float, deque[tuple[float, bytes]]] = {}
         self._touched: list[tuple[float, int, bytes]] = []
-        self.clients: dict[int, ClientConnection] = {}
+        self.clients: dict[int, Subscriber] = {}
         # Clients that may take a message now (lazily cleaned: see put()).
-        self._ready: deque[ClientConnection] = deque()
+        self._ready: deque[Subscriber] = deque()
         self.paused = False
         self.exiting = False
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
-        self.delivery_count = 0  # nsqd 1.3's global_msg_count (no topology configured)
+        self.delivery_count = 0  # nsq master's global_msg_count (no topology configured)
 
     # -- clients -----------------------------------------------------------
 
-    def add_client(self, client: ClientConnection) -> bool:
+    def add_client(self, client: Subscriber) -> bool:
         """Attach a subscribed client; False when ``max_channel_consumers`` is reached."""
         limit = self.server.options.max_channel_consumers
         if client.id not in self.clients and limit and len(self.clients) >= limit:
@@ -103,7 +156,7 @@ class Channel:
         self.clients[client.id] = client
         return True
 
-    def remove_client(self, client: ClientConnection) -> None:
+    def remove_client(self, client: Subscriber) -> None:
         """Detach a client that went away; its messages in flight stay until they time out."""
         if self.clients.pop(client.id, None) is None:
             return
@@ -111,7 +164,7 @@ class Channel:
         if not self.clients and self.ephemeral and not self.exiting:
             self.topic.delete_channel(self.name)
 
-    def client_may_be_ready(self, client: ClientConnection) -> None:
+    def client_may_be_ready(self, client: Subscriber) -> None:
         """Hand queued messages to ``client`` if it can take some (RDY, FIN, REQ...)."""
         if client.in_ready or self.paused or client.rdy <= client.in_flight:
             return
@@ -123,12 +176,12 @@ class Channel:
         else:
             client.flush_messages()
 
-    def _fill(self, client: ClientConnection) -> None:
+    def _fill(self, client: Subscriber) -> None:
         count = min(len(self.queue), client.rdy - client.in_flight)
         if count > 0:
             self._deliver_from_queue(client, count, self.server.loop.time())
 
-    def _deliver_from_queue(self, client: ClientConnection, count: int, now: float) -> None:
+    def _deliver_from_queue(self, client: Subscriber, count: int, now: float) -> None:
         """Deliver the first ``count`` queued messages to ``client``: :meth:`_deliver`
         unrolled for a batch (one deadline, one write), the path of every refill."""
         queue = self.queue
@@ -212,7 +265,7 @@ class Channel:
 
     # -- delivery ----------------------------------------------------------
 
-    def _deliver(self, client: ClientConnection, msg: Msg, now: float) -> None:
+    def _deliver(self, client: Subscriber, msg: Msg, now: float) -> None:
         # nsqd's messagePump: a sampled-out message is dropped for the whole channel.
         if client.sample_rate and _randrange(100) > client.sample_rate:
             return
@@ -221,7 +274,7 @@ class Channel:
         self._take_off(client, message_id, body, timestamp, attempts, now)
         client.write_message(_encode_message(timestamp, attempts & 0xFFFF, message_id, body))
 
-    def _take_off(self, client: ClientConnection, message_id: bytes, payload: Any, timestamp: int,
+    def _take_off(self, client: Subscriber, message_id: bytes, payload: Any, timestamp: int,
                   attempts: int, now: float) -> None:
         """Record one delivery: in flight with ``client`` until its deadline, counted."""
         timeout = client.delivery_timeout
@@ -245,10 +298,10 @@ class Channel:
     #: nsqd's error texts for FIN/REQ/TOUCH of a message that is not the client's.
     NOT_IN_FLIGHT = "ID not in flight"
 
-    def _not_owner(self, owner: ClientConnection, client: ClientConnection) -> str:
+    def _not_owner(self, owner: Subscriber, client: Subscriber) -> str:
         return "client does not own message"
 
-    def _pop_in_flight(self, client: ClientConnection, message_id: bytes) -> InFlight | str:
+    def _pop_in_flight(self, client: Subscriber, message_id: bytes) -> InFlight | str:
         """The message ``client`` holds, or nsqd's error text."""
         entry = self.in_flight.get(message_id)
         if entry is None:
@@ -258,7 +311,7 @@ class Channel:
         del self.in_flight[message_id]
         return entry
 
-    def finish(self, client: ClientConnection, message_id: bytes) -> str | None:
+    def finish(self, client: Subscriber, message_id: bytes) -> str | None:
         """FIN: forget the message; returns nsqd's error text on failure."""
         in_flight = self.in_flight
         entry = in_flight.get(message_id)
@@ -268,7 +321,7 @@ class Channel:
         error = self._pop_in_flight(client, message_id)
         return error if type(error) is str else None
 
-    def requeue(self, client: ClientConnection, message_id: bytes, delay: float) -> str | None:
+    def requeue(self, client: Subscriber, message_id: bytes, delay: float) -> str | None:
         """REQ: back to the queue now, or after ``delay`` seconds; error text on failure."""
         entry = self._pop_in_flight(client, message_id)
         if isinstance(entry, str):
@@ -281,7 +334,7 @@ class Channel:
             self._put_back(msg)
         return None
 
-    def touch(self, client: ClientConnection, message_id: bytes, msg_timeout: float) -> str | None:
+    def touch(self, client: Subscriber, message_id: bytes, msg_timeout: float) -> str | None:
         """TOUCH: a new deadline of now + msg_timeout, capped at delivery + max_msg_timeout."""
         entry = self.in_flight.get(message_id)
         if entry is None:
@@ -335,7 +388,7 @@ class Channel:
     def _time_out(self, entry: InFlight) -> None:
         del self.in_flight[entry[ID]]
         self.timeout_count += 1
-        client: ClientConnection = entry[OWNER]
+        client: Subscriber = entry[OWNER]
         msg = entry[:4] + (0,)
         if self.clients.get(client.id) is client:
             client.in_flight -= 1
@@ -414,12 +467,13 @@ class Channel:
             "deferred_count": len(self.deferred),
             "message_count": self.message_count,
         }
-        if self.delivery_count:  # omitempty in nsqd
+        if self.delivery_count and self.server.options.topology:  # nsq master only; omitempty
             out["global_msg_count"] = self.delivery_count
         out["requeue_count"] = self.requeue_count
         out["timeout_count"] = self.timeout_count
         out["client_count"] = len(self.clients)
-        out["clients"] = [c.stats(self.topic.name) for c in self.clients.values()] if include_clients else []
+        # Without clients nsqd leaves the slice nil: JSON null.
+        out["clients"] = [c.stats(self.topic.name) for c in self.clients.values()] if include_clients else None
         out["paused"] = self.paused
         out["e2e_processing_latency"] = {"count": 0, "percentiles": None}
         return out
@@ -428,7 +482,7 @@ class Channel:
 class Topic:
     """A topic: the messages waiting for a channel, and the channels."""
 
-    def __init__(self, server: NSQD, name: str) -> None:
+    def __init__(self, server: QueueServer, name: str) -> None:
         self.server = server
         self.name = name
         self.ephemeral = name.endswith(EPHEMERAL_SUFFIX)

@@ -41,7 +41,7 @@ from aiohttp import web
 
 from fastnsq.errors import InvalidValueError
 
-from .lookupd import JSON_CONTENT_TYPE, HTTPSite, go_json, join_host_port
+from ._http import JSON_CONTENT_TYPE, HTTPSite, go_json, join_host_port
 
 if TYPE_CHECKING:
     from typing_extensions import Self

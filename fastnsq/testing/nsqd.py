@@ -39,7 +39,6 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -49,113 +48,21 @@ from fastnsq import codec
 from fastnsq.errors import InvalidValueError
 
 from ._nsqd_auth import AuthState, query_any_auth_server
+from ._nsqd_base import HA_VERSION, MASTER, RELEASED, VERSION, NSQDOptions
 from ._nsqd_client import ClientConnection
 from ._nsqd_faults import Faults
-from ._nsqd_ha import HA_VERSION, HAClientConnection, HATopic
+from ._nsqd_ha import HAClientConnection, HATopic
 from ._nsqd_queue import EPHEMERAL_SUFFIX, Channel, Topic
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self
 
-__all__ = ["HA_VERSION", "NSQD", "VERSION", "NSQDOptions"]
+__all__ = ["HA_VERSION", "MASTER", "NSQD", "RELEASED", "VERSION", "NSQDOptions"]
 
 log = logging.getLogger("fastnsq.testing.nsqd")
 
-#: The nsqd version the embedded server answers with (IDENTIFY, /info, /stats).
-VERSION = "1.3.0"
-
 # How long stop() lets closed connections flush before aborting them.
 _CLOSE_GRACE = 1.0
-
-
-@dataclass(frozen=True)
-class NSQDOptions:
-    """nsqd's flags that the embedded server honours; durations in seconds.
-
-    Defaults are nsqd 1.3's (``nsqd/options.go``); :class:`NSQD` puts in the HA nsqd's
-    own defaults for ``ha=True`` where they differ (72 h ``max_req_timeout``, 50 ms /
-    1 s output buffer timeout). ``allow_ext_compatible`` and
-    ``allow_sub_ext_compatible`` are the HA nsqd's ``--allow-ext-compatible`` and
-    ``--allow-sub-ext-compatible``.
-    """
-
-    host: str = "127.0.0.1"
-    tcp_port: int = 0
-    http_port: int = 0
-    broadcast_address: str = "127.0.0.1"
-    lookupd_tcp_addresses: tuple[str, ...] = ()
-    ha: bool = False
-    msg_timeout: float = 60.0
-    max_msg_timeout: float = 900.0
-    max_req_timeout: float = 3600.0
-    max_rdy_count: int = codec.DEFAULT_MAX_RDY_COUNT
-    max_msg_size: int = codec.DEFAULT_MAX_MSG_SIZE
-    max_body_size: int = codec.DEFAULT_MAX_BODY_SIZE
-    client_timeout: float = 60.0  # the default heartbeat interval is half of it
-    max_heartbeat_interval: float = 60.0
-    max_output_buffer_size: int = 65536
-    output_buffer_timeout: float = 0.25
-    min_output_buffer_timeout: float = 0.025
-    max_output_buffer_timeout: float = 30.0
-    max_deflate_level: int = 6
-    snappy: bool = True
-    deflate: bool = True
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_auth_policy: str | None = None
-    tls_root_ca_file: str | None = None
-    tls_required: bool = False
-    auth_http_addresses: tuple[str, ...] = ()
-    max_channel_consumers: int = 0
-    queue_scan_interval: float = 0.1
-    http_client_connect_timeout: float = 2.0
-    http_client_request_timeout: float = 5.0
-    topology_region: str = ""
-    topology_zone: str = ""
-    lookupd_ping_interval: float = 15.0
-    allow_ext_compatible: bool = False
-    allow_sub_ext_compatible: bool = False
-    max_conn_for_client: int = 0  # HA: more client connections are refused (0: no limit)
-
-    def __post_init__(self) -> None:
-        for name in (
-            "msg_timeout",
-            "max_msg_timeout",
-            "max_req_timeout",
-            "client_timeout",
-            "max_heartbeat_interval",
-            "output_buffer_timeout",
-            "min_output_buffer_timeout",
-            "max_output_buffer_timeout",
-            "queue_scan_interval",
-            "http_client_connect_timeout",
-            "http_client_request_timeout",
-            "lookupd_ping_interval",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise InvalidValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        for name in ("max_rdy_count", "max_msg_size", "max_body_size", "max_output_buffer_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise InvalidValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("tcp_port", "http_port"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-                raise InvalidValueError(f"{name} must be a port number in 0..65535, got {value!r}")
-        if not 1 <= self.max_deflate_level <= 9:
-            raise InvalidValueError(f"max_deflate_level must be in 1..9, got {self.max_deflate_level!r}")
-        if self.max_channel_consumers < 0:
-            raise InvalidValueError(f"max_channel_consumers must be >= 0, got {self.max_channel_consumers!r}")
-        if self.tls_client_auth_policy not in (None, "", "require", "require-verify"):
-            raise InvalidValueError(
-                "tls_client_auth_policy must be None, 'require' or 'require-verify', "
-                f"got {self.tls_client_auth_policy!r}"
-            )
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise InvalidValueError("tls_cert and tls_key go together")
-        if self.tls_required and self.tls_cert is None:
-            raise InvalidValueError("tls_required needs tls_cert and tls_key")
 
 
 class NSQD:
@@ -300,6 +207,11 @@ class NSQD:
     def http_address(self) -> str:
         """``host:port`` of the HTTP API (after ``start()``)."""
         return f"{self.options.host}:{self.http_port}"
+
+    @property
+    def http_session(self) -> aiohttp.ClientSession | None:
+        """The session nsqd's own HTTP requests use (auth, lookupd), while running."""
+        return self._http_session
 
     @property
     def auth_enabled(self) -> bool:
@@ -463,7 +375,7 @@ class NSQD:
         self.clients.pop(client.id, None)
 
     def identify_answer(self, **values: Any) -> bytes:
-        """The IDENTIFY JSON, with nsqd 1.3's keys in nsqd 1.3's order."""
+        """The IDENTIFY JSON, with nsqd's keys in nsqd's order (nsq master adds the topology)."""
         options = self.options
         answer = {
             "max_rdy_count": options.max_rdy_count,
@@ -479,9 +391,10 @@ class NSQD:
             "auth_required": self.auth_enabled,
             "output_buffer_size": values["output_buffer_size"],
             "output_buffer_timeout": values["output_buffer_timeout"],
-            "topology_region": options.topology_region,
-            "topology_zone": options.topology_zone,
         }
+        if options.topology:
+            answer["topology_region"] = options.topology_region
+            answer["topology_zone"] = options.topology_zone
         return json.dumps(answer, separators=(",", ":")).encode()
 
     async def query_auth(self, remote_ip: str, tls: bool, common_name: str, secret: str) -> AuthState | None:

@@ -1,0 +1,91 @@
+"""Record the conversations from a real nsqd: the released v1.3.0's answers to the master recording's client side.
+
+    python -m tests.captures.record --nsqd-tcp 127.0.0.1:4150 --nsqd-http 127.0.0.1:4151 \\
+        --lookupd-http 127.0.0.1:4161 --out tests/captures/nsqd-v1.3.0 --server "nsqd v1.3.0"
+
+(``python3 dev.py captures --real BIN_DIR`` starts fresh servers from a folder of
+binaries and runs this.) The nsqd must be fresh: no topic yet, registered with the
+lookupd. Every scenario of ``../shared/captures/nsqd-1.3.0`` is replayed step by step
+(publish first, then consume, which reads what publish left, then the others), what
+the server answers is written in the same format (``../shared/captures/README.md``),
+and :mod:`http_requests` asks the HTTP questions last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from . import CAPTURES, http_requests, load, scenario_names
+from .wire import Conversation, expected_frames, split_frames
+
+FIRST = ["publish", "consume"]
+
+
+def _frames_for_reading(data: bytes) -> list[dict[str, Any]]:
+    """A plain decoding of ``data`` that stops where the bytes are no frame (a compressed stream)."""
+    frames, _ = split_frames(data)
+    return [{"size": 4 + len(d), "type": t, "data": d.decode("latin-1")} for t, d in frames]
+
+
+async def record_scenario(name: str, nsqd_tcp: str, server: str) -> dict[str, Any]:
+    """Replay the client side of scenario ``name`` and return the new recording."""
+    reference = load(name)
+    wanted = iter(expected_frames(reference))
+    conversation = await Conversation.open(nsqd_tcp, reference)
+    steps: list[dict[str, Any]] = []
+    try:
+        for step in reference["steps"]:
+            if "send" in step:
+                sent = await conversation.send(bytes.fromhex(step["send"]))
+                steps.append({"send": sent.hex(), "text": sent.decode("latin-1"), "why": step.get("why", "")})
+                continue
+            recorded_frames = next(wanted)
+            data, frames, closed = await conversation.receive(len(recorded_frames), bool(step.get("eof")))
+            conversation.learn_ids(recorded_frames, frames)
+            entry: dict[str, Any] = {"recv": data.hex(), "why": step.get("why", "")}
+            entry["frames"] = _frames_for_reading(data)
+            if closed:
+                entry["eof"] = True
+            steps.append(entry)
+    finally:
+        await conversation.close()
+    return {
+        "scenario": name,
+        "note": f"{reference.get('note', '')} [recorded from {server} by tests/captures/record.py, "
+        f"replaying the client side of shared/captures/nsqd-1.3.0/{name}.json]",
+        "variable": reference.get("variable", []),
+        "steps": steps,
+    }
+
+
+async def record(nsqd_tcp: str, nsqd_http: str, lookupd_http: str, out: Path, server: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    names = FIRST + [n for n in scenario_names() if n not in FIRST]
+    for name in names:
+        recording = await record_scenario(name, nsqd_tcp, server)
+        (out / f"{name}.json").write_text(json.dumps(recording, indent=1) + "\n")
+        print(f"recorded {name}: {sum('recv' in s for s in recording['steps'])} answers", flush=True)
+    answers = await http_requests.run(nsqd_tcp, nsqd_http, lookupd_http)
+    (out / "http.json").write_text(json.dumps(answers, indent=1) + "\n")
+    print(f"recorded http: {len(answers)} answers from {server} into {out}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nsqd-tcp", required=True)
+    parser.add_argument("--nsqd-http", required=True)
+    parser.add_argument("--lookupd-http", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--server", default="a real nsqd", help="what to call the server in the notes")
+    args = parser.parse_args(argv)
+    if not CAPTURES.is_dir():
+        parser.error(f"the reference recording {CAPTURES} is missing")
+    asyncio.run(record(args.nsqd_tcp, args.nsqd_http, args.lookupd_http, args.out, args.server))
+
+
+if __name__ == "__main__":
+    main()
