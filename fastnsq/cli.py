@@ -262,6 +262,8 @@ def _build_nsqd(commands: Any, common: argparse.ArgumentParser) -> None:
 
     sub.add_argument("--ha", action="store_true", help="speak the HA (youzan) dialect"
                      + ("" if EMBEDDED_HA_AVAILABLE else " (not available yet: fails with a message)"))
+    sub.add_argument("--emulate", choices=("v1.3.0", "master"), default="v1.3.0",
+                     help="answer like the released nsqd v1.3.0 (default) or nsq master 3103474b (topology fields)")
     limits = sub.add_argument_group("limits (nsqd's flags, durations in seconds)")
     limits.add_argument("--msg-timeout", type=_positive_float, default=60.0, metavar="SECONDS",
                         help="default time before an unanswered message is requeued (default 60)")
@@ -588,7 +590,8 @@ async def _serve_nsqd(args: argparse.Namespace, host: str, tcp_port: int, http_p
         registrations = list(args.lookupd_tcp_address)
         lines = []
         if args.lookupd:
-            lookupd = NSQLookupd(host=host, tcp_port=args.lookupd_tcp_port, http_port=args.lookupd_http_port, ha=args.ha)
+            lookupd = NSQLookupd(host=host, tcp_port=args.lookupd_tcp_port, http_port=args.lookupd_http_port, ha=args.ha,
+                                 **({} if args.ha else {"emulate": args.emulate}))
             await stack.enter_async_context(lookupd)
             registrations.insert(0, lookupd.tcp_address)
             lines.append(f"nsqlookupd  tcp {lookupd.tcp_address}  http {lookupd.http_address}")
@@ -599,13 +602,13 @@ async def _serve_nsqd(args: argparse.Namespace, host: str, tcp_port: int, http_p
             max_rdy_count=args.max_rdy_count, max_msg_size=args.max_msg_size, max_body_size=args.max_body_size,
             tls_cert=args.tls_cert, tls_key=args.tls_key, tls_root_ca_file=args.tls_root_ca_file,
             tls_client_auth_policy=args.tls_client_auth_policy, tls_required=args.tls_required,
-            auth_http_addresses=args.auth_http_address,
+            auth_http_addresses=args.auth_http_address, emulate=args.emulate,
         )
         await stack.enter_async_context(nsqd)
         lines.insert(0, f"nsqd        tcp {nsqd.tcp_address}  http {nsqd.http_address}")
         for line in lines:
             print(line)
-        dialect = "HA (youzan)" if args.ha else "nsqd 1.3"
+        dialect = "HA (youzan)" if args.ha else f"nsqd 1.3, answering like nsqd {args.emulate}"
         print(f"running ({dialect} protocol, messages in memory only); Ctrl-C to stop", flush=True)
         await stop.wait()
     print("stopped", flush=True)

@@ -65,6 +65,30 @@ async def upstream_version(embedded: Any, http_address: str | None) -> str:
     return "master" if "topology_zone" in info else "v1.3.0"
 
 
+async def skip_unless_without_tls(server: Any) -> None:
+    """Skip when the (real) nsqd offers TLS: the test needs one started without certificates.
+
+    An embedded nsqd has TLS only when given a certificate; a real one is asked
+    (IDENTIFY with ``tls_v1``) and the connection closed before any upgrade.
+    """
+    if not is_external(server):
+        return
+    import json
+    import struct
+
+    host, _, port = server.tcp_address.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        body = json.dumps({"feature_negotiation": True, "tls_v1": True}).encode()
+        writer.write(b"  V2IDENTIFY\n" + struct.pack(">I", len(body)) + body)
+        size = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 5))[0]
+        answer = json.loads((await asyncio.wait_for(reader.readexactly(size), 5))[4:])
+    finally:
+        writer.close()
+    if answer.get("tls_v1"):
+        pytest.skip(f"the real nsqd {server.tcp_address} offers TLS: the test needs one without")
+
+
 def skip_if_external(server: Any, why: str) -> None:
     if is_external(server):
         pytest.skip(f"needs an embedded server: {why}")

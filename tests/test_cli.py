@@ -31,7 +31,7 @@ from fastnsq.benchmark import SCENARIOS
 from fastnsq.codec import Message
 from fastnsq.testing import EMBEDDED_HA_AVAILABLE, NSQD, AuthServer, authorization
 
-from .helpers import skip_if_external, tls_files, unique
+from .helpers import skip_unless_without_tls, tls_files, unique
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
@@ -292,7 +292,8 @@ async def test_tail_raw_prints_bodies_and_waits_for_new_messages(nsqd) -> None:
 
 
 async def test_pub_count_and_rate(nsqd) -> None:
-    skip_if_external(nsqd, "reads the topic's message count over the embedded nsqd's HTTP port")
+    if not nsqd.http_address:
+        pytest.skip("reads the topic's message count over HTTP: FASTNSQ_TEST_NSQD_HTTP is not set")
     topic = unique("cli")
     outcome = await fastnsq("pub", "--nsqd-tcp-address", nsqd.tcp_address, topic, "tick", "--count", "20",
                             "--rate", "100")
@@ -304,7 +305,8 @@ async def test_pub_count_and_rate(nsqd) -> None:
 
 
 async def test_pub_lines_in_batches_and_count_limit(nsqd) -> None:
-    skip_if_external(nsqd, "reads the topic's message count over the embedded nsqd's HTTP port")
+    if not nsqd.http_address:
+        pytest.skip("reads the topic's message count over HTTP: FASTNSQ_TEST_NSQD_HTTP is not set")
     topic = unique("cli")
     body = b"".join(b"line %d\n" % i for i in range(5000))
     outcome = await fastnsq("pub", "--nsqd-tcp-address", nsqd.tcp_address, topic, "--count", "3210", "-q",
@@ -346,7 +348,7 @@ async def test_tls_compression_and_auth_from_the_environment() -> None:
 
 
 async def test_tls_asked_for_but_not_offered_is_an_error(nsqd) -> None:
-    skip_if_external(nsqd, "needs an nsqd without TLS")
+    await skip_unless_without_tls(nsqd)
     for command in (["pub", "--nsqd-tcp-address", nsqd.tcp_address, "--tls", unique("cli"), "x"],
                     ["tail", "--nsqd-tcp-address", nsqd.tcp_address, "--tls-insecure-skip-verify", unique("cli")]):
         outcome = await fastnsq(*command)

@@ -25,6 +25,7 @@ from typing import Any
 from fastnsq.errors import InvalidValueError
 
 from . import EMBEDDED_HA_AVAILABLE
+from ._nsqd_base import HA_VERSION
 from .lookupd import NSQLookupd
 
 
@@ -55,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--ha", action="store_true", help="speak the HA (youzan) dialect")
     parser.add_argument(
+        "--emulate",
+        choices=("v1.3.0", "master"),
+        default="v1.3.0",
+        help="answer like the released nsqd v1.3.0 (default) or nsq master 3103474b (topology fields)",
+    )
+    parser.add_argument(
         "--loop",
         choices=("auto", "asyncio", "uvloop"),
         default="auto",
@@ -76,7 +83,7 @@ async def serve(args: argparse.Namespace, ready: asyncio.Future[list[str]] | Non
         lookupd_tcp: list[str] = []
         if args.lookupd or args.no_nsqd:
             # With --ha a standalone lookupd, as youzan's runs beside a standalone nsqd.
-            extra: dict[str, Any] = {"ha_cluster": False} if args.ha else {}
+            extra: dict[str, Any] = {"ha_cluster": False} if args.ha else {"emulate": args.emulate}
             lookupd = NSQLookupd(
                 host=args.host,
                 tcp_port=args.lookupd_tcp_port,
@@ -96,12 +103,13 @@ async def serve(args: argparse.Namespace, ready: asyncio.Future[list[str]] | Non
                 "http_port": args.http_port,
             }
             options["broadcast_address"] = args.broadcast_address or args.host
-            nsqd = NSQD(lookupd_tcp_addresses=lookupd_tcp, ha=args.ha, **options)
+            nsqd = NSQD(lookupd_tcp_addresses=lookupd_tcp, ha=args.ha, emulate=args.emulate, **options)
             await stack.enter_async_context(nsqd)
             lines.append(f"nsqd        tcp {nsqd.tcp_address}  http {nsqd.http_address}")
         for line in lines:
             print(line, flush=True)
-        print("running; Ctrl-C to stop", flush=True)
+        like = f"the HA nsqd {HA_VERSION}" if args.ha else f"nsqd {args.emulate}"
+        print(f"running (answering like {like}); Ctrl-C to stop", flush=True)
         if ready is not None:
             ready.set_result(lines)
         await stop.wait()
