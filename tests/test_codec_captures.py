@@ -8,28 +8,15 @@ that nsqd rejects as malformed are refused by the encoders before a byte is writ
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from fastnsq.compression import make_stream
 from fastnsq.errors import InvalidValueError
 
 from . import captures
+from .captures.wire import compression_of
 
 SCENARIOS = captures.scenario_names()
-
-
-def _compression_of(scenario: dict) -> str | None:
-    for step in scenario["steps"]:
-        text = step.get("text", "")
-        if text.startswith("IDENTIFY"):
-            body = json.loads(text[text.index("{"):])
-            if body.get("snappy") and not body.get("deflate"):
-                return "snappy"
-            if body.get("deflate") and not body.get("snappy"):
-                return "deflate"
-    return None
 
 
 class ServerSide:
@@ -80,10 +67,12 @@ def _actual(frame: tuple) -> tuple:
     return frame
 
 
+@pytest.mark.parametrize("version", captures.VERSIONS)
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_server_bytes_decode_to_the_recorded_frames(codec, name):
-    scenario = captures.load(name)
-    compression = _compression_of(scenario)
+def test_server_bytes_decode_to_the_recorded_frames(codec, name, version):
+    # Both recordings: the released nsqd v1.3.0 and nsq master.
+    scenario = captures.load(name, version)
+    compression = compression_of(scenario)
     side = ServerSide(codec, compression)
     checked = 0
     for step in scenario["steps"]:
@@ -108,7 +97,7 @@ def test_server_bytes_decode_to_the_recorded_frames(codec, name):
 
 
 def test_compressed_scenarios_are_recognised():
-    found = {name: _compression_of(captures.load(name)) for name in captures.COMPRESSED}
+    found = {name: compression_of(captures.load(name)) for name in captures.COMPRESSED}
     assert found == {
         "deflate_publish": "deflate",
         "identify_deflate": "deflate",
@@ -162,7 +151,7 @@ def _reencode(codec, w, name: bytes, params: list[bytes], body) -> None:
 def _client_streams(codec, name: str):
     """Yields (plain bytes, [(name, params, body)]) for each client send, decompressed."""
     scenario = captures.load(name)
-    compression = _compression_of(scenario)
+    compression = compression_of(scenario)
     stream = None
     identified = False
     for step in scenario["steps"]:

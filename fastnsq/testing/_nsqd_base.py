@@ -9,12 +9,12 @@ the ``NSQD`` class itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from fastnsq import codec
 from fastnsq.errors import InvalidValueError
 
-__all__ = ["EMULATED", "HA_VERSION", "MASTER", "RELEASED", "VERSION", "Emulated", "NSQDOptions"]
+__all__ = ["EMULATED", "HA_VERSION", "MASTER", "RELEASED", "VERSION", "Emulated", "NSQDIdentity", "NSQDOptions"]
 
 #: The nsqd version the embedded server answers with (IDENTIFY, /info, /stats):
 #: both the released nsqd v1.3.0 and nsq master 3103474b report it.
@@ -131,3 +131,22 @@ class NSQDOptions:
             raise InvalidValueError("tls_cert and tls_key go together")
         if self.tls_required and self.tls_cert is None:
             raise InvalidValueError("tls_required needs tls_cert and tls_key")
+
+
+class NSQDIdentity(Protocol):
+    """Who an nsqd is: what its HTTP API and its lookupd registration tell about it."""
+
+    @property
+    def options(self) -> NSQDOptions: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def hostname(self) -> str: ...
+
+    @property
+    def tcp_port(self) -> int: ...
+
+    @property
+    def http_port(self) -> int: ...

@@ -29,32 +29,17 @@ from aiohttp import web
 
 from fastnsq import codec
 
+from ._nsqd_base import NSQDIdentity
 from ._nsqd_queue import new_message
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._nsqd_base import NSQDOptions
     from ._nsqd_queue import Topic
 
 __all__ = ["HTTPServer", "build_app"]
 
 
-class HTTPServer(Protocol):
+class HTTPServer(NSQDIdentity, Protocol):
     """What the HTTP API uses of its nsqd."""
-
-    @property
-    def options(self) -> NSQDOptions: ...
-
-    @property
-    def version(self) -> str: ...
-
-    @property
-    def hostname(self) -> str: ...
-
-    @property
-    def tcp_port(self) -> int: ...
-
-    @property
-    def http_port(self) -> int: ...
 
     @property
     def start_time(self) -> int: ...

@@ -25,33 +25,18 @@ from aiohttp import web
 
 from fastnsq import codec
 
+from ._nsqd_base import NSQDIdentity
 from ._nsqd_http import _HTTPError, _memory_stats, _read_limited
 from ._nsqd_parse import go_atoi, go_parse_uint
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._nsqd_base import NSQDOptions
     from ._nsqd_ha import HATopic
 
 __all__ = ["HAHTTPServer", "build_ha_app", "respond_negotiated"]
 
 
-class HAHTTPServer(Protocol):
+class HAHTTPServer(NSQDIdentity, Protocol):
     """What the HA HTTP API uses of its nsqd."""
-
-    @property
-    def options(self) -> NSQDOptions: ...
-
-    @property
-    def version(self) -> str: ...
-
-    @property
-    def hostname(self) -> str: ...
-
-    @property
-    def tcp_port(self) -> int: ...
-
-    @property
-    def http_port(self) -> int: ...
 
     @property
     def start_time(self) -> int: ...

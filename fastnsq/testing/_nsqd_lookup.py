@@ -20,36 +20,20 @@ import contextlib
 import json
 import logging
 import struct
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ._nsqd_base import NSQDOptions
+from ._nsqd_base import NSQDIdentity
 
 __all__ = ["LookupPeer", "LookupRegistrar", "RegisteringServer"]
 
 
-class RegisteringServer(Protocol):
+class RegisteringServer(NSQDIdentity, Protocol):
     """What the registration uses of its nsqd."""
 
     @property
-    def options(self) -> NSQDOptions: ...
-
-    @property
     def ha(self) -> bool: ...
-
-    @property
-    def version(self) -> str: ...
-
-    @property
-    def hostname(self) -> str: ...
-
-    @property
-    def tcp_port(self) -> int: ...
-
-    @property
-    def http_port(self) -> int: ...
 
     @property
     def distributed_id(self) -> str: ...

@@ -16,19 +16,38 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
 from . import CAPTURES, http_requests, load, scenario_names
-from .wire import Conversation, expected_frames, split_frames
+from .wire import FRAME_MESSAGE, Conversation, expected_frames, split_frames
 
 FIRST = ["publish", "consume"]
 
 
 def _frames_for_reading(data: bytes) -> list[dict[str, Any]]:
-    """A plain decoding of ``data`` that stops where the bytes are no frame (a compressed stream)."""
+    """A plain decoding of ``data`` that stops where the bytes are no frame (a compressed stream).
+
+    As in the reference recording: a message frame as its timestamp, attempts, id and
+    body; any other frame as its data.
+    """
     frames, _ = split_frames(data)
-    return [{"size": 4 + len(d), "type": t, "data": d.decode("latin-1")} for t, d in frames]
+    out: list[dict[str, Any]] = []
+    for kind, payload in frames:
+        entry: dict[str, Any] = {"size": 4 + len(payload), "type": kind}
+        if kind == FRAME_MESSAGE:
+            timestamp, attempts = struct.unpack_from(">qH", payload)
+            entry.update(
+                timestamp=timestamp,
+                attempts=attempts,
+                id=payload[10:26].decode("latin-1"),
+                body=payload[26:].decode("latin-1"),
+            )
+        else:
+            entry["data"] = payload.decode("latin-1")
+        out.append(entry)
+    return out
 
 
 async def record_scenario(name: str, nsqd_tcp: str, server: str) -> dict[str, Any]:
