@@ -40,14 +40,15 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .consumer import Consumer
 from .loop import run as run_on_default_loop
 from .producer import Producer
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "BODY_SIZE",
@@ -279,6 +280,8 @@ async def wait_drained(
     http_address: str, topic: str, channel: str, *, interval: float = 0.002, timeout: float = 60.0
 ) -> None:
     """Return once nsqd's ``/stats`` shows the channel with nothing queued, in flight or deferred."""
+    import aiohttp  # the HTTP API only when asked: the CLI imports this module to list SCENARIOS
+
     deadline = time.perf_counter() + timeout
     async with aiohttp.ClientSession() as session:
         while True:
@@ -307,6 +310,8 @@ async def prefill(
     ``options``: Producer/connection options (TLS, AUTH, ...), as for the workloads.
     """
     if nsqd_http_address and channel:
+        import aiohttp
+
         async with aiohttp.ClientSession() as session:
             base = f"http://{nsqd_http_address}"
             await _http(session, "POST", f"{base}/topic/create", topic=topic)
@@ -585,6 +590,8 @@ async def run_scenario(
 
 
 async def _delete_topic(http_address: str, topic: str) -> None:
+    import aiohttp
+
     try:
         async with aiohttp.ClientSession() as session:
             await _http(session, "POST", f"http://{http_address}/topic/delete", topic=topic)

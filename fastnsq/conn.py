@@ -26,11 +26,10 @@ import logging
 import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import codec
 from ._protocol import HEARTBEAT, MAX_EXT_SIZE, MESSAGE_HEADER_SIZE
-from .compression import CompressionStream, make_stream
 from .config import ConnectionOptions, parse_address
 from .errors import (
     ConnectionClosedError,
@@ -41,6 +40,9 @@ from .errors import (
     is_fatal,
     server_error,
 )
+
+if TYPE_CHECKING:
+    from .compression import CompressionStream
 
 __all__ = ["STATE_CLOSED", "STATE_CLOSING", "STATE_CONNECTED", "STATE_INIT", "STATE_SUBSCRIBED", "Connection"]
 
@@ -240,6 +242,8 @@ class Connection(asyncio.BufferedProtocol):
         await self._check_ok(answer, "TLS")
 
     async def _upgrade_compression(self, kind: str, level: int) -> None:
+        from .compression import make_stream  # snappy and CRC32C libraries load only when negotiated
+
         stream = make_stream(kind, level or 6)
         already_read = self._reader.take_unparsed()  # these bytes belong to the compressed stream
         self._inflater = stream

@@ -30,10 +30,10 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import codec, tracing
-from .config import ConnectionOptions, check_range, parse_address, split_options
+from .config import ConnectionOptions, Endpoint, check_range, parse_address, split_options
 from .conn import Connection
 from .errors import (
     InvalidValueError,
@@ -43,8 +43,10 @@ from .errors import (
     ServerError,
     TopicNotExistError,
 )
-from .lookupd import Endpoint, LookupdPoller
 from .rdy import Outcome, RdyController, RdyUpdate
+
+if TYPE_CHECKING:
+    from .lookupd import LookupdPoller
 
 __all__ = ["CONSUMER_DEFAULTS", "Batch", "ConnectionStats", "Consumer", "StopReport"]
 
@@ -341,6 +343,8 @@ class Consumer:
             )
         )
         if self._lookupd_addresses:
+            from .lookupd import LookupdPoller  # imported only when used: it brings aiohttp
+
             self._poller = LookupdPoller(
                 self._lookupd_addresses,
                 self.topic,

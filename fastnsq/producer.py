@@ -22,7 +22,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mmh3
 
@@ -49,7 +49,9 @@ from .errors import (
     ServerError,
     TopicNotExistError,
 )
-from .lookupd import LookupdClient, LookupdPoller
+
+if TYPE_CHECKING:
+    from .lookupd import LookupdClient, LookupdPoller
 
 __all__ = ["PRODUCER_DEFAULTS", "Producer"]
 
@@ -209,6 +211,8 @@ class Producer:
         )
         addresses = list(self._nsqd_addresses)
         if self._lookupd_addresses:
+            from .lookupd import LookupdClient  # imported only when used: it brings aiohttp
+
             self._lookupd_client = LookupdClient(auth_secret=_secret_text(self.options.auth_secret))
             addresses += [a for a in await self._discover() if a not in addresses]
         results = await asyncio.gather(*(self._add_node(a) for a in addresses), return_exceptions=True)
@@ -606,6 +610,8 @@ class Producer:
         assert self._loop is not None
         poller = self._pollers.get(topic)
         if poller is None:
+            from .lookupd import LookupdPoller
+
             poller = LookupdPoller(self._lookupd_addresses, topic, client=self._lookupd_client, access="w",
                                    metainfo=True, poll_interval=self.lookupd_poll_interval)
             self._pollers[topic] = poller
