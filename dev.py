@@ -21,7 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 STAMP = VENV / ".fastnsq-install-stamp"
-BUILD_INPUTS = ["pyproject.toml", "setup.py", "fastnsq/_frame.pyx", "fastnsq/_frame.pxd", "fastnsq/_coalesce.pyx"]
+BUILD_INPUTS = [
+    "pyproject.toml", "setup.py", "fastnsq/_frame.pyx", "fastnsq/_frame.pxd", "fastnsq/_coalesce.pyx",
+    "fastnsq/_delivery.pyx",
+]
 EXTRAS = "test,testing,bench,spark"
 
 
@@ -48,8 +51,8 @@ def setup() -> Path:
         print(f"creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
     stamp = build_hash()
-    built = [p for name in ("_frame", "_coalesce") for p in (ROOT / "fastnsq").glob(f"{name}.*.so")]
-    built_all = len(built) == 2
+    built = [p for name in ("_frame", "_coalesce", "_delivery") for p in (ROOT / "fastnsq").glob(f"{name}.*.so")]
+    built_all = len(built) == 3
     if STAMP.exists() and STAMP.read_text() == stamp and built_all:
         return python
     run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip", "setuptools", "wheel", "Cython>=3.0")
