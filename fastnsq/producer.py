@@ -20,7 +20,6 @@ import functools
 import json
 import logging
 import random
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -191,7 +190,6 @@ class Producer:
         self._started = False
         self._lookupd_task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.TimerHandle | None = None
-        self._sent_at: deque[tuple[float, asyncio.Future[Any]]] = deque()
         self.published = 0
         self.failed = 0
         self.retried = 0
@@ -315,20 +313,58 @@ class Producer:
             and sharding_key is None
             and trace_id is None
             and ext is None
-            and self.coalesce
         ):
-            # The fast path: the C coalescer checks the body, batches it with the other
-            # publishes of this loop pass and returns the future one MPUB's answer resolves.
-            key = topic if not self._lookupd_addresses else self._routed_key(topic)
-            if key is not None:
+            if self.coalesce:
+                # The fast path: the C coalescer checks the body, batches it with the other
+                # publishes of this loop pass and returns the future one MPUB's answer resolves.
+                key = topic if not self._lookupd_addresses else self._routed_key(topic)
+                if key is not None:
+                    try:
+                        return await self._coalescer.add(key, body)
+                    except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+                        if not _retryable(exc):
+                            self.failed += 1
+                            raise
+                        self._forget_route(topic, exc)
+                        self.retried += 1  # and on to the slow path, which retries
+            elif not self._lookupd_addresses and self._open:
+                # The pipelined fast path (coalesce=False): one PUB on the next connection,
+                # awaited right here, without _call's routing coroutines (nothing to route
+                # without lookupd; the sweeper enforces publish_timeout). The codec checks
+                # the body before a byte is buffered.
+                open_conns = self._open
+                self._next = (self._next + 1) % len(open_conns)
+                future = open_conns[self._next].publish(topic, body)
+                self._active += 1
                 try:
-                    return await self._coalescer.add(key, body)
+                    result = await future
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
                     if not _retryable(exc):
                         self.failed += 1
                         raise
-                    self._forget_route(topic, exc)
                     self.retried += 1  # and on to the slow path, which retries
+                else:
+                    self.published += 1
+                    return result
+                finally:
+                    self._active -= 1
+                    if not self._active and self._idle_waiter is not None:
+                        _resolve(self._idle_waiter)
+        return await self._publish_slow(topic, body, defer, timeout, partition, sharding_key, trace_id, ext)
+
+    async def _publish_slow(
+        self,
+        topic: str,
+        body: Any,
+        defer: float | None,
+        timeout: float | None,
+        partition: int | None,
+        sharding_key: Any,
+        trace_id: int | None,
+        ext: Mapping[str, Any] | None,
+    ) -> Any:
+        """publish() beyond its fast paths: checks, routing, retries. (A function of its own so
+        that the fast paths make no closure cells for the lambdas below.)"""
         self._check_topic(topic)
         size = _body_size(body)
         if size == 0 or size > self._max_msg_size:
@@ -477,7 +513,6 @@ class Producer:
                     else:
                         conn = await self._connection_for(target[0], deadline)
                         future = send(conn, target[1])
-                        self._track(future)
                     result = await self._await_answer(future, deadline, timeout is not None)
                     if send is not None:
                         self.published += 1
@@ -537,7 +572,6 @@ class Producer:
                     for unsent in parts[index:]:
                         unsent.fail(exc)
                     break
-                self._track(sent)
                 sent.add_done_callback(part.resolve)
             if len(batch) >= _FLUSH_AT or batch.nbytes >= _FLUSH_BYTES:
                 conn.flush()  # a full batch: let nsqd start on it while this pass goes on
@@ -728,28 +762,22 @@ class Producer:
 
     # ---- timeouts ---------------------------------------------------------------------
 
-    def _track(self, future: asyncio.Future[Any]) -> None:
-        assert self._loop is not None
-        self._sent_at.append((self._loop.time(), future))
-
     def _ensure_sweeper(self) -> None:
         if self._sweeper is None and self._loop is not None:
             self._sweeper = self._loop.call_later(min(1.0, self.publish_timeout / 4), self._sweep)
 
     def _sweep(self) -> None:
-        """Fail commands unanswered for publish_timeout; nsqd answers in order, so oldest first."""
+        """Fail commands unanswered for publish_timeout (each connection knows when it wrote them)."""
         assert self._loop is not None
-        now = self._loop.time()
-        sent = self._sent_at
-        while sent and (sent[0][1].done() or now - sent[0][0] >= self.publish_timeout):
-            _, future = sent.popleft()
-            if not future.done():
-                future.set_exception(
-                    PublishTimeoutError(f"no answer from nsqd within {self.publish_timeout} s (publish_timeout)")
-                )
+        cutoff = self._loop.time() - self.publish_timeout
+        for conn in self._open:
+            conn.expire_pending(cutoff, self._timeout_error)
         self._sweeper = None
         if not self._closing:
             self._ensure_sweeper()
+
+    def _timeout_error(self) -> PublishTimeoutError:
+        return PublishTimeoutError(f"no answer from nsqd within {self.publish_timeout} s (publish_timeout)")
 
     # ---- lookupd ----------------------------------------------------------------------
 
