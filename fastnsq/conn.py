@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import codec
-from ._protocol import HEARTBEAT, MAX_EXT_SIZE, MESSAGE_HEADER_SIZE
+from ._protocol import HEARTBEAT, MAX_EXT_SIZE, MESSAGE_HEADER_SIZE, OK
 from .config import ConnectionOptions, parse_address
 from .errors import (
     ConnectionClosedError,
@@ -495,6 +495,14 @@ class Connection(asyncio.BufferedProtocol):
     # ---- frames from the codec --------------------------------------------------------
 
     def _on_response(self, data: Any) -> None:
+        pending = self._pending
+        if data is OK and pending and pending[0][1] > KIND_UPGRADE:
+            # The common answer (the codec hands out the one OK object): a publish's, a SUB's.
+            future = pending.popleft()[0]
+            self._answered += 1
+            if not future.done():
+                future.set_result(data)
+            return
         if data is HEARTBEAT or data == HEARTBEAT:
             self._answer_heartbeat()
             return
