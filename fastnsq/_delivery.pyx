@@ -29,7 +29,7 @@ from . import tracing
 
 IMPLEMENTATION = "c"
 
-__all__ = ["IMPLEMENTATION", "ConnRdy", "Inbox", "Link", "finish_all"]
+__all__ = ["IMPLEMENTATION", "ConnRdy", "Inbox", "Link", "MessageIterator", "finish_all"]
 
 cdef enum:
     MODE_SLOW = 0  # every message through the consumer's Python path
@@ -297,6 +297,72 @@ cdef class Link(MessageSink):
     def current_delivery(self, message):
         """When ``message`` is the one a sync handler is running for: when it arrived, else None."""
         return self._current_at if message is self._current and message is not None else None
+
+
+@cython.final
+@cython.freelist(8)
+cdef class _Ready:
+    """An awaitable that is already done: ``await`` gets its value without suspending."""
+
+    cdef object _value
+
+    def __await__(self):
+        return self
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        value = self._value
+        self._value = None
+        raise StopIteration(value)
+
+    def send(self, arg):
+        return self.__next__()
+
+    def throw(self, typ, val=None, tb=None):
+        raise typ if val is None else val
+
+    def close(self):
+        self._value = None
+
+
+@cython.final
+cdef class MessageIterator:
+    """``async for message in consumer``: a queued message is handed out without a coroutine.
+
+    An async generator costs a frame resumption and an awaitable per message; this hands
+    out what the inbox holds as already-done awaitables, and awaits the consumer's
+    ``slow_next(pass_first)`` when the inbox is empty, or after ``yield_every`` messages
+    in a row (then with ``pass_first`` True: the loop gets a pass to write the FINs).
+    """
+
+    cdef Inbox _inbox
+    cdef object _popleft
+    cdef object _slow_next
+    cdef long _handed
+    cdef long _yield_every
+
+    def __init__(self, Inbox inbox, slow_next, long yield_every):
+        self._inbox = inbox
+        self._popleft = inbox.queue.popleft
+        self._slow_next = slow_next
+        self._handed = 0
+        self._yield_every = yield_every
+
+    def __aiter__(self):
+        return self
+
+    def __anext__(self):
+        cdef _Ready ready
+        if self._handed < self._yield_every and self._inbox.queue:
+            self._handed += 1
+            ready = _Ready.__new__(_Ready)
+            ready._value = self._popleft()
+            return ready
+        pass_first = self._handed >= self._yield_every
+        self._handed = 0
+        return self._slow_next(pass_first)
 
 
 def finish_all(messages):

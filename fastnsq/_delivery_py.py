@@ -14,7 +14,7 @@ from typing import Any
 
 IMPLEMENTATION = "python"
 
-__all__ = ["IMPLEMENTATION", "ConnRdy", "Inbox", "Link", "finish_all"]
+__all__ = ["IMPLEMENTATION", "ConnRdy", "Inbox", "Link", "MessageIterator", "finish_all"]
 
 
 class ConnRdy:
@@ -145,6 +145,30 @@ class Link:
     def current_delivery(self, message: Any) -> float | None:
         """Only the C link runs handlers before registering a message in ``in_flight``."""
         return None
+
+
+class MessageIterator:
+    """``async for message in consumer``: queued messages first, ``slow_next`` when there are none
+    (or after ``yield_every`` in a row, with ``pass_first`` True)."""
+
+    __slots__ = ("_handed", "_inbox", "_slow_next", "_yield_every")
+
+    def __init__(self, inbox: Inbox, slow_next: Callable[[bool], Any], yield_every: int) -> None:
+        self._inbox = inbox
+        self._slow_next = slow_next
+        self._handed = 0
+        self._yield_every = yield_every
+
+    def __aiter__(self) -> MessageIterator:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._handed < self._yield_every and self._inbox.queue:
+            self._handed += 1
+            return self._inbox.queue.popleft()
+        pass_first = self._handed >= self._yield_every
+        self._handed = 0
+        return await self._slow_next(pass_first)
 
 
 def finish_all(messages: Iterable[Any]) -> None:

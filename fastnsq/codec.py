@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # both implementations follow the .pyi contracts
     from ._coalesce import Coalescer
-    from ._delivery import ConnRdy, Inbox, Link, finish_all
+    from ._delivery import ConnRdy, Inbox, Link, MessageIterator, finish_all
     from ._frame import *
     from ._frame import IMPLEMENTATION
 elif os.environ.get("FASTNSQ_NO_EXTENSIONS", "") not in ("", "0"):
     from ._coalesce_py import Coalescer
-    from ._delivery_py import ConnRdy, Inbox, Link, finish_all
+    from ._delivery_py import ConnRdy, Inbox, Link, MessageIterator, finish_all
     from ._frame_py import *
     from ._frame_py import IMPLEMENTATION
 else:
     try:
         from ._coalesce import Coalescer
-        from ._delivery import ConnRdy, Inbox, Link, finish_all
+        from ._delivery import ConnRdy, Inbox, Link, MessageIterator, finish_all
         from ._frame import *
         from ._frame import IMPLEMENTATION
     except ImportError as exc:  # pragma: no cover - depends on the build
@@ -39,7 +39,7 @@ else:
             stacklevel=2,
         )
         from ._coalesce_py import Coalescer
-        from ._delivery_py import ConnRdy, Inbox, Link, finish_all
+        from ._delivery_py import ConnRdy, Inbox, Link, MessageIterator, finish_all
         from ._frame_py import *
         from ._frame_py import IMPLEMENTATION
 
@@ -69,6 +69,7 @@ __all__ = [
     "FrameReader",
     "Inbox",
     "Link",
+    "MessageIterator",
     "Message",
     "TracedResponse",
     "WriteBuffer",

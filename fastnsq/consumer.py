@@ -377,21 +377,18 @@ class Consumer:
     def __aiter__(self) -> AsyncIterator[Any]:
         if self._handler is not None:
             raise RuntimeError("this consumer has a handler; `async for` is for consumers without one")
-        return self._messages()
+        # In C, a queued message is handed out without a coroutine; _next_message does the waiting.
+        return codec.MessageIterator(self._inbox, self._next_message, _YIELD_EVERY)  # type: ignore[no-any-return]
 
-    async def _messages(self) -> AsyncIterator[Any]:
-        handed = 0
-        while True:
-            while self._queue:
-                yield self._queue.popleft()
-                handed += 1
-                if handed >= _YIELD_EVERY:
-                    handed = 0
-                    await _give_the_loop_a_pass()
+    async def _next_message(self, pass_first: bool) -> Any:
+        """The next message for `async for`, after a loop pass if asked; StopAsyncIteration once stopped."""
+        if pass_first:
+            await _give_the_loop_a_pass()
+        while not self._queue:
             if self._stopping or not self._running:
-                return
-            handed = 0
+                raise StopAsyncIteration
             await self._wait_queue()
+        return self._queue.popleft()
 
     async def batches(self, max_size: int = 100, max_wait: float = 1.0) -> AsyncIterator[Batch]:
         """Yield batches: when ``max_size`` messages are ready, when the connections are
@@ -426,14 +423,14 @@ class Consumer:
         assert self._loop is not None
         waiter = self._loop.create_future()
         self._inbox.waiter = waiter
+        # A timer that resolves the same waiter, not asyncio.wait_for(): batches() waits here once
+        # or twice per batch, and wait_for's extra future and callbacks showed in its profile.
+        timer = None if timeout is None else self._loop.call_later(timeout, _resolve_none, waiter)
         try:
-            if timeout is None:
-                await waiter
-            else:
-                await asyncio.wait_for(waiter, timeout)
-        except asyncio.TimeoutError:
-            pass
+            await waiter
         finally:
+            if timer is not None:
+                timer.cancel()
             if self._inbox.waiter is waiter:
                 self._inbox.waiter = None
 
@@ -872,6 +869,11 @@ class Consumer:
             if timer is not None:
                 timer.cancel()
         self._rdy_timer = self._touch_timer = None
+
+
+def _resolve_none(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 async def _give_the_loop_a_pass() -> None:
