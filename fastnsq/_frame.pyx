@@ -95,6 +95,7 @@ __all__ = [
     "encode_message",
     "encode_traced_response",
     "decode_mpub",
+    "fits_one_mpub",
     "decode_traced_response",
     "ProtocolError",
 ]
@@ -1251,6 +1252,30 @@ def encode_traced_response(uint64_t internal_id, uint64_t trace_id, uint64_t off
     _store_u64(o + 18, offset)
     _store_u32(o + 26, size)
     return _encode_frame(C_FRAME_RESPONSE, data)
+
+
+def fits_one_mpub(list bodies, Py_ssize_t limit, Py_ssize_t max_count, Py_ssize_t max_msg_size):
+    """Whether ``bodies`` is the common batch: all ``bytes``, none empty or above
+    ``max_msg_size``, at most ``max_count`` of them and ``limit`` bytes framed (4 per body).
+    One C pass, nothing copied; False sends a batch to the per-item path, which splits it
+    or raises the precise error."""
+    cdef Py_ssize_t count = len(bodies)
+    cdef Py_ssize_t i, n
+    cdef Py_ssize_t total = 0
+    cdef object body
+    if count == 0 or count > max_count:
+        return False
+    for i in range(count):
+        body = bodies[i]
+        if type(body) is not bytes:
+            return False
+        n = PyBytes_GET_SIZE(body)
+        if n == 0 or n > max_msg_size:
+            return False
+        total += 4 + n
+        if total > limit:
+            return False
+    return True
 
 
 def decode_mpub(body, Py_ssize_t max_msg_size, Py_ssize_t max_body_size):

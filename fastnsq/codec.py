@@ -80,6 +80,7 @@ __all__ = [
     "encode_response",
     "encode_traced_response",
     "finish_all",
+    "fits_one_mpub",
     "valid_channel_name",
     "valid_topic_name",
 ]

@@ -469,7 +469,8 @@ class Producer:
         """
         limit = self.options.max_body_size - _MPUB_FRAMING
         max_count = (self.options.max_body_size - 4) // 5
-        if header is None and body_of is None and _fits_one_mpub(items, limit, max_count, self.options.max_msg_size):
+        one_pass = header is None and body_of is None
+        if one_pass and codec.fits_one_mpub(items, limit, max_count, self.options.max_msg_size):
             return [items]
         chunks: list[list[Any]] = [[]]
         used = 0
@@ -857,19 +858,6 @@ def _ext_json(ext: Mapping[str, Any], trace_id: int | None) -> bytes:
     if len(data) > 65535:
         raise InvalidValueError(f"ext header of {len(data)} bytes exceeds 65535")
     return data
-
-
-def _fits_one_mpub(bodies: list[Any], limit: int, max_count: int, max_msg_size: int) -> bool:
-    """The common batch, checked in C-speed passes: all ``bytes``, none empty or too
-    large, one MPUB's worth. False sends the batch down the per-item path, which
-    splits it or raises the precise error."""
-    if not bodies or len(bodies) > max_count or set(map(type, bodies)) != _ONLY_BYTES:
-        return False
-    sizes = list(map(len, bodies))
-    return min(sizes) > 0 and max(sizes) <= max_msg_size and sum(sizes) + 4 * len(sizes) <= limit
-
-
-_ONLY_BYTES = {bytes}
 
 
 def _check_message_size(size: int, max_msg_size: int, header: int) -> None:
