@@ -4,6 +4,7 @@
     python3 dev.py demo     # venv + install + embedded nsqd + a real publish/consume run
     python3 dev.py test     # venv + install + the test suite, with both codec implementations
     python3 dev.py bench    # venv + install + the benchmark report in bench/
+    python3 dev.py bench --real ~/nsq-real/bin   # the same against a real nsqd, with go-nsq's tools
 
 Idempotent: the virtualenv lives in .venv and is only reinstalled when the build inputs
 change (pyproject.toml, setup.py, the Cython sources).

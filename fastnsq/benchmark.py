@@ -73,7 +73,7 @@ BODY_SIZE = 100
 #: ``progress(done, total, elapsed_seconds)``: called about once a second while a workload runs.
 Progress = Callable[[int, int, float], None]
 
-_CONSUME_MODES = ("handler", "async", "batches")
+_CONSUME_MODES = ("handler", "async", "batches", "iter")
 #: Publishes a caller claims and counts at once (the window's edges move by at most this much per caller).
 _CHUNK = 16
 
@@ -427,8 +427,9 @@ async def consume_workload(
     """Consume ``warmup + count`` messages already in ``topic``/``channel`` (see :func:`prefill`).
 
     ``mode``: ``"handler"`` (a trivial sync handler, FIN on return), ``"async"`` (a
-    trivial ``async def`` handler) or ``"batches"`` (``async for batch in
-    consumer.batches(batch_size)`` then ``batch.finish()``). With
+    trivial ``async def`` handler), ``"batches"`` (``async for batch in
+    consumer.batches(batch_size)`` then ``batch.finish()``) or ``"iter"`` (``async for
+    message in consumer`` then ``message.finish()``). With
     ``nsqd_http_address`` the window ends when nsqd's ``/stats`` shows the channel
     drained (the last FIN processed); without it, when the handler has seen the
     last message. ``options``: more Consumer/connection options (TLS, AUTH, ...).
@@ -466,6 +467,14 @@ async def consume_workload(
                 add(len(batch))
 
         batches_task = asyncio.create_task(take_batches())
+    elif mode == "iter":
+
+        async def take_messages() -> None:
+            async for message in consumer:
+                message.finish()
+                add()
+
+        batches_task = asyncio.create_task(take_messages())
     try:
         await _wait_done_or_deadline(meter)
         if not meter.capped and nsqd_http_address:
@@ -478,12 +487,14 @@ async def consume_workload(
         await consumer.stop(timeout=5.0)
         if batches_task is not None:
             batches_task.cancel()
-    variant = {"handler": "sync handler", "async": "async handler", "batches": f"batches({batch_size})"}[mode]
+    variant = {"handler": "sync handler", "async": "async handler", "batches": f"batches({batch_size})",
+               "iter": "async for"}[mode]
     return meter.result(
         "consume",
         variant,
         end=end,
-        settings={"max_in_flight": max_in_flight, "mode": mode, "warmup": warmup, "batch_size": batch_size},
+        settings={"max_in_flight": max_in_flight, "mode": mode, "warmup": warmup, "batch_size": batch_size,
+                  "connections": (options or {}).get("connections_per_nsqd", 1)},
     )
 
 
@@ -627,6 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-coalesce", action="store_true", help="pub: one PUB per publish")
     parser.add_argument("--mode", choices=_CONSUME_MODES, default="handler", help="consume: how messages are handled")
     parser.add_argument("--max-in-flight", type=int, default=2500)
+    parser.add_argument("--connections", type=int, default=1,
+                        help="consume: connections to the nsqd (connections_per_nsqd; max_in_flight is shared)")
     parser.add_argument("--max-seconds", type=float, default=None)
     parser.add_argument("--server-pid", type=int, default=None, help="measure this process's CPU as the server's")
     parser.add_argument("--prefill", action="store_true", help="consume: publish warmup+count messages first")
@@ -650,6 +663,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             nsqd_http_address=args.nsqd_http_address,
             mode=args.mode,
             max_in_flight=args.max_in_flight,
+            options={"connections_per_nsqd": args.connections} if args.connections != 1 else None,
         )
     if args.progress:
         options["progress"] = _print_progress
