@@ -217,6 +217,7 @@ cdef class Link(MessageSink):
         cdef double now
         if (
             not self.fast
+            or self._mode == MODE_SLOW
             or s is None
             or not s.fast
             or s.in_flight >= s.rdy  # unauthorized: nsqd sent more than RDY allows

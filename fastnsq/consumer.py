@@ -378,7 +378,7 @@ class Consumer:
         if self._handler is not None:
             raise RuntimeError("this consumer has a handler; `async for` is for consumers without one")
         # In C, a queued message is handed out without a coroutine; _next_message does the waiting.
-        return codec.MessageIterator(self._inbox, self._next_message, _YIELD_EVERY)  # type: ignore[no-any-return]
+        return codec.MessageIterator(self._inbox, self._next_message, _YIELD_EVERY)
 
     async def _next_message(self, pass_first: bool) -> Any:
         """The next message for `async for`, after a loop pass if asked; StopAsyncIteration once stopped."""
