@@ -4,6 +4,7 @@
     python3 dev.py demo     # venv + install + embedded nsqd + a real publish/consume run
     python3 dev.py test     # venv + install + the test suite, with both codec implementations
     python3 dev.py bench    # venv + install + the benchmark report in bench/
+    python3 dev.py bench --real ~/nsq-real/bin   # the same against a real nsqd, with go-nsq's tools
 
     python3 dev.py test --real BIN_DIR      # the suite against real nsqd/nsqlookupd from BIN_DIR
     python3 dev.py captures --real BIN_DIR  # record the released nsqd's answers into tests/captures
@@ -27,7 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 STAMP = VENV / ".fastnsq-install-stamp"
-BUILD_INPUTS = ["pyproject.toml", "setup.py", "fastnsq/_frame.pyx", "fastnsq/_frame.pxd", "fastnsq/_coalesce.pyx"]
+BUILD_INPUTS = [
+    "pyproject.toml", "setup.py", "fastnsq/_frame.pyx", "fastnsq/_frame.pxd", "fastnsq/_coalesce.pyx",
+    "fastnsq/_delivery.pyx",
+]
 EXTRAS = "test,testing,bench,spark"
 REAL_BIN_ENV = "FASTNSQ_REAL_BIN"
 
@@ -55,8 +59,8 @@ def setup() -> Path:
         print(f"creating {VENV}", flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
     stamp = build_hash()
-    built = [p for name in ("_frame", "_coalesce") for p in (ROOT / "fastnsq").glob(f"{name}.*.so")]
-    built_all = len(built) == 2
+    built = [p for name in ("_frame", "_coalesce", "_delivery") for p in (ROOT / "fastnsq").glob(f"{name}.*.so")]
+    built_all = len(built) == 3
     if STAMP.exists() and STAMP.read_text() == stamp and built_all:
         return python
     run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip", "setuptools", "wheel", "Cython>=3.0")

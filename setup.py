@@ -34,6 +34,7 @@ def _extensions() -> list:
         for name, path in (
             ("fastnsq._frame", "fastnsq/_frame.pyx"),  # the wire codec
             ("fastnsq._coalesce", "fastnsq/_coalesce.pyx"),  # the producer's coalescing of publishes
+            ("fastnsq._delivery", "fastnsq/_delivery.pyx"),  # the consumer's per-message path
         )
     ]
     return cythonize(extensions, compiler_directives=directives, force=debug)

@@ -22,11 +22,16 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 WORKLOAD_TITLES = {
     "pub": "PUB: single publishes from 1,000 concurrent callers",
+    "pub16": "PUB: single publishes from 16 concurrent callers",
     "mpub": "MPUB: batches of 200",
     "consume": "Consume: pre-filled topic, max_in_flight 2500, trivial handler, until the last FIN",
 }
-CLIENT_ORDER = ["fastnsq", "pynsq", "gnsq", "ansq", "asyncnsq", "go-nsq"]
-PEER_NAMES = CLIENT_ORDER[1:]
+#: Against a real nsqd the consumers stop at their count-th message (the backlog is larger).
+REAL_CONSUME_TITLE = "Consume: pre-filled topic, max_in_flight 2500, trivial handler, clock from connect to the 1,000,000th"
+RAW = "nsq raw tools"
+CLIENT_ORDER = ["fastnsq", "go-nsq", RAW, "pynsq", "gnsq", "ansq", "asyncnsq"]
+PEER_NAMES = [c for c in CLIENT_ORDER if c != "fastnsq"]
+PYTHON_PEERS = ["pynsq", "gnsq", "ansq", "asyncnsq"]
 COLORS = {
     "fastnsq": "#1f6feb",
     "pynsq": "#8c6d31",
@@ -34,6 +39,7 @@ COLORS = {
     "ansq": "#b5527a",
     "asyncnsq": "#d97706",
     "go-nsq": "#4b5563",
+    RAW: "#9ca3af",
 }
 
 #: Targets from the issues: fastnsq's best row vs the best Python peer.
@@ -42,6 +48,15 @@ SPEED_TARGET = 5.0
 
 def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
+
+
+def is_real(data: dict[str, Any]) -> bool:
+    """A run against a real nsqd started by the harness (``run_all.py --real``)."""
+    return data.get("server", {}).get("kind") == "real"
+
+
+def _title(data: dict[str, Any], workload: str) -> str:
+    return REAL_CONSUME_TITLE if workload == "consume" and is_real(data) else WORKLOAD_TITLES[workload]
 
 
 def newest_json() -> Path:
@@ -101,6 +116,8 @@ def _vs_cell(row: dict[str, Any], peer: dict[str, Any] | None) -> str:
 
 
 def markdown(data: dict[str, Any], json_name: str) -> str:
+    if is_real(data):
+        return markdown_real(data, json_name)
     machine, server, fast = data["machine"], data["server"], data["fastnsq"]
     settings = data["settings"]
     peers = _peers_present(data)
@@ -248,6 +265,239 @@ def _max_load(data: dict[str, Any]) -> float | None:
     return max(loads) if loads else None
 
 
+# ---- a real nsqd (run_all.py --real) ----------------------------------------------------------
+
+#: (workload, client, label) of the rows the acceptance lines compare.
+SYNC = ("consume", "fastnsq", "sync handler")
+SYNC2 = ("consume", "fastnsq", "sync handler, 2 connections")
+BATCHES = ("consume", "fastnsq", "batches()")
+ASYNC_FOR = ("consume", "fastnsq", "async for")
+GO_CONSUMER = ("consume", "go-nsq", "Consumer")
+BENCH_READER = ("consume", RAW, "bench_reader")
+PUB_OFF = ("pub", "fastnsq", "coalesce off")
+PUB_ON = ("pub", "fastnsq", "coalesce on")
+GO_PUB_SHARED = ("pub", "go-nsq", "shared Producer")
+PUB16 = ("pub16", "fastnsq", "coalesce off")
+GO_PUB16 = ("pub16", "go-nsq", "16 Producers")
+MPUB = ("mpub", "fastnsq", "")
+GO_MPUB = ("mpub", "go-nsq", "shared Producer")
+BENCH_WRITER = ("mpub", RAW, "bench_writer")
+
+#: Issue 15's acceptance lines: (what, row, against, target ratio of msgs/s).
+TARGETS = [
+    ("consume, sync handler ≥ 1.0× nsq's raw bench_reader (fastnsq with one connection, max_in_flight 2500; "
+     "bench_reader with two, RDY 2500 each)", SYNC, BENCH_READER, 1.0),
+    ("consume, sync handler ≥ 1.0× nsq's raw bench_reader, in bench_reader's shape (two connections, 2500 in "
+     "flight on each)", SYNC2, BENCH_READER, 1.0),
+    ("consume, sync handler ≥ 5× the go-nsq Consumer", SYNC, GO_CONSUMER, 5.0),
+    ("consume, batches() ≥ 1.0× the sync handler", BATCHES, SYNC, 1.0),
+    ("consume, async for ≥ 0.9× the sync handler", ASYNC_FOR, SYNC, 0.9),
+    ("PUB from 1,000 callers, coalesce=False, ≥ 2× go-nsq's shared Producer", PUB_OFF, GO_PUB_SHARED, 2.0),
+    ("PUB from 16 callers, coalesce=False, ≥ 2× go-nsq's 16 Producers", PUB16, GO_PUB16, 2.0),
+    ("MPUB ≥ 1.0× go-nsq", MPUB, GO_MPUB, 1.0),
+]
+#: Client CPU per message of the sync-handler consumer, µs (= CPU seconds per million).
+SYNC_CPU_TARGET = 1.5
+
+
+def find(data: dict[str, Any], key: tuple[str, str, str]) -> dict[str, Any] | None:
+    workload, client, label = key
+    for row in data["rows"]:
+        if row["workload"] == workload and row["client"] == client and (row.get("label") or "") == label and _ok(row):
+            return row
+    return None
+
+
+def paired_ratios(row: dict[str, Any], other: dict[str, Any]) -> list[float]:
+    """msgs/s of ``row`` ÷ ``other`` in each round both ran (rows of a round ran back to back)."""
+    def by_round(r: dict[str, Any]) -> dict[Any, float]:
+        rates = r.get("runs_msgs_per_s") or [r["msgs_per_s"]]
+        rounds = r.get("runs_rounds") or list(range(len(rates)))
+        return dict(zip(rounds, rates))
+
+    mine, theirs = by_round(row), by_round(other)
+    return [mine[k] / theirs[k] for k in sorted(set(mine) & set(theirs), key=str) if theirs[k]]
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def acceptance(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each target with its measured ratio: the median of the per-round ratios decides."""
+    out = []
+    for what, key, versus, target in TARGETS:
+        row, other = find(data, key), find(data, versus)
+        if row is None or other is None:
+            out.append({"what": what, "target": target, "verdict": "not measured"})
+            continue
+        per_round = paired_ratios(row, other)
+        ratio = _median(per_round) if per_round else row["msgs_per_s"] / other["msgs_per_s"]
+        out.append({"what": what, "target": target, "ratio": ratio, "per_round": per_round,
+                    "of_medians": row["msgs_per_s"] / other["msgs_per_s"],
+                    "verdict": "met" if ratio >= target else "not met"})
+    sync = find(data, SYNC)
+    if sync is not None:
+        cpus = sync.get("runs_cpu_per_million") or [sync["cpu_per_million"]]
+        cpu = _median(cpus)
+        out.append({"what": f"consume, sync handler: client CPU ≤ {SYNC_CPU_TARGET} µs per message",
+                    "target": SYNC_CPU_TARGET, "cpu": cpu, "per_round": cpus,
+                    "verdict": "met" if cpu <= SYNC_CPU_TARGET else "not met"})
+    return out
+
+
+def _acceptance_line(item: dict[str, Any]) -> str:
+    if item["verdict"] == "not measured":
+        return f"- {item['what']}: **not measured**"
+    if "cpu" in item:
+        runs = ", ".join(f"{c:.2f}" for c in item["per_round"])
+        return f"- {item['what']}: **{item['verdict']}**: {item['cpu']:.2f} µs (median of the runs: {runs})"
+    runs = ", ".join(f"{r:.2f}" for r in item["per_round"])
+    return (f"- {item['what']}: **{item['verdict']}**: {item['ratio']:.2f}× (median of the rounds' ratios: "
+            f"{runs}; ratio of the median rates {item['of_medians']:.2f}×)")
+
+
+def _server_line(data: dict[str, Any]) -> str:
+    server = data["server"]
+    return f"{server['version']} (`{server.get('command', '')}`)"
+
+
+def _rate_cpu(row: dict[str, Any] | None, *, label: bool = False) -> str:
+    if row is None:
+        return "–"
+    name = f"{row.get('label')}: " if label and row.get("label") else ""
+    return f"{name}{row['msgs_per_s']:,.0f} ({row['cpu_per_million']:.2f} µs)"
+
+
+def _best_python(data: dict[str, Any], workload: str) -> dict[str, Any] | None:
+    rows = [r for r in _rows(data, workload) if r["client"] in PYTHON_PEERS and _ok(r)]
+    return max(rows, key=lambda r: r["msgs_per_s"]) if rows else None
+
+
+def markdown_real(data: dict[str, Any], json_name: str) -> str:
+    machine, fast, settings = data["machine"], data["fastnsq"], data["settings"]
+    load = _max_load(data)
+    lines = [
+        f"# fastnsq against a real {data['server']['version']}: go-nsq, nsq's raw tools and the Python clients",
+        "",
+        (f"{data['date'][:10]}, {machine['cpu_model']} ({machine['cores']} cores"
+         f"{f', shared: load average up to {load:.1f}' if load else ''}), {machine['os']}; "
+         f"fastnsq {fast['version']} (codec {fast['codec']}) on uvloop {fast['uvloop']}, Python {data['python']}. "
+         f"Server: {_server_line(data)}, started by the harness; every other flag at nsqd's default. "
+         f"Each client runs each workload in its own process; 100-byte bodies; warm-up: {settings['warmup']}. "
+         f"Consumers read a topic pre-filled with {settings.get('consume_backlog', 'more than they read')} "
+         f"(nsq's bench_reader: {settings.get('raw_reader', 'a fixed time')}). "
+         f"CPU: user + system of the client's process over the window (getrusage; the Go tools: their own "
+         f"getrusage, or the child's rusage), the server's from /proc. Rows run in rounds, one after the "
+         f"other, {settings['repeat']} rounds; a cell is the median run; a ratio below is the median of the "
+         f"ratios of runs of the same round."),
+        "",
+        "## Targets (issue 15)",
+        "",
+        *[_acceptance_line(item) for item in acceptance(data)],
+        *_coalesced_note(data),
+        "",
+    ]
+    header = ["Client", "Variant", "msgs/s", "runs", "client CPU µs/msg", "nsqd CPU µs/msg", "vs. go-nsq"]
+    for workload in ("pub", "pub16", "mpub", "consume"):
+        rows = _rows(data, workload)
+        if not rows:
+            continue
+        go = _best(rows, "go-nsq")
+        lines += [f"## {_title(data, workload)}", "", "| " + " | ".join(header) + " |",
+                  "|" + "|".join(["---"] * 2 + ["---:"] * (len(header) - 2)) + "|"]
+        for row in rows:
+            if not _ok(row):
+                lines.append(f"| {row['client']} | {_variant(row)} | not measured | – | – | – | – |")
+                continue
+            vs = ""
+            if row["client"] == "fastnsq" and go is not None:
+                per_round = paired_ratios(row, go)
+                vs = f"{_median(per_round):.2f}×" if per_round else f"{row['msgs_per_s'] / go['msgs_per_s']:.2f}×"
+            name = f"**{row['client']}**" if row["client"] == "fastnsq" else row["client"]
+            capped = " (capped)" if row.get("capped") else ""
+            lines.append(f"| {name} | {_variant(row)}{capped} | {_num(row['msgs_per_s'], 0)} | {_spread(row)} | "
+                         f"{_num(row['cpu_per_million'])} | {_num(row.get('server_cpu_per_million'))} | {vs} |")
+        lines.append("")
+    lines += not_measured(data)
+    lines += method_notes(data)
+    commit = fast.get("commit")
+    if commit:
+        dirty = fast.get("uncommitted_library_files") or []
+        lines += ["", f"fastnsq at commit `{commit[:12]}`" + (
+            f", with uncommitted changes in {', '.join(f'`{f}`' for f in dirty)}" if dirty else "") + "."]
+    lines += ["", f"Data: `{json_name}`. Reproduce: `{data['command']}` (took {data.get('duration_s', '?')} s).", ""]
+    return "\n".join(lines)
+
+
+def _coalesced_note(data: dict[str, Any]) -> list[str]:
+    """Coalesced publishing: how busy nsqd was (it, not fastnsq, sets the rate)."""
+    row = find(data, PUB_ON)
+    if row is None or row.get("server_cpu") is None or not row.get("seconds"):
+        return []
+    return [f"- PUB from 1,000 callers, coalesced (the default): {row['msgs_per_s']:,.0f} msg/s; nsqd was busy "
+            f"{row['server_cpu'] / row['seconds']:.0%} of a core ({row['server_cpu_per_million']:.2f} µs per "
+            f"message), fastnsq {row['cpu_s'] / row['seconds']:.0%} ({row['cpu_per_million']:.2f} µs)"]
+
+
+def readme_summary_real(data: dict[str, Any], json_name: str) -> str:
+    """The README's headline: fastnsq next to go-nsq, the raw tools and the best Python peer, and the targets."""
+    go = {k: find(data, k) for k in (GO_CONSUMER, GO_PUB_SHARED, GO_PUB16, GO_MPUB)}
+    table = [
+        ("consume, sync handler", SYNC, GO_CONSUMER, BENCH_READER, "consume"),
+        ("consume, sync handler, 2 connections, 2 × 2500 in flight", SYNC2, GO_CONSUMER, BENCH_READER, None),
+        ("consume, `batches()`", BATCHES, GO_CONSUMER, None, None),
+        ("consume, `async for`", ASYNC_FOR, GO_CONSUMER, None, None),
+        ("PUB, 1,000 callers, `coalesce=False`", PUB_OFF, GO_PUB_SHARED, None, "pub"),
+        ("PUB, 1,000 callers, coalesced (default)", PUB_ON, GO_PUB_SHARED, None, None),
+        ("PUB, 16 callers, `coalesce=False`", PUB16, GO_PUB16, None, None),
+        (f"MPUB ×{data['settings']['mpub_batch']}, {data['settings']['mpub_concurrency']} in flight", MPUB, GO_MPUB,
+         BENCH_WRITER, "mpub"),
+    ]
+    lines = ["| Workload | fastnsq | go-nsq library | nsq raw tool | best Python peer | fastnsq ÷ go-nsq |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for name, key, versus, raw, python_workload in table:
+        row = find(data, key)
+        if row is None:
+            continue
+        other = go.get(versus)
+        ratio = "–"
+        if other is not None:
+            per_round = paired_ratios(row, other)
+            ratio = f"{_median(per_round) if per_round else row['msgs_per_s'] / other['msgs_per_s']:.2f}×"
+        peer = _best_python(data, python_workload) if python_workload else None
+        peer_cell = f"{peer['client']} {_rate_cpu(peer)}" if peer else "–"
+        raw_cell = _rate_cpu(find(data, raw), label=True) if raw else "–"
+        lines.append(f"| {name} | **{_rate_cpu(row)}** | {_rate_cpu(other, label=True)} | {raw_cell} | "
+                     f"{peer_cell} | {ratio} |")
+    machine, settings = data["machine"], data["settings"]
+    load = _max_load(data)
+    shared = (f"; shared with other jobs, load average up to {load:.1f}"
+              if load is not None and load > (machine.get("cores") or 1) else "")
+    lines += [
+        "",
+        (f"Cells: messages per second (client CPU per message). Measured {data['date'][:10]} on "
+         f"{machine['cpu_model']} ({machine['cores']} cores{shared}), Python {data['python']}, against "
+         f"**{data['server']['version']}**, the released binary, started by the harness with "
+         f"`--mem-queue-size={data['server'].get('flags', {}).get('mem_queue_size', '?')}` (every pre-filled "
+         f"topic in memory; all other flags at their defaults); each client in its own process, rows "
+         f"alternating, median of {settings['repeat']} rounds; 100-byte bodies; max_in_flight 2500; no "
+         f"warm-up: the clock runs from connect (consumers; go-nsq's raw bench_reader from its first RDY, with "
+         f"two connections) or the first publish to the count-th message handled or acknowledged. Ratios are "
+         f"medians of same-round ratios. nsqd's own CPU, every variant and the spread: `bench/results/report.md` "
+         f"(data: `{json_name}`)."),
+        "",
+        *[_acceptance_line(item) for item in acceptance(data)],
+        *_coalesced_note(data),
+    ]
+    missing = [line[2:] for line in not_measured(data)[2:] if line]
+    if missing:
+        lines += ["", "Not measured: " + "; ".join(missing) + "."]
+    return "\n".join(lines)
+
+
 # ---- README summary ---------------------------------------------------------------------------
 
 README_START = "<!-- bench-summary: generated by bench/report.py --readme; do not edit by hand -->"
@@ -256,7 +506,9 @@ README_END = "<!-- /bench-summary -->"
 
 def readme_summary(data: dict[str, Any], json_name: str) -> str:
     """One compact table (fastnsq's best variant and each peer's, per workload) and where it ran."""
-    peers = _peers_present(data)
+    if is_real(data):
+        return readme_summary_real(data, json_name)
+    peers = [p for p in _peers_present(data) if p in PYTHON_PEERS or p == "go-nsq"]
     workloads = [w for w in ("pub", "mpub", "consume") if _rows(data, w)]
     best = {w: {c: _best(_rows(data, w), c) for c in ["fastnsq", *peers]} for w in workloads}
     short = {"pub": "PUB", "mpub": "MPUB", "consume": "consume"}
@@ -290,7 +542,7 @@ def readme_summary(data: dict[str, Any], json_name: str) -> str:
          f"each client in its own process; 100-byte bodies; median of {settings['repeat']} rounds. "
          f"PUB: 1,000 concurrent callers; MPUB: batches of 200; consume: max_in_flight 2500, until the last FIN. "
          f"fastnsq's row is its best variant ({variants}); CPU s/M is the client's CPU seconds per million "
-         f"messages. Every variant, the server's CPU and the spread of the runs: `bench/results/report.md` "
+         f"messages. Every variant, the server's CPU and the spread of the runs: `bench/results/embedded/report.md` "
          f"(data: `{json_name}`)."),
     ]
     if missing:
@@ -317,7 +569,7 @@ def chart(data: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    panels = [(w, [r for r in _rows(data, w) if _ok(r)]) for w in ("pub", "mpub", "consume")]
+    panels = [(w, [r for r in _rows(data, w) if _ok(r)]) for w in ("pub", "pub16", "mpub", "consume")]
     panels = [(w, rows) for w, rows in panels if rows]
     if not panels:
         return
@@ -328,20 +580,22 @@ def chart(data: dict[str, Any], path: Path) -> None:
     rates = [r["msgs_per_s"] for _, rows in panels for r in rows]
     cpus = [r["cpu_per_million"] for _, rows in panels for r in rows if r.get("cpu_per_million")]
     for (rate_ax, cpu_ax), (workload, rows) in zip(axes, panels):
-        labels = [f"fastnsq · {r['label']}" if r["client"] == "fastnsq" and r.get("label") else r["client"]
-                  for r in rows]
+        labels = [f"{r['client']} · {r['label']}" if r.get("label") else r["client"] for r in rows]
         y = list(range(len(rows)))[::-1]
         colors = [COLORS.get(r["client"], "#999") for r in rows]
-        peers = [r for r in rows if r["client"] in PEER_NAMES and r["client"] != "go-nsq"]
+        # fastnsq's bars are labelled against go-nsq's library when it ran (a real nsqd), else the Python peers.
+        gonsq = [r for r in rows if r["client"] == "go-nsq"]
+        peers = gonsq if is_real(data) and gonsq else [r for r in rows if r["client"] in PYTHON_PEERS]
+        versus = "go-nsq" if is_real(data) and gonsq else "the best Python peer"
         best_rate = max((r["msgs_per_s"] for r in peers), default=None)
         bars = rate_ax.barh(y, [r["msgs_per_s"] for r in rows], color=colors, height=0.7)
         for bar, row in zip(bars, rows):
             text = f"{row['msgs_per_s']:,.0f}"
             if row["client"] == "fastnsq" and best_rate:
-                text += f"  ({row['msgs_per_s'] / best_rate:.1f}× the best Python peer)"
+                text += f"  ({row['msgs_per_s'] / best_rate:.1f}× {versus})"
             rate_ax.text(bar.get_width() * 1.06, bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8.5)
         rate_ax.set_yticks(y, labels, fontsize=9)
-        rate_ax.set_title(WORKLOAD_TITLES[workload], fontsize=10, loc="left")
+        rate_ax.set_title(_title(data, workload), fontsize=10, loc="left")
         rate_ax.set_xscale("log")
         rate_ax.set_xlim(min(rates) / 2, max(rates) * 12)
         leanest = min((r["cpu_per_million"] for r in peers if r.get("cpu_per_million")), default=None)
@@ -352,7 +606,7 @@ def chart(data: dict[str, Any], path: Path) -> None:
                 continue
             text = f"{cpu:.2f}"
             if row["client"] == "fastnsq" and leanest:
-                text += f"  ({leanest / cpu:.1f}× less than the leanest peer)"
+                text += f"  ({leanest / cpu:.1f}× less than {'go-nsq' if versus == 'go-nsq' else 'the leanest peer'})"
             cpu_ax.text(cpu * 1.06, bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8.5)
         cpu_ax.set_yticks(y, [""] * len(rows))
         cpu_ax.set_title("client CPU per million messages", fontsize=10, loc="left")
@@ -366,7 +620,8 @@ def chart(data: dict[str, Any], path: Path) -> None:
     axes[-1, 0].set_xlabel("messages per second (log scale; higher is better)")
     axes[-1, 1].set_xlabel("CPU seconds per million messages, client process (log scale; lower is better)")
     server = data["server"]["version"]
-    fig.suptitle(f"fastnsq vs Python NSQ clients — {data['date'][:10]}, {data['machine']['cores']} cores, "
+    who = "go-nsq, nsq's raw tools and the Python NSQ clients" if is_real(data) else "Python NSQ clients"
+    fig.suptitle(f"fastnsq vs {who} — {data['date'][:10]}, {data['machine']['cores']} cores, "
                  f"100-byte messages, server: {server}", fontsize=9.5)
     load = _max_load(data)
     cores = data["machine"].get("cores") or 1
@@ -392,6 +647,7 @@ def render(json_path: Path, out_dir: Path | None = None, readme: Path | None = N
     json_path = Path(json_path)
     out_dir = out_dir or json_path.parent
     data = load(json_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "report.md"
     png = out_dir / "chart.png"
     root = Path(__file__).resolve().parents[1]

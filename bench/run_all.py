@@ -9,9 +9,18 @@ The peers are installed from PyPI on first use; one that cannot be installed or
 does not work gets its reason recorded instead of a number.
 
     python3 dev.py bench                              # the full run (3 rounds; 140-290 s on 2 shared cores)
-    python3 dev.py bench --repeat 5 --readme          # what the README shows (its summary table updated)
+    python3 dev.py bench --real ~/nsq-real/bin --repeat 5 --readme   # the README's headline: a real nsqd
+    python3 dev.py bench --repeat 5                   # the embedded nsqd (bench/README.md's numbers)
     .venv/bin/python bench/run_all.py --quick         # CI-sized
     .venv/bin/python bench/run_all.py --count 100000 --clients fastnsq,ansq --workloads consume
+
+``--real BIN`` starts the real nsqd of ``BIN`` (built by shared/real-servers/build-nsq.sh)
+on loopback with ``--mem-queue-size`` big enough for every pre-filled topic, and adds the
+Go side: the go-nsq library (``gonsq_bench`` in ``BIN``) and nsq's raw ``bench_reader`` /
+``bench_writer``. A real run measures every client the same way: no warm-up, the clock
+from connect (a consumer) or the first publish (connections made before) to the
+count-th message handled or acknowledged, on a topic pre-filled with more than any
+client reads (see bench/README.md, Method).
 
 Writes ``bench/results/<date>-<host>.json`` and renders ``bench/results/report.md``
 and ``bench/results/chart.png`` from it (``bench/report.py``).
@@ -25,10 +34,12 @@ import glob
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -46,14 +57,26 @@ sys.path.insert(0, str(ROOT))  # fastnsq itself, for pre-filling topics
 
 import report
 
-WORKLOADS = ("pub", "mpub", "consume")
+WORKLOADS = ("pub", "pub16", "mpub", "consume")
 #: Measured messages per workload in the full run (--quick divides by 10); warm-up is 10 % more.
 DEFAULT_COUNTS = {"pub": 200_000, "mpub": 2_000_000, "consume": 300_000}
+#: Against a real nsqd (--real): no warm-up, and the consumers read a million of a larger backlog.
+REAL_COUNTS = {"pub": 200_000, "pub16": 100_000, "mpub": 2_000_000, "consume": 1_000_000}
 PUB_CONCURRENCY = 1000
+FEW_CALLERS = 16  # the "pub16" workload: 16 callers (go-nsq: 16 Producers)
 MPUB_BATCH = 200
 MPUB_CONCURRENCY = 16
+REAL_MPUB_CONCURRENCY = 4  # MPUBs in flight against a real nsqd, for every client
 MAX_IN_FLIGHT = 2500
 CHANNEL = "bench"
+#: A consumer's backlog beyond its count: it never runs dry before the count-th message.
+CONSUME_MARGIN = 0.1
+#: nsq's bench_reader runs for a fixed time: it gets this long, and a backlog it cannot finish.
+RAW_RUNFOR = 2.0
+RAW_PREFILL = 2_500_000
+#: nsqd's --mem-queue-size in a real run: every pre-filled topic stays in memory (not its disk queue).
+REAL_MEM_QUEUE_SIZE = 10_000_000
+REAL_PORT_BASE = 5160
 
 
 @dataclass
@@ -89,6 +112,11 @@ class Row:
     label: str
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    #: consume: messages to pre-fill (None: the count, plus the warm-up or the margin)
+    prefill: int | None = None
+    #: in a real run, a consumer ends at its count-th message and gets no HTTP address (it would
+    #: wait for a drain that never comes); a tool that reads /stats itself still needs it
+    needs_http: bool = False
 
 
 # ---- the machine ------------------------------------------------------------------------------
@@ -161,16 +189,61 @@ def _http(address: str, method: str, path: str, **params: str) -> Any:
     return json.loads(text) if text.startswith(("{", "[")) else text
 
 
-class Server:
-    """The nsqd under test: the embedded one in a child process, or a real one by address."""
+def _free_pair(base: int) -> tuple[int, int]:
+    """Two consecutive free loopback ports from ``base`` on (nsqd's TCP and HTTP)."""
+    for port in range(base, base + 400, 2):
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port, port + 1
+        except OSError:
+            continue
+    raise SystemExit(f"no two free ports in {base}..{base + 400}")
 
-    def __init__(self, tcp: str | None, http: str | None, pid: int | None) -> None:
+
+class Server:
+    """The nsqd under test: the embedded one in a child process, a real one started from a
+    folder of binaries (``real_bin``), or a running one by address."""
+
+    def __init__(self, tcp: str | None, http: str | None, pid: int | None, *, real_bin: str | None = None,
+                 port_base: int = REAL_PORT_BASE) -> None:
         self.process: subprocess.Popen[str] | None = None
         self.tcp, self.http, self.pid = tcp, http, pid
+        self.real_bin = real_bin
+        self.port_base = port_base
+        self.data_dir: str | None = None
         self.info: dict[str, Any] = {}
 
+    def _start_real(self) -> list[str]:
+        assert self.real_bin is not None
+        binary = Path(self.real_bin).expanduser() / "nsqd"
+        if not binary.is_file():
+            raise SystemExit(f"--real: no nsqd in {self.real_bin}")
+        tcp_port, http_port = _free_pair(self.port_base)
+        self.data_dir = tempfile.mkdtemp(prefix="fastnsq-bench-nsqd-")
+        flags = [f"--data-path={self.data_dir}", f"--tcp-address=127.0.0.1:{tcp_port}",
+                 f"--http-address=127.0.0.1:{http_port}", "--https-address=", "--broadcast-address=127.0.0.1",
+                 f"--mem-queue-size={REAL_MEM_QUEUE_SIZE}"]
+        self.process = subprocess.Popen([str(binary), *flags], stdout=subprocess.DEVNULL,
+                                        stderr=subprocess.DEVNULL, text=True)
+        self.tcp, self.http, self.pid = f"127.0.0.1:{tcp_port}", f"127.0.0.1:{http_port}", self.process.pid
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                _http(self.http, "GET", "/ping")
+                break
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit(f"nsqd from {binary} did not start") from None
+                time.sleep(0.05)
+        return [str(binary), *flags]
+
     def start(self) -> None:
-        if self.tcp is None:
+        command = None
+        if self.real_bin is not None:
+            command = self._start_real()
+        elif self.tcp is None:
             tcp_port, http_port = _free_port(), _free_port()
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "fastnsq.testing", "--tcp-port", str(tcp_port), "--http-port", str(http_port)],
@@ -186,7 +259,16 @@ class Server:
         assert self.http is not None
         answer = _http(self.http, "GET", "/info")
         version = answer.get("data", answer).get("version")  # nsqd < 1.0 wrapped answers in "data"
-        if self.process is not None:
+        if command is not None:
+            self.info = {
+                "kind": "real",
+                "description": f"nsqd {version}, the released binary, started by the harness on loopback",
+                "version": f"nsqd {version}",
+                "command": " ".join(command),
+                "flags": {"mem_queue_size": REAL_MEM_QUEUE_SIZE,
+                          "note": "every other flag at nsqd's default (max-rdy-count 2500, msg-timeout 60s, ...)"},
+            }
+        elif self.process is not None:
             self.info = {
                 "kind": "embedded",
                 "description": "fastnsq's embedded nsqd (fastnsq.testing, pure Python on uvloop) in its own process",
@@ -203,6 +285,8 @@ class Server:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        if self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def create_channel(self, topic: str) -> None:
         assert self.http is not None
@@ -347,47 +431,82 @@ def run_driver(command: list[str], env: dict[str, str], timeout: float) -> dict[
 # ---- the rows ---------------------------------------------------------------------------------
 
 
-def fastnsq_rows(counts: dict[str, int]) -> list[Row]:
+def fastnsq_rows(mpub_concurrency: int, *, real: bool) -> list[Row]:
     base = [sys.executable, "-m", "fastnsq.benchmark"]
     env = {"PYTHONPATH": _fastnsq_env()["PYTHONPATH"]}
 
-    def row(workload: str, label: str, *extra: str) -> Row:
-        return Row(workload, "fastnsq", label, [*base, "--workload", workload, *extra], env)
+    def row(group: str, label: str, workload: str, *extra: str) -> Row:
+        return Row(group, "fastnsq", label, [*base, "--workload", workload, *extra], env)
 
-    return [
-        row("pub", "coalesce on", "--concurrency", str(PUB_CONCURRENCY)),
-        row("pub", "coalesce off", "--concurrency", str(PUB_CONCURRENCY), "--no-coalesce"),
-        row("mpub", "", "--concurrency", str(MPUB_CONCURRENCY), "--batch", str(MPUB_BATCH)),
-        row("consume", "sync handler", "--mode", "handler", "--max-in-flight", str(MAX_IN_FLIGHT)),
-        row("consume", "async handler", "--mode", "async", "--max-in-flight", str(MAX_IN_FLIGHT)),
-        row("consume", "batches()", "--mode", "batches", "--max-in-flight", str(MAX_IN_FLIGHT)),
+    mif = ("--max-in-flight", str(MAX_IN_FLIGHT))
+    rows = [
+        row("pub", "coalesce on", "pub", "--concurrency", str(PUB_CONCURRENCY)),
+        row("pub", "coalesce off", "pub", "--concurrency", str(PUB_CONCURRENCY), "--no-coalesce"),
+        row("mpub", "", "mpub", "--concurrency", str(mpub_concurrency), "--batch", str(MPUB_BATCH)),
+        row("consume", "sync handler", "consume", "--mode", "handler", *mif),
+        row("consume", "async handler", "consume", "--mode", "async", *mif),
+        row("consume", "batches()", "consume", "--mode", "batches", *mif),
+        row("consume", "async for", "consume", "--mode", "iter", *mif),
     ]
+    if real:
+        rows.insert(2, row("pub16", "coalesce off", "pub", "--concurrency", str(FEW_CALLERS), "--no-coalesce"))
+        # bench_reader's shape: a connection per GOMAXPROCS (2 here), RDY 2500 on each.
+        rows.insert(rows.index(next(r for r in rows if r.label == "async handler")),
+                    row("consume", "sync handler, 2 connections", "consume", "--mode", "handler",
+                        "--max-in-flight", str(2 * MAX_IN_FLIGHT), "--connections", "2"))
+    return rows
 
 
-def peer_rows(peer: Peer, peer_loop: str) -> list[Row]:
+def peer_rows(peer: Peer, peer_loop: str, mpub_concurrency: int) -> list[Row]:
     base = [str(venv_python(peer.name)), str(PEERS_DIR / peer.driver), "--loop", peer_loop]
     return [
         Row("pub", peer.name, "", [*base, "--workload", "pub", "--concurrency", str(PUB_CONCURRENCY)]),
-        Row("mpub", peer.name, "", [*base, "--workload", "mpub", "--concurrency", str(MPUB_CONCURRENCY),
+        Row("mpub", peer.name, "", [*base, "--workload", "mpub", "--concurrency", str(mpub_concurrency),
                                     "--batch", str(MPUB_BATCH)]),
         Row("consume", peer.name, "", [*base, "--workload", "consume", "--max-in-flight", str(MAX_IN_FLIGHT)]),
     ]
 
 
-def go_rows(info: dict[str, Any]) -> list[Row]:
-    base = [sys.executable, str(PEERS_DIR / "gonsq_driver.py")]
-    return [Row(w, "go-nsq", "", [*base, "--workload", w, "--batch", str(MPUB_BATCH),
-                                  "--max-in-flight", str(MAX_IN_FLIGHT)]) for w in info.get("workloads", [])]
+def go_rows(info: dict[str, Any], bin_dir: str | None, mpub_concurrency: int) -> list[Row]:
+    """go-nsq's library (gonsq_bench) and nsq's raw tools, where the driver found them."""
+    base = [sys.executable, str(PEERS_DIR / "gonsq_driver.py"), *(["--bin", bin_dir] if bin_dir else [])]
+    library = [*base, "--tool", "library"]
+    raw = [*base, "--tool", "raw"]
+    rows = []
+    if "consume" in info.get("library_workloads", []):
+        rows += [
+            Row("pub", "go-nsq", "shared Producer", [*library, "--workload", "pub", "--concurrency",
+                                                     str(PUB_CONCURRENCY), "--shared"]),
+            Row("pub16", "go-nsq", f"{FEW_CALLERS} Producers", [*library, "--workload", "pub", "--concurrency",
+                                                                str(FEW_CALLERS)]),
+            Row("mpub", "go-nsq", "shared Producer", [*library, "--workload", "mpub", "--concurrency",
+                                                      str(mpub_concurrency), "--shared", "--batch", str(MPUB_BATCH)]),
+            Row("consume", "go-nsq", "Consumer", [*library, "--workload", "consume", "--max-in-flight",
+                                                  str(MAX_IN_FLIGHT)]),
+        ]
+    if "mpub" in info.get("raw_workloads", []):
+        rows.append(Row("mpub", "nsq raw tools", "bench_writer", [*raw, "--workload", "mpub", "--batch",
+                                                                   str(MPUB_BATCH), "--runfor", str(RAW_RUNFOR)]))
+    if "consume" in info.get("raw_workloads", []):
+        rows.append(Row("consume", "nsq raw tools", "bench_reader", [*raw, "--workload", "consume",
+                                                                      "--max-in-flight", str(MAX_IN_FLIGHT),
+                                                                      "--runfor", str(RAW_RUNFOR)],
+                        prefill=RAW_PREFILL, needs_http=True))
+    return rows
 
 
 def run_once(row: Row, server: Server, count: int, args: argparse.Namespace, topic: str) -> dict[str, Any]:
     """One run of ``row`` on a fresh ``topic`` (pre-filled for a consumer, deleted afterwards)."""
-    warmup = count // 10
+    real = args.real is not None
+    warmup = 0 if real else count // 10
     try:
         server.create_channel(topic)
         if row.workload == "consume":
-            server.prefill(topic, count + warmup)
-        command = [*row.command, "--nsqd-tcp-address", str(server.tcp), "--nsqd-http-address", str(server.http),
+            backlog = count + warmup if not real else count + int(count * CONSUME_MARGIN) + MAX_IN_FLIGHT
+            server.prefill(topic, row.prefill or backlog)
+        http = [] if real and row.workload == "consume" and not row.needs_http else [
+            "--nsqd-http-address", str(server.http)]
+        command = [*row.command, "--nsqd-tcp-address", str(server.tcp), *http,
                    "--topic", topic, "--channel", CHANNEL, "--count", str(count), "--warmup", str(warmup),
                    "--max-seconds", str(args.max_seconds)]
         if server.pid:
@@ -410,8 +529,10 @@ def summarize(row: Row, runs: list[dict[str, Any]]) -> dict[str, Any]:
     chosen = sorted(good, key=lambda r: r["msgs_per_s"])[(len(good) - 1) // 2]
     return {
         **chosen,
+        "workload": row.workload,  # the row's group (e.g. pub16 runs the pub workload with 16 callers)
         "label": row.label,
         "runs_msgs_per_s": [r["msgs_per_s"] for r in good],
+        "runs_rounds": [r.get("round") for r in good],
         "runs_cpu_per_million": [r["cpu_per_million"] for r in good],
         "runs_loadavg_1m": [r["loadavg_1m"] for r in good],
     }
@@ -429,7 +550,7 @@ def verify(server: Server, topic: str, workload: str, result: dict[str, Any]) ->
     stats = server.topic_stats(topic)
     if stats is None:
         return "topic missing in /stats"
-    if workload in ("pub", "mpub"):
+    if workload in ("pub", "pub16", "mpub"):
         return f"nsqd topic message_count {stats['message_count']:,}"
     channel = next((c for c in stats.get("channels") or [] if c["channel_name"] == CHANNEL), None)
     if channel is None:
@@ -447,19 +568,30 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--count", type=int, default=None, help="measured messages of every workload")
     parser.add_argument("--repeat", type=int, default=None,
                         help="rounds over all rows, the median run of each row is kept (default 3, --quick 1)")
-    parser.add_argument("--max-seconds", type=float, default=5.0, help="cap on one run's measured window")
-    parser.add_argument("--clients", default=None, help="comma-separated subset: fastnsq,pynsq,gnsq,ansq,asyncnsq,go-nsq")
-    parser.add_argument("--workloads", default=None, help="comma-separated subset: pub,mpub,consume")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="cap on one run's measured window (default 5 s, 10 s with --real)")
+    parser.add_argument("--clients", default=None,
+                        help="comma-separated subset: fastnsq,pynsq,gnsq,ansq,asyncnsq,go-nsq (go-nsq includes nsq's "
+                        "raw bench tools)")
+    parser.add_argument("--workloads", default=None,
+                        help="comma-separated subset: pub,mpub,consume (and pub16 with --real)")
+    parser.add_argument("--real", default=None, metavar="BIN",
+                        help="start the real nsqd of this folder (shared/real-servers/build-nsq.sh's bin/) and add "
+                        "the go-nsq library and nsq's raw bench tools from it")
+    parser.add_argument("--real-port", type=int, default=REAL_PORT_BASE,
+                        help="with --real: first port to try for nsqd's TCP (HTTP on the next one)")
     parser.add_argument("--peer-loop", choices=("uvloop", "asyncio"), default="uvloop",
                         help="event loop of the asyncio-based peers (default uvloop, their best case)")
     parser.add_argument("--nsqd-tcp-address", default=None, help="a real nsqd instead of the embedded one")
     parser.add_argument("--nsqd-http-address", default=None)
     parser.add_argument("--nsqd-pid", type=int, default=None, help="the real nsqd's pid, to measure its CPU")
     parser.add_argument("--reinstall", action="store_true", help="recreate the peers' virtualenvs")
-    parser.add_argument("--output", default=None, help="JSON path (default bench/results/<date>-<host>.json)")
+    parser.add_argument("--output", default=None,
+                        help="JSON path (default bench/results/<date>-<host>.json, <date>-<host>-nsqd.json with --real)")
     parser.add_argument("--no-report", action="store_true", help="write the JSON only")
     parser.add_argument("--readme", action="store_true",
-                        help="also put the summary table in README.md (for a full run on a quiet machine)")
+                        help="also put the summary table in README.md (--real) or bench/README.md (the embedded "
+                        "server); for a full run")
     return parser
 
 
@@ -467,10 +599,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if (args.nsqd_tcp_address is None) != (args.nsqd_http_address is None):
         raise SystemExit("give both --nsqd-tcp-address and --nsqd-http-address, or neither")
+    if args.real is not None and args.nsqd_tcp_address is not None:
+        raise SystemExit("--real starts its own nsqd: do not also give --nsqd-tcp-address")
+    real = args.real is not None
     args.repeat = args.repeat or (1 if args.quick else 3)
-    counts = {w: (args.count or (c // 10 if args.quick else c)) for w, c in DEFAULT_COUNTS.items()}
+    args.max_seconds = args.max_seconds or (10.0 if real else 5.0)
+    base_counts = REAL_COUNTS if real else DEFAULT_COUNTS
+    counts = {w: (args.count or (c // 10 if args.quick else c)) for w, c in base_counts.items()}
+    mpub_concurrency = REAL_MPUB_CONCURRENCY if real else MPUB_CONCURRENCY
     clients = set((args.clients or "fastnsq,pynsq,gnsq,ansq,asyncnsq,go-nsq").split(","))
-    workloads = [w for w in WORKLOADS if w in (args.workloads or ",".join(WORKLOADS)).split(",")]
+    available = [w for w in WORKLOADS if w in counts]
+    workloads = [w for w in available if w in (args.workloads or ",".join(available)).split(",")]
     started = time.perf_counter()
 
     def log(text: str) -> None:
@@ -484,16 +623,22 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "fastnsq": {**fastnsq_info(), **source_state()},
         "settings": {
-            "body_size": 100, "counts": counts, "warmup": "10 % of the count, before the clock starts",
+            "body_size": 100, "counts": counts,
+            "warmup": ("none: the clock runs from connect (consumers) or the first publish (connections made "
+                       "before) to the count-th message handled or acknowledged" if real
+                       else "10 % of the count, before the clock starts"),
             "repeat": args.repeat, "max_seconds": args.max_seconds, "pub_concurrency": PUB_CONCURRENCY,
-            "mpub_batch": MPUB_BATCH, "mpub_concurrency": MPUB_CONCURRENCY, "max_in_flight": MAX_IN_FLIGHT,
-            "fastnsq_loop": "uvloop (fastnsq.run)", "peer_loop": args.peer_loop,
+            "few_callers": FEW_CALLERS, "mpub_batch": MPUB_BATCH, "mpub_concurrency": mpub_concurrency,
+            "max_in_flight": MAX_IN_FLIGHT, "fastnsq_loop": "uvloop (fastnsq.run)", "peer_loop": args.peer_loop,
+            **({"consume_backlog": f"count + {CONSUME_MARGIN:.0%} + {MAX_IN_FLIGHT} messages",
+                "raw_reader": f"bench_reader --runfor {RAW_RUNFOR}s on {RAW_PREFILL:,} pre-filled messages"}
+               if real else {}),
         },
         "peers": {},
         "rows": [],
     }
 
-    rows: list[Row] = fastnsq_rows(counts) if "fastnsq" in clients else []
+    rows: list[Row] = fastnsq_rows(mpub_concurrency, real=real) if "fastnsq" in clients else []
     for peer in PEERS:
         if peer.name not in clients:
             continue
@@ -503,30 +648,41 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{peer.name}: {record['error']}")
             continue
         log(f"{peer.name} {record['version']} on Python {record['python']}")
-        rows += peer_rows(peer, args.peer_loop)
+        rows += peer_rows(peer, args.peer_loop, mpub_concurrency)
     if "go-nsq" in clients:
-        go = run_driver([sys.executable, str(PEERS_DIR / "gonsq_driver.py"), "--workload", "info"], {}, 60)
-        data["peers"]["go-nsq"] = {"name": "go-nsq", **go}
+        bin_args = ["--bin", args.real] if real else []
+        go = run_driver([sys.executable, str(PEERS_DIR / "gonsq_driver.py"), "--workload", "info", *bin_args],
+                        {}, 60)
+        data["peers"]["go-nsq"] = {"name": "go-nsq", "version": go.get("client_version"), **go}
         if go.get("reason"):
             data["peers"]["go-nsq"]["error"] = go["reason"]
             log(f"go-nsq: {go['reason']}")
-        rows += go_rows(go)
+        rows += go_rows(go, args.real, mpub_concurrency)
     rows = [r for r in rows if r.workload in workloads]
+    # Rows of one workload run back to back (fastnsq, then go-nsq and the raw tools, then the Python
+    # peers), so the runs a ratio pairs ran close together in time.
+    rank = {"fastnsq": 0, "go-nsq": 1, "nsq raw tools": 2}
+    rows.sort(key=lambda r: (WORKLOADS.index(r.workload), rank.get(r.client, 3)))
 
-    server = Server(args.nsqd_tcp_address, args.nsqd_http_address, args.nsqd_pid)
+    server = Server(args.nsqd_tcp_address, args.nsqd_http_address, args.nsqd_pid, real_bin=args.real,
+                    port_base=args.real_port)
     server.start()
     data["server"] = server.info
     log(f"server: {server.info['version']} at {server.tcp}")
     runs: list[list[dict[str, Any]]] = [[] for _ in rows]
     try:
         # Round robin: every row once, then every row again. A change in the machine's load
-        # (other jobs) then touches every client alike instead of the rows that ran during it.
+        # (other jobs) then touches every client alike instead of the rows that ran during it;
+        # every other round runs backwards, so no row always runs right after the same one.
         for attempt in range(args.repeat):
-            for index, row in enumerate(rows):
+            order = range(len(rows)) if attempt % 2 == 0 else range(len(rows) - 1, -1, -1)
+            for index in order:
+                row = rows[index]
                 if runs[index] and "error" in runs[index][-1]:
                     continue  # it failed once: it will again
-                topic = f"bench_{index}_{row.workload}_{row.client.replace('-', '_')}_{attempt}"
+                topic = f"bench_{index}_{row.workload}_{re.sub(r'[^A-Za-z0-9_]', '_', row.client)}_{attempt}"
                 result = run_once(row, server, counts[row.workload], args, topic)
+                result["round"] = attempt  # rows of one round ran back to back: ratios pair them
                 runs[index].append(result)
                 name = f"{row.client} {row.workload} {row.label}".strip()
                 step = f"[{attempt + 1}/{args.repeat} {index + 1}/{len(rows)}]"
@@ -543,12 +699,14 @@ def main(argv: list[str] | None = None) -> int:
 
     RESULTS.mkdir(parents=True, exist_ok=True)
     output = Path(args.output) if args.output else RESULTS / (
-        f"{dt.date.today().isoformat()}-{socket.gethostname().split('.')[0]}.json")
+        f"{dt.date.today().isoformat()}-{socket.gethostname().split('.')[0]}{'-nsqd' if real else ''}.json")
     output.write_text(json.dumps(data, indent=2) + "\n")
     log(f"wrote {output}")
     if not args.no_report:
-        md, png = report.render(output, readme=ROOT / "README.md" if args.readme else None)
-        log(f"wrote {md} and {png}" + (" and README.md's summary" if args.readme else ""))
+        # The real nsqd is the README's headline; the embedded server's numbers are bench/README.md's.
+        readme = (ROOT / "README.md" if real else BENCH / "README.md") if args.readme else None
+        md, png = report.render(output, out_dir=RESULTS if real else RESULTS / "embedded", readme=readme)
+        log(f"wrote {md} and {png}" + (f" and {readme.relative_to(ROOT)}'s summary" if readme else ""))
         print()
         print(md.read_text())
     return 0

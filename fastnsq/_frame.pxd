@@ -21,6 +21,14 @@ cdef class Message:
     cdef bint _auto_response
 
     cdef object _check_open(self)
+    cpdef finish(self)
+
+
+cdef class MessageSink:
+    # A consumer's end of one connection, as C code sees it: the FrameReader hands it each
+    # message and Message.finish() lands in it, with no Python call in between.
+    cdef int deliver(self, Message msg) except -1
+    cdef int finish_message_c(self, Message msg) except -1
 
 
 cdef class _SplitBuffer:
@@ -39,6 +47,7 @@ cdef class _SplitBuffer:
 
 cdef class FrameReader(_SplitBuffer):
     cdef object _on_message
+    cdef MessageSink _sink
     cdef object _on_response
     cdef object _on_error
     cdef int _layout
@@ -67,6 +76,7 @@ cdef class WriteBuffer:
     cdef int _put_decimal(self, uint64_t value) except -1
     cdef int _put_bytes(self, bytes data) except -1
     cdef int _put_id_command(self, const char* prefix, Py_ssize_t prefix_len, object message_id) except -1
+    cdef int put_fin(self, Message msg) except -1
     cdef int _check_message(self, Py_ssize_t header, Py_ssize_t size) except -1
     cdef int _check_body_size(self, Py_ssize_t size, str what) except -1
     cdef int _put_body_command(self, bytes line, const char* prefix, Py_ssize_t prefix_len,

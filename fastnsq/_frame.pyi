@@ -250,6 +250,9 @@ def encode_message(
     raw_size: int | None = None,
 ) -> bytes: ...
 def encode_traced_response(internal_id: int, trace_id: int, offset: int, size: int) -> bytes: ...
+def fits_one_mpub(bodies: list[Any], limit: int, max_count: int, max_msg_size: int) -> bool:
+    """Whether ``bodies`` is the common MPUB batch: all ``bytes``, none empty or above
+    ``max_msg_size``, at most ``max_count`` and ``limit`` bytes framed (4 per body)."""
 def decode_mpub(body: BytesLike, max_msg_size: int, max_body_size: int) -> list[bytes]:
     """Split an MPUB body into its messages as nsqd's readMPUB does.
 

@@ -44,6 +44,7 @@ __all__ = [
     "TracedResponse",
     "WriteBuffer",
     "decode_mpub",
+    "fits_one_mpub",
     "decode_traced_response",
     "encode_error",
     "encode_message",
@@ -896,6 +897,17 @@ def encode_message(
 def encode_traced_response(internal_id: int, trace_id: int, offset: int, size: int) -> bytes:
     """The HA traced reply frame: ``OK`` + id + trace id + offset + size (frame size 34)."""
     return encode_response(OK + _TRACED.pack(internal_id, trace_id, offset, size))
+
+
+def fits_one_mpub(bodies: list[Any], limit: int, max_count: int, max_msg_size: int) -> bool:
+    """Whether ``bodies`` is the common batch (see ``_frame.pyi``), in C-speed passes."""
+    if not bodies or len(bodies) > max_count or set(map(type, bodies)) != _ONLY_BYTES:
+        return False
+    sizes = list(map(len, bodies))
+    return min(sizes) > 0 and max(sizes) <= max_msg_size and sum(sizes) + 4 * len(sizes) <= limit
+
+
+_ONLY_BYTES = {bytes}
 
 
 def decode_mpub(body: BytesLike, max_msg_size: int, max_body_size: int) -> list[bytes]:

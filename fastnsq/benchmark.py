@@ -40,14 +40,15 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .consumer import Consumer
 from .loop import run as run_on_default_loop
 from .producer import Producer
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "BODY_SIZE",
@@ -72,7 +73,7 @@ BODY_SIZE = 100
 #: ``progress(done, total, elapsed_seconds)``: called about once a second while a workload runs.
 Progress = Callable[[int, int, float], None]
 
-_CONSUME_MODES = ("handler", "async", "batches")
+_CONSUME_MODES = ("handler", "async", "batches", "iter")
 #: Publishes a caller claims and counts at once (the window's edges move by at most this much per caller).
 _CHUNK = 16
 
@@ -279,6 +280,8 @@ async def wait_drained(
     http_address: str, topic: str, channel: str, *, interval: float = 0.002, timeout: float = 60.0
 ) -> None:
     """Return once nsqd's ``/stats`` shows the channel with nothing queued, in flight or deferred."""
+    import aiohttp  # the HTTP API only when asked: the CLI imports this module to list SCENARIOS
+
     deadline = time.perf_counter() + timeout
     async with aiohttp.ClientSession() as session:
         while True:
@@ -307,6 +310,8 @@ async def prefill(
     ``options``: Producer/connection options (TLS, AUTH, ...), as for the workloads.
     """
     if nsqd_http_address and channel:
+        import aiohttp
+
         async with aiohttp.ClientSession() as session:
             base = f"http://{nsqd_http_address}"
             await _http(session, "POST", f"{base}/topic/create", topic=topic)
@@ -422,8 +427,9 @@ async def consume_workload(
     """Consume ``warmup + count`` messages already in ``topic``/``channel`` (see :func:`prefill`).
 
     ``mode``: ``"handler"`` (a trivial sync handler, FIN on return), ``"async"`` (a
-    trivial ``async def`` handler) or ``"batches"`` (``async for batch in
-    consumer.batches(batch_size)`` then ``batch.finish()``). With
+    trivial ``async def`` handler), ``"batches"`` (``async for batch in
+    consumer.batches(batch_size)`` then ``batch.finish()``) or ``"iter"`` (``async for
+    message in consumer`` then ``message.finish()``). With
     ``nsqd_http_address`` the window ends when nsqd's ``/stats`` shows the channel
     drained (the last FIN processed); without it, when the handler has seen the
     last message. ``options``: more Consumer/connection options (TLS, AUTH, ...).
@@ -461,6 +467,14 @@ async def consume_workload(
                 add(len(batch))
 
         batches_task = asyncio.create_task(take_batches())
+    elif mode == "iter":
+
+        async def take_messages() -> None:
+            async for message in consumer:
+                message.finish()
+                add()
+
+        batches_task = asyncio.create_task(take_messages())
     try:
         await _wait_done_or_deadline(meter)
         if not meter.capped and nsqd_http_address:
@@ -473,12 +487,14 @@ async def consume_workload(
         await consumer.stop(timeout=5.0)
         if batches_task is not None:
             batches_task.cancel()
-    variant = {"handler": "sync handler", "async": "async handler", "batches": f"batches({batch_size})"}[mode]
+    variant = {"handler": "sync handler", "async": "async handler", "batches": f"batches({batch_size})",
+               "iter": "async for"}[mode]
     return meter.result(
         "consume",
         variant,
         end=end,
-        settings={"max_in_flight": max_in_flight, "mode": mode, "warmup": warmup, "batch_size": batch_size},
+        settings={"max_in_flight": max_in_flight, "mode": mode, "warmup": warmup, "batch_size": batch_size,
+                  "connections": (options or {}).get("connections_per_nsqd", 1)},
     )
 
 
@@ -585,6 +601,8 @@ async def run_scenario(
 
 
 async def _delete_topic(http_address: str, topic: str) -> None:
+    import aiohttp
+
     try:
         async with aiohttp.ClientSession() as session:
             await _http(session, "POST", f"http://{http_address}/topic/delete", topic=topic)
@@ -620,6 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-coalesce", action="store_true", help="pub: one PUB per publish")
     parser.add_argument("--mode", choices=_CONSUME_MODES, default="handler", help="consume: how messages are handled")
     parser.add_argument("--max-in-flight", type=int, default=2500)
+    parser.add_argument("--connections", type=int, default=1,
+                        help="consume: connections to the nsqd (connections_per_nsqd; max_in_flight is shared)")
     parser.add_argument("--max-seconds", type=float, default=None)
     parser.add_argument("--server-pid", type=int, default=None, help="measure this process's CPU as the server's")
     parser.add_argument("--prefill", action="store_true", help="consume: publish warmup+count messages first")
@@ -643,6 +663,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             nsqd_http_address=args.nsqd_http_address,
             mode=args.mode,
             max_in_flight=args.max_in_flight,
+            options={"connections_per_nsqd": args.connections} if args.connections != 1 else None,
         )
     if args.progress:
         options["progress"] = _print_progress

@@ -1,8 +1,9 @@
 """Picks the compiled hot path: the C extensions by default, their pure-Python twins on request.
 
-Two extensions, each with a twin of the same API: the wire codec (``_frame`` /
-``_frame_py``) and the producer's coalescing of publishes (``_coalesce`` /
-``_coalesce_py``). ``FASTNSQ_NO_EXTENSIONS=1`` selects the twins; otherwise the C
+Three extensions, each with a twin of the same API: the wire codec (``_frame`` /
+``_frame_py``), the producer's coalescing of publishes (``_coalesce`` /
+``_coalesce_py``) and the consumer's per-message path (``_delivery`` /
+``_delivery_py``: the connection link, the RDY record it updates, the inbox). ``FASTNSQ_NO_EXTENSIONS=1`` selects the twins; otherwise the C
 extensions are used, and the twins only when an extension is missing (a build
 without a compiler), with a warning. ``IMPLEMENTATION`` says which is active ("c"
 or "python"); tests check that it is "c" by default.
@@ -16,15 +17,18 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # both implementations follow the .pyi contracts
     from ._coalesce import Coalescer
+    from ._delivery import ConnRdy, Inbox, Link, MessageIterator, finish_all
     from ._frame import *
     from ._frame import IMPLEMENTATION
 elif os.environ.get("FASTNSQ_NO_EXTENSIONS", "") not in ("", "0"):
     from ._coalesce_py import Coalescer
+    from ._delivery_py import ConnRdy, Inbox, Link, MessageIterator, finish_all
     from ._frame_py import *
     from ._frame_py import IMPLEMENTATION
 else:
     try:
         from ._coalesce import Coalescer
+        from ._delivery import ConnRdy, Inbox, Link, MessageIterator, finish_all
         from ._frame import *
         from ._frame import IMPLEMENTATION
     except ImportError as exc:  # pragma: no cover - depends on the build
@@ -35,6 +39,7 @@ else:
             stacklevel=2,
         )
         from ._coalesce_py import Coalescer
+        from ._delivery_py import ConnRdy, Inbox, Link, MessageIterator, finish_all
         from ._frame_py import *
         from ._frame_py import IMPLEMENTATION
 
@@ -60,7 +65,11 @@ __all__ = [
     "OK",
     "Coalescer",
     "CommandReader",
+    "ConnRdy",
     "FrameReader",
+    "Inbox",
+    "Link",
+    "MessageIterator",
     "Message",
     "TracedResponse",
     "WriteBuffer",
@@ -70,6 +79,8 @@ __all__ = [
     "encode_message",
     "encode_response",
     "encode_traced_response",
+    "finish_all",
+    "fits_one_mpub",
     "valid_channel_name",
     "valid_topic_name",
 ]

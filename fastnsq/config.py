@@ -14,13 +14,13 @@ import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._protocol import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_MSG_SIZE
 from ._version import __version__
 from .errors import InvalidValueError
 
-__all__ = ["ConnectionOptions", "check_range", "parse_address", "split_options"]
+__all__ = ["ConnectionOptions", "Endpoint", "check_range", "parse_address", "split_options"]
 
 _TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -38,6 +38,18 @@ def check_range(name: str, value: Any, low: float, high: float, *, integer: bool
     if not low <= value <= high:
         raise InvalidValueError(f"{name}={value!r} is outside the accepted range {low}..{high}")
     return value
+
+
+class Endpoint(NamedTuple):
+    """What a client connects by: an nsqd TCP ``address`` and, on HA, the ``partition``.
+
+    ``partition`` is ``None`` for upstream nsqd and for old (non-HA) nodes listed by
+    an HA lookupd: talk to those with partition-less commands. (It lives here rather
+    than in :mod:`fastnsq.lookupd` so a consumer of nsqd addresses never imports lookupd.)
+    """
+
+    address: str
+    partition: int | None = None
 
 
 def parse_address(address: str, default_port: int = 4150) -> tuple[str, int]:

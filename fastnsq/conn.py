@@ -21,16 +21,16 @@ It knows nothing of other connections, RDY policy or retries.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import codec
-from ._protocol import HEARTBEAT, MAX_EXT_SIZE, MESSAGE_HEADER_SIZE
-from .compression import CompressionStream, make_stream
+from ._protocol import HEARTBEAT, MAX_EXT_SIZE, MESSAGE_HEADER_SIZE, OK
 from .config import ConnectionOptions, parse_address
 from .errors import (
     ConnectionClosedError,
@@ -42,6 +42,9 @@ from .errors import (
     server_error,
 )
 
+if TYPE_CHECKING:
+    from .compression import CompressionStream
+
 __all__ = ["STATE_CLOSED", "STATE_CLOSING", "STATE_CONNECTED", "STATE_INIT", "STATE_SUBSCRIBED", "Connection"]
 
 logger = logging.getLogger(__name__)
@@ -52,6 +55,7 @@ STATE_CONNECTED = "connected"
 STATE_SUBSCRIBED = "subscribed"
 STATE_CLOSING = "closing"  # CLS sent: no new messages, FIN/REQ/TOUCH still legal
 STATE_CLOSED = "closed"
+_NOT_OPEN = (STATE_CLOSED, STATE_INIT)
 
 # What a pending response answers.
 KIND_IDENTIFY = 0
@@ -113,6 +117,12 @@ class Connection(asyncio.BufferedProtocol):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._transport: asyncio.Transport | None = None
         self._pending: deque[tuple[asyncio.Future[Any], int]] = deque()
+        # When commands went out, for expire_pending(): (commands expected up to then, loop time of
+        # the write), one entry per write rather than per command, and nothing kept once answered.
+        self._answered = 0  # commands popped from _pending so far
+        self._marked = 0  # _answered + len(_pending) at the last mark
+        self._expired_upto = 0  # commands up to here were already failed by expire_pending()
+        self._write_marks: deque[tuple[int, float]] = deque()
         self._wbuf = codec.WriteBuffer(
             max_msg_size=self.options.max_msg_size, max_body_size=self.options.max_body_size
         )
@@ -240,6 +250,8 @@ class Connection(asyncio.BufferedProtocol):
         await self._check_ok(answer, "TLS")
 
     async def _upgrade_compression(self, kind: str, level: int) -> None:
+        from .compression import make_stream  # snappy and CRC32C libraries load only when negotiated
+
         stream = make_stream(kind, level or 6)
         already_read = self._reader.take_unparsed()  # these bytes belong to the compressed stream
         self._inflater = stream
@@ -353,9 +365,15 @@ class Connection(asyncio.BufferedProtocol):
 
     def publish(self, topic: str, body: Any, *, partition: int | None = None) -> asyncio.Future[Any]:
         """PUB; the future resolves with nsqd's answer (``b"OK"``)."""
-        self._check_open("PUB")
+        # _check_open and _expect written out: this is the per-message path of coalesce=False.
+        if self._transport is None or self.state in _NOT_OPEN:
+            self._check_open("PUB")
         self._wbuf.pub(topic, body, partition)
-        return self._expect(KIND_PUBLISH)
+        future: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
+        self._pending.append((future, KIND_PUBLISH))
+        if not self._flush_scheduled:
+            self._schedule_flush()
+        return future
 
     def mpublish(self, topic: str, bodies: Sequence[Any], *, partition: int | None = None) -> asyncio.Future[Any]:
         self._check_open("MPUB")
@@ -477,6 +495,14 @@ class Connection(asyncio.BufferedProtocol):
     # ---- frames from the codec --------------------------------------------------------
 
     def _on_response(self, data: Any) -> None:
+        pending = self._pending
+        if data is OK and pending and pending[0][1] > KIND_UPGRADE:
+            # The common answer (the codec hands out the one OK object): a publish's, a SUB's.
+            future = pending.popleft()[0]
+            self._answered += 1
+            if not future.done():
+                future.set_result(data)
+            return
         if data is HEARTBEAT or data == HEARTBEAT:
             self._answer_heartbeat()
             return
@@ -484,6 +510,7 @@ class Connection(asyncio.BufferedProtocol):
             self._abort(ProtocolError(f"nsqd sent a response nobody asked for ({len(data)} bytes)"))
             return
         future, kind = self._pending.popleft()
+        self._answered += 1
         if kind <= KIND_UPGRADE:
             self._reader.pause()  # what follows may belong to a TLS or compressed stream
         if not future.done():
@@ -502,6 +529,7 @@ class Connection(asyncio.BufferedProtocol):
                 self._report(error)
                 return
             future, kind = self._pending.popleft()
+            self._answered += 1
             if not future.done():
                 future.set_exception(error)
             if kind == KIND_MPUB_EXT and code in _MPUB_EXT_DESYNC:
@@ -510,6 +538,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         if self._pending:
             future, _ = self._pending.popleft()
+            self._answered += 1
             if not future.done():
                 future.set_exception(error)
         else:
@@ -541,7 +570,7 @@ class Connection(asyncio.BufferedProtocol):
         return future
 
     def _check_open(self, command: str) -> None:
-        if self.state in (STATE_CLOSED, STATE_INIT) or self._transport is None:
+        if self.state in _NOT_OPEN or self._transport is None:
             cause = f": {self.close_error}" if self.close_error else ""
             raise ConnectionClosedError(f"cannot send {command}: connection to {self.address} is closed{cause}")
 
@@ -571,6 +600,35 @@ class Connection(asyncio.BufferedProtocol):
             data = self._deflater.compress(data)
         self.bytes_sent += len(data)
         self._transport.write(data)
+        expected = self._answered + len(self._pending)
+        if expected > self._marked:
+            assert self._loop is not None
+            self._marked = expected
+            marks = self._write_marks
+            while marks and marks[0][0] <= self._answered:
+                marks.popleft()  # everything written up to it has been answered
+            marks.append((expected, self._loop.time()))
+
+    def expire_pending(self, written_before: float, error: Callable[[], BaseException]) -> int:
+        """Fail (with ``error()``) the commands written before loop time ``written_before`` that
+        nsqd has not answered; returns how many. Their answers, if they still come, are ignored.
+
+        nsqd answers in command order, so these are the oldest ones; the producer calls this
+        to enforce ``publish_timeout`` without keeping a timestamp per publish.
+        """
+        upto = self._expired_upto
+        marks = self._write_marks
+        while marks and marks[0][1] < written_before:
+            upto = max(upto, marks.popleft()[0])
+        start = max(self._expired_upto, self._answered)
+        self._expired_upto = upto
+        failed = 0
+        if upto > start:
+            for future, _ in itertools.islice(self._pending, start - self._answered, upto - self._answered):
+                if not future.done():
+                    future.set_exception(error())
+                    failed += 1
+        return failed
 
     def _answer_heartbeat(self) -> None:
         if self._transport is not None and self.state != STATE_CLOSED:
@@ -596,8 +654,10 @@ class Connection(asyncio.BufferedProtocol):
         self._heartbeat_timer = self._loop.call_later(interval, self._check_alive, interval)
 
     def _fail_pending(self, error: BaseException) -> None:
+        self._write_marks.clear()
         while self._pending:
             future, _ = self._pending.popleft()
+            self._answered += 1
             if not future.done():
                 future.set_exception(error)
 

@@ -21,7 +21,6 @@ Three ways to consume, one per consumer:
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import random
@@ -30,10 +29,10 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import codec, tracing
-from .config import ConnectionOptions, check_range, parse_address, split_options
+from .config import ConnectionOptions, Endpoint, check_range, parse_address, split_options
 from .conn import Connection
 from .errors import (
     InvalidValueError,
@@ -43,8 +42,10 @@ from .errors import (
     ServerError,
     TopicNotExistError,
 )
-from .lookupd import Endpoint, LookupdPoller
 from .rdy import Outcome, RdyController, RdyUpdate
+
+if TYPE_CHECKING:
+    from .lookupd import LookupdPoller
 
 __all__ = ["CONSUMER_DEFAULTS", "Batch", "ConnectionStats", "Consumer", "StopReport"]
 
@@ -109,76 +110,9 @@ class StopReport:
     duration: float = 0.0
 
 
-class _Link:
-    """One subscribed connection of the consumer, and the delegate of its messages.
-
-    ``msg.finish()`` lands in :meth:`finish_message`, which writes FIN and tells the
-    RDY controller; every answer of one loop pass goes out in one write.
-    """
-
-    __slots__ = (
-        "__weakref__",
-        "closed",
-        "conn",
-        "consumer",
-        "endpoint",
-        "in_flight",
-        "msg_timeout",
-        "rdy",
-        "stats",
-        "touched"
-    )
-
-    def __init__(self, consumer: Consumer, endpoint: Endpoint, conn: Connection) -> None:
-        self.consumer = consumer
-        self.endpoint = endpoint
-        self.conn = conn
-        self.rdy = consumer._rdy
-        self.in_flight: dict[Any, float] = {}  # message -> delivered at (loop time)
-        self.touched: dict[Any, float] = {}  # message -> last TOUCH (only messages touched)
-        self.stats = ConnectionStats(endpoint.address, endpoint.partition)
-        self.msg_timeout = 60.0
-        self.closed = False
-
-    def __repr__(self) -> str:
-        return f"<link {self.endpoint.address} p={self.endpoint.partition}>"
-
-    # ---- the message delegate ---------------------------------------------------------
-
-    def finish_message(self, message: Any) -> None:
-        self._done(message, Outcome.SUCCESS)
-        self.stats.finished += 1
-        self.consumer.total_finished += 1
-        if not self.closed:
-            self.conn.fin(message)
-
-    def requeue_message(self, message: Any, delay: float | None, backoff: bool) -> None:
-        consumer = self.consumer
-        delay_ms = consumer._requeue_delay_ms(message, delay)
-        self._done(message, Outcome.FAILURE if backoff else Outcome.NEUTRAL)
-        self.stats.requeued += 1
-        self.consumer.total_requeued += 1
-        if not self.closed:
-            self.conn.req(message, delay_ms)
-
-    def touch_message(self, message: Any) -> None:
-        if message in self.in_flight:
-            self.touched[message] = self.consumer._now()
-        if not self.closed:
-            self.conn.touch(message)
-
-    def _done(self, message: Any, outcome: Outcome) -> None:
-        delivered = self.in_flight.pop(message, None)
-        consumer = self.consumer
-        if self.touched:
-            self.touched.pop(message, None)
-        elif delivered is not None and consumer._now() - delivered > self.msg_timeout:
-            self.stats.timed_out += 1  # nsqd gave it to someone else already
-        updates = self.rdy.on_message_done(self, message, outcome)
-        if updates:
-            consumer._apply(updates)
-        if consumer._stopping:
-            consumer._message_done()
+#: One subscribed connection of the consumer and the delegate of its messages (``fastnsq._delivery``):
+#: its fast lane handles the common case in C; the ``_link_*`` methods below are everything else.
+_Link = codec.Link
 
 
 class Batch(Sequence[Any]):
@@ -200,9 +134,7 @@ class Batch(Sequence[Any]):
 
     def finish(self) -> None:
         """FIN every message not answered yet."""
-        for message in self.messages:
-            if not message.has_responded:
-                message.finish()
+        codec.finish_all(self.messages)
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ every message not answered yet (backoff counts once per batch)."""
@@ -311,17 +243,16 @@ class Consumer:
         self._rdy_timer_at = 0.0
         self._touch_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
-        self._queue: deque[Any] = deque()
-        self._queue_waiter: asyncio.Future[None] | None = None
+        self._inbox = codec.Inbox()  # messages for `async for` / batches() (no handler)
+        self._queue: deque[Any] = self._inbox.queue
         self._running = False
         self._stopping = False
         self._drained: asyncio.Event | None = None
         self._last_offsets: dict[int | None, tuple[int, int]] = {}
         self.ordering_errors: list[str] = []
         self.stats_given_up = 0
-        self.total_received = 0
-        self.total_finished = 0
-        self.total_requeued = 0
+        # Counts of connections already closed; the live ones count on their links.
+        self._closed_counts = [0, 0, 0]  # received, finished, requeued
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -341,6 +272,8 @@ class Consumer:
             )
         )
         if self._lookupd_addresses:
+            from .lookupd import LookupdPoller  # imported only when used: it brings aiohttp
+
             self._poller = LookupdPoller(
                 self._lookupd_addresses,
                 self.topic,
@@ -356,6 +289,19 @@ class Consumer:
             self._poll_task = loop.create_task(self._poller.run(self._on_discovery))
         if self.auto_touch:
             self._schedule_touch()
+
+    @property
+    def total_received(self) -> int:
+        """Messages received over the consumer's life (all connections)."""
+        return self._closed_counts[0] + sum(link.received for link in self._all_links())
+
+    @property
+    def total_finished(self) -> int:
+        return self._closed_counts[1] + sum(link.finished for link in self._all_links())
+
+    @property
+    def total_requeued(self) -> int:
+        return self._closed_counts[2] + sum(link.requeued for link in self._all_links())
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -375,6 +321,8 @@ class Consumer:
         if not self._running or self._stopping:
             return report
         self._stopping = True
+        for link in self._all_links():
+            link.fast = False  # every answer now goes through _link_done, which watches the drain
         assert self._loop is not None
         started = self._loop.time()
         finished0, requeued0 = self._totals()
@@ -390,7 +338,7 @@ class Consumer:
             message = self._queue.popleft()
             if not message.has_responded:
                 message.requeue(0, backoff=False)
-        self._wake_queue()
+        self._inbox.wake()
         remaining = timeout - (self._loop.time() - started)
         if self._in_flight_total() and remaining > 0:
             assert self._drained is not None
@@ -429,21 +377,18 @@ class Consumer:
     def __aiter__(self) -> AsyncIterator[Any]:
         if self._handler is not None:
             raise RuntimeError("this consumer has a handler; `async for` is for consumers without one")
-        return self._messages()
+        # In C, a queued message is handed out without a coroutine; _next_message does the waiting.
+        return codec.MessageIterator(self._inbox, self._next_message, _YIELD_EVERY)
 
-    async def _messages(self) -> AsyncIterator[Any]:
-        handed = 0
-        while True:
-            while self._queue:
-                yield self._queue.popleft()
-                handed += 1
-                if handed >= _YIELD_EVERY:
-                    handed = 0
-                    await _give_the_loop_a_pass()
+    async def _next_message(self, pass_first: bool) -> Any:
+        """The next message for `async for`, after a loop pass if asked; StopAsyncIteration once stopped."""
+        if pass_first:
+            await _give_the_loop_a_pass()
+        while not self._queue:
             if self._stopping or not self._running:
-                return
-            handed = 0
+                raise StopAsyncIteration
             await self._wait_queue()
+        return self._queue.popleft()
 
     async def batches(self, max_size: int = 100, max_wait: float = 1.0) -> AsyncIterator[Batch]:
         """Yield batches: when ``max_size`` messages are ready, when the connections are
@@ -474,23 +419,20 @@ class Consumer:
                     await _give_the_loop_a_pass()
 
     async def _wait_queue(self, timeout: float | None = None) -> None:
+        """Until a message is pushed to the inbox (or the consumer stops), at most ``timeout``."""
         assert self._loop is not None
         waiter = self._loop.create_future()
-        self._queue_waiter = waiter
+        self._inbox.waiter = waiter
+        # A timer that resolves the same waiter, not asyncio.wait_for(): batches() waits here once
+        # or twice per batch, and wait_for's extra future and callbacks showed in its profile.
+        timer = None if timeout is None else self._loop.call_later(timeout, _resolve_none, waiter)
         try:
-            if timeout is None:
-                await waiter
-            else:
-                await asyncio.wait_for(waiter, timeout)
-        except asyncio.TimeoutError:
-            pass
+            await waiter
         finally:
-            self._queue_waiter = None
-
-    def _wake_queue(self) -> None:
-        waiter = self._queue_waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            if timer is not None:
+                timer.cancel()
+            if self._inbox.waiter is waiter:
+                self._inbox.waiter = None
 
     # ---- run-time control and state -----------------------------------------------------
 
@@ -523,9 +465,11 @@ class Consumer:
                 rdy = self._rdy.connection_stats(link).rdy
             except KeyError:
                 rdy = 0
-            link.stats.rdy = rdy
-            link.stats.in_flight = len(link.in_flight)
-            links.append(link.stats)
+            links.append(ConnectionStats(
+                link.endpoint.address, link.endpoint.partition, rdy=rdy, in_flight=len(link.in_flight),
+                received=link.received, finished=link.finished, requeued=link.requeued,
+                timed_out=link.timed_out,
+            ))
         return {
             "connections": links,
             "backoff_level": self._rdy.backoff_level,
@@ -553,17 +497,24 @@ class Consumer:
                 self._reconnect_later(endpoint)
 
     async def _connect(self, endpoint: Endpoint) -> _Link:
-        link = _Link(self, endpoint, None)  # type: ignore[arg-type]
+        link = _Link(self, endpoint)
         conn = Connection(
             endpoint.address,
             self.options,
             extend_support=self._meta_ext,
-            # partial is C-level: one Python call per message, straight into _on_message.
-            on_message=functools.partial(self._on_message, link),
+            # The link is the reader's message sink: in C, the codec calls it directly.
+            on_message=link,
             on_close=lambda c, error: self._on_close(link, error),
             on_error=lambda c, error: self._on_server_error(link, error),
         )
-        link.conn = conn
+        link.attach(conn)
+        link.configure(
+            handler=self._handler,
+            is_async=self._handler_is_async,
+            inbox=self._inbox if self._handler is None else None,
+            max_attempts=self.max_attempts,
+            async_dispatch=self._run_async_handler,
+        )
         conn.reader.delegate = link
         await conn.connect()
         if self.ordered and not conn.is_ha:
@@ -581,18 +532,28 @@ class Consumer:
             await conn.close()
             raise NSQError("the consumer is stopping")
         self._links.setdefault(endpoint, []).append(link)
-        self._apply(self._rdy.add_connection(link, conn.max_rdy_count))
+        updates = self._rdy.add_connection(link, conn.max_rdy_count)
+        link.rdy_state = self._rdy.record(link)
+        # Ordered consumption checks every message's offset: always the Python path.
+        link.fast = not self.ordered
+        self._apply(updates)
         logger.info("consuming %s/%s from %s%s", self.topic, self.channel, endpoint.address,
                     "" if endpoint.partition is None else f" partition {endpoint.partition}")
         return link
 
     def _on_close(self, link: _Link, error: BaseException | None) -> None:
         link.closed = True
+        link.fast = False
         links = self._links.get(link.endpoint)
         if links is not None and link in links:
             links.remove(link)
             if not links:
                 del self._links[link.endpoint]
+            # Its counts stay in the totals; answers after this (no FIN sent) count there too.
+            self._closed_counts[0] += link.received
+            self._closed_counts[1] += link.finished
+            self._closed_counts[2] += link.requeued
+            link.received = link.finished = link.requeued = 0
         self._apply(self._rdy.remove_connection(link))
         if self._stopping or not self._running:
             return
@@ -670,10 +631,12 @@ class Consumer:
 
     # ---- messages -----------------------------------------------------------------------
 
+    # The Python path of a message and its answers: all of them on the pure-Python twin,
+    # and on the C link whatever its fast lane does not cover (fastnsq/_delivery.pyx).
+
     def _on_message(self, link: _Link, message: Any) -> None:
         link.in_flight[message] = self._now()
-        link.stats.received += 1
-        self.total_received += 1
+        link.received += 1
         updates = self._rdy.on_message(link, message)
         if updates:
             self._apply(updates)
@@ -691,18 +654,60 @@ class Consumer:
             return
         handler = self._handler
         if handler is None:
-            self._queue.append(message)
-            self._wake_queue()
+            self._inbox.push(message)
         elif self._handler_is_async:
             self._run_async_handler(handler, message)
         else:
             try:
                 handler(message)
             except Exception:
-                logger.exception("handler failed for message %r; requeueing", message)
-                self._auto_answer(message, failed=True)
+                self._handler_failed(message)
             else:
                 self._auto_answer(message, failed=False)
+
+    def _handler_failed(self, message: Any) -> None:
+        """A sync handler raised (call it in the except block: the traceback is logged)."""
+        logger.exception("handler failed for message %r; requeueing", message)
+        self._auto_answer(message, failed=True)
+
+    def _link_finish(self, link: _Link, message: Any) -> None:
+        """``message.finish()``: FIN, and tell the RDY controller."""
+        self._link_done(link, message, Outcome.SUCCESS)
+        if link.closed:
+            self._closed_counts[1] += 1
+        else:
+            link.finished += 1
+            link.conn.fin(message)
+
+    def _link_requeue(self, link: _Link, message: Any, delay: float | None, backoff: bool) -> None:
+        """``message.requeue()``: REQ after ``delay`` (None: the default backoff delay)."""
+        delay_ms = self._requeue_delay_ms(message, delay)
+        self._link_done(link, message, Outcome.FAILURE if backoff else Outcome.NEUTRAL)
+        if link.closed:
+            self._closed_counts[2] += 1
+        else:
+            link.requeued += 1
+            link.conn.req(message, delay_ms)
+
+    def _link_touch(self, link: _Link, message: Any) -> None:
+        if message in link.in_flight or link.current_delivery(message) is not None:
+            link.touched[message] = self._now()
+        if not link.closed:
+            link.conn.touch(message)
+
+    def _link_done(self, link: _Link, message: Any, outcome: Outcome) -> None:
+        delivered = link.in_flight.pop(message, None)
+        if delivered is None:
+            delivered = link.current_delivery(message)  # a sync handler on the C path answers it inline
+        if link.touched:
+            link.touched.pop(message, None)
+        elif delivered is not None and self._now() - delivered > link.msg_timeout:
+            link.timed_out += 1  # nsqd gave it to someone else already
+        updates = self._rdy.on_message_done(link, message, outcome)
+        if updates:
+            self._apply(updates)
+        if self._stopping:
+            self._message_done()
 
     def _auto_answer(self, message: Any, *, failed: bool) -> None:
         if message.has_responded or not message.auto_response:
@@ -864,6 +869,11 @@ class Consumer:
             if timer is not None:
                 timer.cancel()
         self._rdy_timer = self._touch_timer = None
+
+
+def _resolve_none(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 async def _give_the_loop_a_pass() -> None:

@@ -37,13 +37,16 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-import aiohttp
-from yarl import URL
-
+from fastnsq.config import Endpoint
 from fastnsq.errors import InvalidValueError, NSQError
 
 if TYPE_CHECKING:
+    import aiohttp
     from typing_extensions import Self
+
+# aiohttp and yarl are imported on first use, not here: importing aiohttp takes about a
+# quarter of a second (its connector builds an SSL context), which every `import fastnsq`,
+# every `fastnsq pub` and every Spark worker would pay without ever asking a lookupd.
 
 __all__ = [
     "ACCEPT_V1",
@@ -160,17 +163,6 @@ class TopicMeta:
     ordered: bool = False
     multi_part: bool = False
     disable_channel_auto_create: bool = False
-
-
-class Endpoint(NamedTuple):
-    """What a client connects by: an nsqd TCP ``address`` and, on HA, the ``partition``.
-
-    ``partition`` is ``None`` for upstream nsqd and for old (non-HA) nodes listed by
-    an HA lookupd: talk to those with partition-less commands.
-    """
-
-    address: str
-    partition: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,6 +432,8 @@ def normalize_lookupd_address(address: str) -> str:
     text = address.strip()
     if "://" not in text:
         text = "http://" + text
+    from yarl import URL
+
     try:
         url = URL(text)
         host = url.host
@@ -677,6 +671,8 @@ class LookupdClient:
             raise InvalidValueError(f"lookupd timeout must be a number of seconds > 0, got {timeout!r}")
         if auth_secret is not None and not isinstance(auth_secret, str):
             raise InvalidValueError("auth_secret must be a string or None")
+        import aiohttp
+
         self._session = session
         self._owns_session = session is None
         self._timeout = aiohttp.ClientTimeout(total=float(timeout))
@@ -760,6 +756,9 @@ class LookupdClient:
         query: Mapping[str, str],
         parse: Callable[[int, Mapping[str, str], bytes], Any],
     ) -> Any:
+        import aiohttp
+        from yarl import URL
+
         url = URL(normalize_lookupd_address(address)) / path
         if query:
             url = url.with_query(query)
@@ -782,6 +781,8 @@ class LookupdClient:
     def _ensure_session(self) -> aiohttp.ClientSession:
         # Made on first use, inside the running loop, which aiohttp wants.
         if self._session is None:
+            import aiohttp
+
             self._session = aiohttp.ClientSession()
         return self._session
 

@@ -20,9 +20,8 @@ import functools
 import json
 import logging
 import random
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mmh3
 
@@ -49,7 +48,9 @@ from .errors import (
     ServerError,
     TopicNotExistError,
 )
-from .lookupd import LookupdClient, LookupdPoller
+
+if TYPE_CHECKING:
+    from .lookupd import LookupdClient, LookupdPoller
 
 __all__ = ["PRODUCER_DEFAULTS", "Producer"]
 
@@ -189,7 +190,6 @@ class Producer:
         self._started = False
         self._lookupd_task: asyncio.Task[None] | None = None
         self._sweeper: asyncio.TimerHandle | None = None
-        self._sent_at: deque[tuple[float, asyncio.Future[Any]]] = deque()
         self.published = 0
         self.failed = 0
         self.retried = 0
@@ -209,6 +209,8 @@ class Producer:
         )
         addresses = list(self._nsqd_addresses)
         if self._lookupd_addresses:
+            from .lookupd import LookupdClient  # imported only when used: it brings aiohttp
+
             self._lookupd_client = LookupdClient(auth_secret=_secret_text(self.options.auth_secret))
             addresses += [a for a in await self._discover() if a not in addresses]
         results = await asyncio.gather(*(self._add_node(a) for a in addresses), return_exceptions=True)
@@ -311,20 +313,58 @@ class Producer:
             and sharding_key is None
             and trace_id is None
             and ext is None
-            and self.coalesce
         ):
-            # The fast path: the C coalescer checks the body, batches it with the other
-            # publishes of this loop pass and returns the future one MPUB's answer resolves.
-            key = topic if not self._lookupd_addresses else self._routed_key(topic)
-            if key is not None:
+            if self.coalesce:
+                # The fast path: the C coalescer checks the body, batches it with the other
+                # publishes of this loop pass and returns the future one MPUB's answer resolves.
+                key = topic if not self._lookupd_addresses else self._routed_key(topic)
+                if key is not None:
+                    try:
+                        return await self._coalescer.add(key, body)
+                    except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+                        if not _retryable(exc):
+                            self.failed += 1
+                            raise
+                        self._forget_route(topic, exc)
+                        self.retried += 1  # and on to the slow path, which retries
+            elif not self._lookupd_addresses and self._open:
+                # The pipelined fast path (coalesce=False): one PUB on the next connection,
+                # awaited right here, without _call's routing coroutines (nothing to route
+                # without lookupd; the sweeper enforces publish_timeout). The codec checks
+                # the body before a byte is buffered.
+                open_conns = self._open
+                self._next = (self._next + 1) % len(open_conns)
+                future = open_conns[self._next].publish(topic, body)
+                self._active += 1
                 try:
-                    return await self._coalescer.add(key, body)
+                    result = await future
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
                     if not _retryable(exc):
                         self.failed += 1
                         raise
-                    self._forget_route(topic, exc)
                     self.retried += 1  # and on to the slow path, which retries
+                else:
+                    self.published += 1
+                    return result
+                finally:
+                    self._active -= 1
+                    if not self._active and self._idle_waiter is not None:
+                        _resolve(self._idle_waiter)
+        return await self._publish_slow(topic, body, defer, timeout, partition, sharding_key, trace_id, ext)
+
+    async def _publish_slow(
+        self,
+        topic: str,
+        body: Any,
+        defer: float | None,
+        timeout: float | None,
+        partition: int | None,
+        sharding_key: Any,
+        trace_id: int | None,
+        ext: Mapping[str, Any] | None,
+    ) -> Any:
+        """publish() beyond its fast paths: checks, routing, retries. (A function of its own so
+        that the fast paths make no closure cells for the lambdas below.)"""
         self._check_topic(topic)
         size = _body_size(body)
         if size == 0 or size > self._max_msg_size:
@@ -429,7 +469,8 @@ class Producer:
         """
         limit = self.options.max_body_size - _MPUB_FRAMING
         max_count = (self.options.max_body_size - 4) // 5
-        if header is None and body_of is None and _fits_one_mpub(items, limit, max_count, self.options.max_msg_size):
+        one_pass = header is None and body_of is None
+        if one_pass and codec.fits_one_mpub(items, limit, max_count, self.options.max_msg_size):
             return [items]
         chunks: list[list[Any]] = [[]]
         used = 0
@@ -473,7 +514,6 @@ class Producer:
                     else:
                         conn = await self._connection_for(target[0], deadline)
                         future = send(conn, target[1])
-                        self._track(future)
                     result = await self._await_answer(future, deadline, timeout is not None)
                     if send is not None:
                         self.published += 1
@@ -533,7 +573,6 @@ class Producer:
                     for unsent in parts[index:]:
                         unsent.fail(exc)
                     break
-                self._track(sent)
                 sent.add_done_callback(part.resolve)
             if len(batch) >= _FLUSH_AT or batch.nbytes >= _FLUSH_BYTES:
                 conn.flush()  # a full batch: let nsqd start on it while this pass goes on
@@ -606,6 +645,8 @@ class Producer:
         assert self._loop is not None
         poller = self._pollers.get(topic)
         if poller is None:
+            from .lookupd import LookupdPoller
+
             poller = LookupdPoller(self._lookupd_addresses, topic, client=self._lookupd_client, access="w",
                                    metainfo=True, poll_interval=self.lookupd_poll_interval)
             self._pollers[topic] = poller
@@ -722,28 +763,22 @@ class Producer:
 
     # ---- timeouts ---------------------------------------------------------------------
 
-    def _track(self, future: asyncio.Future[Any]) -> None:
-        assert self._loop is not None
-        self._sent_at.append((self._loop.time(), future))
-
     def _ensure_sweeper(self) -> None:
         if self._sweeper is None and self._loop is not None:
             self._sweeper = self._loop.call_later(min(1.0, self.publish_timeout / 4), self._sweep)
 
     def _sweep(self) -> None:
-        """Fail commands unanswered for publish_timeout; nsqd answers in order, so oldest first."""
+        """Fail commands unanswered for publish_timeout (each connection knows when it wrote them)."""
         assert self._loop is not None
-        now = self._loop.time()
-        sent = self._sent_at
-        while sent and (sent[0][1].done() or now - sent[0][0] >= self.publish_timeout):
-            _, future = sent.popleft()
-            if not future.done():
-                future.set_exception(
-                    PublishTimeoutError(f"no answer from nsqd within {self.publish_timeout} s (publish_timeout)")
-                )
+        cutoff = self._loop.time() - self.publish_timeout
+        for conn in self._open:
+            conn.expire_pending(cutoff, self._timeout_error)
         self._sweeper = None
         if not self._closing:
             self._ensure_sweeper()
+
+    def _timeout_error(self) -> PublishTimeoutError:
+        return PublishTimeoutError(f"no answer from nsqd within {self.publish_timeout} s (publish_timeout)")
 
     # ---- lookupd ----------------------------------------------------------------------
 
@@ -823,19 +858,6 @@ def _ext_json(ext: Mapping[str, Any], trace_id: int | None) -> bytes:
     if len(data) > 65535:
         raise InvalidValueError(f"ext header of {len(data)} bytes exceeds 65535")
     return data
-
-
-def _fits_one_mpub(bodies: list[Any], limit: int, max_count: int, max_msg_size: int) -> bool:
-    """The common batch, checked in C-speed passes: all ``bytes``, none empty or too
-    large, one MPUB's worth. False sends the batch down the per-item path, which
-    splits it or raises the precise error."""
-    if not bodies or len(bodies) > max_count or set(map(type, bodies)) != _ONLY_BYTES:
-        return False
-    sizes = list(map(len, bodies))
-    return min(sizes) > 0 and max(sizes) <= max_msg_size and sum(sizes) + 4 * len(sizes) <= limit
-
-
-_ONLY_BYTES = {bytes}
 
 
 def _check_message_size(size: int, max_msg_size: int, header: int) -> None:

@@ -81,6 +81,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
+from fastnsq.codec import ConnRdy as _Conn
 from fastnsq.errors import InvalidValueError
 
 __all__ = [
@@ -161,43 +162,6 @@ _NO_MSG = object()  # the probe message has not arrived yet
 _NO_UPDATES: list[RdyUpdate] = []  # returned by hot paths with nothing to send; never mutated
 
 
-class _Conn:
-    """The controller's bookkeeping for one live connection."""
-
-    __slots__ = (
-        "conn_id",
-        "extra_since",
-        "granted_at",
-        "in_flight",
-        "last_message_at",
-        "last_rdy_at",
-        "max_rdy",
-        "pending",
-        "pending_until",
-        "rdy",
-        "remaining",
-        "seq",
-        "target",
-        "waiting_since",
-    )
-
-    def __init__(self, conn_id: Hashable, seq: int, max_rdy: int, now: float) -> None:
-        self.conn_id = conn_id
-        self.seq = seq  # insertion order: the deterministic tie-break
-        self.max_rdy = max_rdy
-        self.rdy = 0
-        self.remaining = 0
-        self.target = 0
-        self.in_flight = 0
-        self.pending = 0
-        self.pending_until = 0.0
-        self.last_message_at: float | None = None
-        self.last_rdy_at: float | None = None
-        self.granted_at: float | None = None  # when rdy last reached target from below
-        self.extra_since: float | None = None  # holds one of the rotating "extra" slots since
-        self.waiting_since: float | None = now  # without an extra slot since (None while holding one)
-
-
 class RdyController:
     """RDY counts and backoff for one consumer's connections (see the module docstring).
 
@@ -258,6 +222,8 @@ class RdyController:
             )
         self._strategy = backoff_strategy
         self._clock = clock
+        # The hot path stamps deliveries with CLOCK_MONOTONIC itself: only with the default clock.
+        self._fast_lane = clock is time.monotonic
         self._rng = rng if rng is not None else random.Random()
 
         self._conns: dict[Hashable, _Conn] = {}
@@ -308,6 +274,19 @@ class RdyController:
     def in_flight(self) -> int:
         """Messages in flight over all connections, including connections already removed."""
         return self._orphan_total + sum(c.in_flight for c in self._conns.values())
+
+    def record(self, conn_id: Hashable) -> _Conn:
+        """The live record of a registered connection (KeyError if it is not one).
+
+        For the consumer's hot path (:mod:`fastnsq._delivery`): while ``record.fast``
+        is True it may do what :meth:`on_message` and :meth:`on_message_done` would
+        do in that state, on the record itself: for a message that arrives with
+        ``in_flight < rdy`` and leaves ``remaining`` above a quarter of ``rdy``, add
+        one to ``in_flight``, take one from ``remaining``, set ``last_message_at``
+        (``time.monotonic()``); for a FIN (not a REQ) with ``in_flight > 0``, take one
+        from ``in_flight``. Anything else goes through the methods.
+        """
+        return self._conns[conn_id]
 
     def connection_stats(self, conn_id: Hashable) -> ConnectionRdyStats:
         """A snapshot of one live connection's RDY state; KeyError if it is not registered."""
@@ -388,6 +367,7 @@ class RdyController:
         c = self._conns.pop(conn_id, None)
         if c is None:
             return []
+        c.fast = False
         if c.in_flight:
             self._orphans[conn_id] = self._orphans.get(conn_id, 0) + c.in_flight
             self._orphan_total += c.in_flight
@@ -423,6 +403,8 @@ class RdyController:
             # More than the model allows (nsqd timed a message out, or ignored a RDY for too long):
             # re-check the budget, which stops all grants until the excess has drained.
             return self._rebalance(now)
+        if not c.fast and not c.pending and self._fast_lane:
+            c.fast = self._phase is _Phase.NORMAL and not self._deficit  # a lowered RDY has settled
         if c.rdy and c.remaining * 4 <= c.rdy:
             # The client guide's refill at 25 %: a no-op for nsqd >= 1.0 (RDY is absolute there),
             # needed by servers that count RDY down.
@@ -698,7 +680,20 @@ class RdyController:
                 updates.append(self._send(c, grant, now))
         self._deficit = deficit
         self._schedule_redistribute(now)
+        self._mark_fast()
         return updates
+
+    def _mark_fast(self) -> None:
+        """Tell each record whether a hot path may count its deliveries and FINs itself.
+
+        Only in normal operation: no backoff, nobody waiting for capacity (a FIN then
+        frees nothing anyone waits for), no lowered RDY still settling on that
+        connection. Every change of phase, deficit or pending goes through
+        :meth:`_rebalance`, which ends here.
+        """
+        ok = self._fast_lane and self._phase is _Phase.NORMAL and not self._deficit
+        for c in self._conns.values():
+            c.fast = ok and not c.pending
 
     def _send(self, c: _Conn, value: int, now: float) -> RdyUpdate:
         if value < c.rdy:

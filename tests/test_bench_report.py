@@ -1,4 +1,9 @@
-"""The benchmark report: the README's summary table is what bench/report.py makes of the JSON."""
+"""The benchmark reports: the README tables are what bench/report.py makes of committed JSON.
+
+README.md shows the run against a real nsqd (``run_all.py --real``); bench/README.md
+shows the run against the embedded server. Both tables sit between the bench-summary
+markers and must be exactly what the report renders from the JSON they name.
+"""
 
 from __future__ import annotations
 
@@ -13,47 +18,71 @@ sys.path.insert(0, str(ROOT / "bench"))
 report = pytest.importorskip("report")
 
 README = ROOT / "README.md"
+BENCH_README = ROOT / "bench" / "README.md"
 
 
-def readme_summary_and_json() -> tuple[str, Path]:
-    text = README.read_text()
+def summary_and_json(readme: Path) -> tuple[str, Path]:
+    text = readme.read_text()
     start = text.index(report.README_START) + len(report.README_START) + 1
     summary = text[start : text.index(report.README_END) - 1]
     json_name = re.search(r"\(data: `([^`]+\.json)`\)", summary).group(1)  # type: ignore[union-attr]
     return summary, ROOT / json_name
 
 
-def test_readme_summary_is_generated_from_the_committed_results():
-    summary, json_path = readme_summary_and_json()
+@pytest.mark.parametrize("readme", [README, BENCH_README], ids=["README", "bench-README"])
+def test_readme_summary_is_generated_from_the_committed_results(readme: Path) -> None:
+    summary, json_path = summary_and_json(readme)
     data = report.load(json_path)
     assert summary == report.readme_summary(data, str(json_path.relative_to(ROOT)))
 
 
-def test_summary_ratios_are_computed_from_the_rows():
-    _, json_path = readme_summary_and_json()
+def test_the_readme_headline_is_a_real_nsqd_and_the_bench_readme_the_embedded_one() -> None:
+    _, real = summary_and_json(README)
+    _, embedded = summary_and_json(BENCH_README)
+    assert report.is_real(report.load(real))
+    assert report.load(real)["server"]["version"].startswith("nsqd 1.3")
+    assert report.load(embedded)["server"]["kind"] == "embedded"
+
+
+def test_real_summary_ratios_are_medians_of_same_round_ratios() -> None:
+    summary, json_path = summary_and_json(README)
     data = report.load(json_path)
-    summary = report.readme_summary(data, "x.json")
-    pub = [r for r in data["rows"] if r["workload"] == "pub" and "error" not in r]
-    fast = max((r for r in pub if r["client"] == "fastnsq"), key=lambda r: r["msgs_per_s"])
-    peer = max((r for r in pub if r["client"] != "fastnsq"), key=lambda r: r["msgs_per_s"])
-    assert f"| {fast['msgs_per_s'] / peer['msgs_per_s']:.1f}× ({peer['client']}) |" in summary
-    assert f"| **fastnsq** | {fast['msgs_per_s']:,.0f} |" in summary
+    rows = {(r["workload"], r["client"], r.get("label") or ""): r for r in data["rows"] if "error" not in r}
+    sync = rows[("consume", "fastnsq", "sync handler")]
+    go = rows[("consume", "go-nsq", "Consumer")]
+    rounds_sync = dict(zip(sync["runs_rounds"], sync["runs_msgs_per_s"]))
+    rounds_go = dict(zip(go["runs_rounds"], go["runs_msgs_per_s"]))
+    ratios = sorted(rounds_sync[k] / rounds_go[k] for k in rounds_sync.keys() & rounds_go.keys())
+    assert len(ratios) >= 3, "the headline needs at least three alternated rounds"
+    middle = len(ratios) // 2
+    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    assert f"| consume, sync handler | **{sync['msgs_per_s']:,.0f} ({sync['cpu_per_million']:.2f} µs)** |" in summary
+    assert f"| {median:.2f}× |" in summary.splitlines()[2]
+    verdicts = {item["what"]: item["verdict"] for item in report.acceptance(data)}
+    for what, verdict in verdicts.items():
+        assert f"- {what}: **{verdict}**" in summary
 
 
-def test_render_writes_report_chart_and_readme_section(tmp_path):
-    _, json_path = readme_summary_and_json()
+def test_paired_ratios_pair_runs_of_the_same_round() -> None:
+    a = {"msgs_per_s": 10.0, "runs_msgs_per_s": [10.0, 20.0, 30.0], "runs_rounds": [0, 1, 2]}
+    b = {"msgs_per_s": 5.0, "runs_msgs_per_s": [5.0, 40.0], "runs_rounds": [0, 2]}
+    assert report.paired_ratios(a, b) == [2.0, 0.75]
+
+
+def test_render_writes_report_chart_and_readme_section(tmp_path: Path) -> None:
+    _, json_path = summary_and_json(README)
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{report.README_START}\nold table\n{report.README_END}\noutro\n")
     pytest.importorskip("matplotlib")
     md, png = report.render(json_path, out_dir=tmp_path, readme=readme)
-    assert md.read_text().startswith("# fastnsq vs the Python NSQ clients")
+    assert md.read_text().startswith("# fastnsq against a real nsqd 1.3")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = readme.read_text()
     assert "old table" not in text and text.startswith("intro\n") and text.endswith("outro\n")
-    assert "| **fastnsq** |" in text
+    assert "| consume, sync handler | **" in text
 
 
-def test_update_readme_without_markers_names_them(tmp_path):
+def test_update_readme_without_markers_names_them(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text("no markers here\n")
     with pytest.raises(SystemExit, match="bench-summary"):

@@ -599,3 +599,14 @@ def test_messages_are_stamped_with_the_connections_address(codec):
     reader.feed(codec.encode_message(TS, 1, UPSTREAM_ID, b"x"))
     assert col.frames[0][1].address == "10.0.0.5:4150"
     assert codec.Message(TS, 1, UPSTREAM_ID, b"y", address="h:1").address == "h:1"
+
+
+def test_fits_one_mpub_is_the_common_batch_only(codec):
+    # limit is the MPUB body budget after its 8 framing bytes: 4 + len per body.
+    assert codec.fits_one_mpub([b"ab", b"c"], 4 + 2 + 4 + 1, 2, 2)
+    assert not codec.fits_one_mpub([b"ab", b"c"], 4 + 2 + 4 + 1 - 1, 2, 2)  # one byte over the budget
+    assert not codec.fits_one_mpub([b"ab", b"c"], 100, 1, 2)  # more messages than max_count
+    assert not codec.fits_one_mpub([b"abc"], 100, 5, 2)  # above max_msg_size
+    assert not codec.fits_one_mpub([b"a", b""], 100, 5, 2)  # nsqd refuses empty messages
+    assert not codec.fits_one_mpub([b"a", bytearray(b"b")], 100, 5, 2)  # per-item path converts it
+    assert not codec.fits_one_mpub([], 100, 5, 2)

@@ -162,8 +162,10 @@ async def test_pool_round_robins_over_connections(nsqd):
         assert all(conn.bytes_sent > 60 for conn in producer.connections)
 
 
-async def test_publish_timeout_when_nsqd_does_not_answer():
-    """A listener that completes the handshake and then never answers PUB."""
+@pytest.mark.parametrize("coalesce", [True, False])
+async def test_publish_timeout_when_nsqd_does_not_answer(coalesce):
+    """A listener that completes the handshake and then never answers PUB (coalesce=False
+    takes the pipelined fast path, whose timeout is the connection's expire_pending)."""
 
     async def mute(reader, writer):
         await reader.readexactly(4 + len(b"IDENTIFY\n"))
@@ -174,11 +176,12 @@ async def test_publish_timeout_when_nsqd_does_not_answer():
 
     server = await asyncio.start_server(mute, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    async with Producer([f"127.0.0.1:{port}"], publish_timeout=0.5) as producer:
+    async with Producer([f"127.0.0.1:{port}"], publish_timeout=0.5, coalesce=coalesce) as producer:
         with pytest.raises(PublishTimeoutError):
             await producer.publish("t", b"x")
         with pytest.raises(PublishTimeoutError):
             await producer.publish("t", b"x", timeout=0.2)
+        assert producer.stats["waiting"] == 0
     server.close()
 
 

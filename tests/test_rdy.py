@@ -754,6 +754,36 @@ def test_backoff_probe_moves_off_an_idle_connection() -> None:
 # -- is_starved -----------------------------------------------------------------------------------------------
 
 
+def test_the_hot_path_record_is_fast_only_in_normal_operation() -> None:
+    """record(conn).fast: when the consumer's C link may count deliveries and FINs itself."""
+    ctl = RdyController(10, backoff_multiplier=0.01, max_backoff_duration=0.05)  # the real clock
+    ctl.add_connection("a", 2500)
+    record = ctl.record("a")
+    assert record.fast and record.rdy == 10
+    ctl.on_message("a", b"m1")
+    ctl.on_message_done("a", b"m1", FAILURE)  # backoff: every answer must reach the controller
+    assert ctl.in_backoff and not record.fast
+    with pytest.raises(KeyError):
+        ctl.record("b")
+
+
+def test_a_lowered_rdy_keeps_its_record_slow_until_it_settles() -> None:
+    ctl = RdyController(10, rdy_settle_time=60.0)
+    ctl.add_connection("a", 2500)
+    for i in range(6):
+        ctl.on_message("a", i)  # 6 in flight under RDY 10
+    ctl.add_connection("b", 2500)  # a is lowered to 5: nsqd may still send 4 under the old value
+    a = ctl.record("a")
+    assert a.rdy == 5 and a.pending > 0 and not a.fast
+
+
+def test_an_injected_clock_never_opens_the_fast_lane() -> None:
+    # The C link stamps deliveries with CLOCK_MONOTONIC: only the default clock agrees with it.
+    ctl, _ = make(10)
+    ctl.add_connection("a", 2500)
+    assert not ctl.record("a").fast
+
+
 def test_is_starved_at_85_percent_of_the_last_rdy() -> None:
     ctl, _ = make(10)
     assert not ctl.is_starved()

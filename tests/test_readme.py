@@ -38,7 +38,7 @@ def test_readme_python_example_runs(index, tmp_path):
     if "pyspark" in code:
         if shutil.which("java") is None:
             pytest.skip("the Spark example needs Java (no `java` on PATH)")
-        pytest.importorskip("pyspark", reason="the Spark example needs pyspark (pip install 'fastnsq[spark]')")
+        pytest.importorskip("pyspark", reason="the Spark example needs pyspark (pip install 'fastnsq-client[spark]')")
     match = re.match(r"#\s*(test_\w+\.py)", code.splitlines()[0])
     if match:
         path = tmp_path / match.group(1)

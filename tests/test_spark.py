@@ -54,7 +54,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 JAVA = shutil.which("java")
 _SPARK_MARKS = (
     pytest.mark.spark,
-    pytest.mark.skipif(not HAVE_PYSPARK, reason="pyspark is not installed (pip install 'fastnsq[spark]')"),
+    pytest.mark.skipif(not HAVE_PYSPARK, reason="pyspark is not installed (pip install 'fastnsq-client[spark]')"),
     pytest.mark.skipif(JAVA is None, reason="no `java` on PATH: Spark needs a JVM (Java 17)"),
 )
 

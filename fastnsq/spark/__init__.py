@@ -1,6 +1,6 @@
 """The `nsq` data source for PySpark (>= 4.0): stream a topic in, publish DataFrames out.
 
-Install with ``pip install fastnsq[spark]``, then register the source once per session::
+Install with ``pip install fastnsq-client[spark]``, then register the source once per session::
 
     from fastnsq.spark import register
     register(spark)                      # or spark.dataSource.register(NSQDataSource)
@@ -26,7 +26,7 @@ try:
     import pyspark  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        f"fastnsq.spark needs PySpark >= 4.0 and pyarrow ({exc}); install them with: pip install 'fastnsq[spark]'"
+        f"fastnsq.spark needs PySpark >= 4.0 and pyarrow ({exc}); install them with: pip install 'fastnsq-client[spark]'"
     ) from exc
 
 from ._options import KNOWN_OPTIONS
