@@ -1267,13 +1267,14 @@ async def test_a_partition_without_channels_keeps_nothing_for_later_ones(nsq_clu
 
 
 async def test_a_standalone_first_channel_starts_after_the_last_flush(nsqd_ha: Any, topic: str) -> None:
-    """Standalone, the end a new channel starts at moves with the node's flush, every
-    --sync-timeout (2 s): what was published before the last flush is not delivered."""
+    """Standalone, the end a new channel starts at moves when the node flushes the
+    partition: a ticker every --sync-timeout (2 s) flushes a quarter of the partitions
+    per tick, so each one at least every 8 s. What was flushed is not delivered."""
     producer = await connect(nsqd_ha.tcp_address)
     producer.out.pub(topic, b"flushed before the channel", 0)
     producer.flush()
     await producer.ok()
-    await asyncio.sleep(2.0 + 0.5)
+    await asyncio.sleep(4 * 2.0 + 1.0)
     consumer = await connect(nsqd_ha.tcp_address, heartbeat_interval=1000)
     await consumer.sub_ha(topic, "c", 0, rdy=5)
     producer.out.pub(topic, b"after", 0)

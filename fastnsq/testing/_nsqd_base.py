@@ -82,8 +82,9 @@ class NSQDOptions:
     allow_ext_compatible: bool = False
     allow_sub_ext_compatible: bool = False
     max_conn_for_client: int = 0  # HA: more client connections are refused (0: no limit)
-    #: HA: youzan's --sync-timeout, the interval of its node-wide flush: a topic
-    #: partition's first channel also gets what was published since the last flush.
+    #: HA: youzan's --sync-timeout, the interval of its flush ticker (each tick flushes
+    #: a quarter of the partitions): a partition's first channel also gets what was
+    #: published since that partition's last flush.
     sync_timeout: float = 2.0
     #: Which upstream nsqd the answers follow: the released v1.3.0 or nsq master.
     emulate: Emulated = RELEASED

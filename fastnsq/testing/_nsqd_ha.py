@@ -96,7 +96,7 @@ class HAServer(ConnectionServer, QueueServer, Protocol):
 
     def default_partition(self, topic: str) -> int: ...
 
-    def last_flush(self) -> float: ...
+    def last_flush(self, partition: int) -> float: ...
 
     def create_partition(
         self, topic: str, partition: int, *, ext: bool = False, ordered: bool = False, leader: bool = True
@@ -346,9 +346,9 @@ class HATopic(Topic):
     readers see it (which is why its lookupd hides partitions without channels from
     writers): on a cluster node that is everything committed, so messages published
     while a partition has no channel are counted and dropped; a standalone node only
-    moves that end when it flushes (at once while a channel waits for more, else
-    every ``sync_timeout``), so its first channel also gets what was published since
-    the last flush.
+    moves that end when it flushes (at once while a channel waits for more, else on
+    its flush ticker: every 4th ``sync_timeout`` for a given partition), so its first
+    channel also gets what was published since the partition's last flush.
     """
 
     def __init__(
@@ -382,7 +382,7 @@ class HATopic(Topic):
             if self.leader:
                 self.server.notify_lookupd(b"REGISTER", self.name, str(self.partition), name)
             if first and self._unflushed:
-                flushed = self.server.last_flush()
+                flushed = self.server.last_flush(self.partition)
                 pending = [msg for when, msg in self._unflushed if when >= flushed]
                 self._unflushed.clear()
                 if pending:
@@ -407,7 +407,7 @@ class HATopic(Topic):
         self.message_bytes += nbytes
         if not self.channels:
             if not self.server.ha_cluster:  # see the class docstring
-                flushed = self.server.last_flush()
+                flushed = self.server.last_flush(self.partition)
                 if self._unflushed and self._unflushed[0][0] < flushed:
                     # Flushed since: a new channel starts after these.
                     self._unflushed = [entry for entry in self._unflushed if entry[0] >= flushed]

@@ -581,10 +581,18 @@ class NSQD:
                 channel.close_clients()
             self.notify_lookupd(b"UNREGISTER", topic, pid)
 
-    def last_flush(self) -> float:
-        """HA: when (loop time) youzan's flush ticker, every ``sync_timeout`` since start, last ran."""
+    def last_flush(self, partition: int) -> float:
+        """HA: when (loop time) youzan's flush ticker last flushed ``partition``'s topics.
+
+        The ticker fires every ``sync_timeout`` from start; its k-th tick flushes the
+        partitions p with (p + 1) % 4 == k % 4, and every 100th tick all of them.
+        """
         interval = self.options.sync_timeout
-        return self._started_at + (self.loop.time() - self._started_at) // interval * interval
+        tick = int((self.loop.time() - self._started_at) // interval) - 1  # the last tick that fired
+        for k in range(tick, max(tick - 4, -1), -1):
+            if k % 100 == 0 or k % 4 == (partition + 1) % 4:
+                return self._started_at + (k + 1) * interval
+        return self._started_at
 
     def default_partition(self, topic: str) -> int:
         """The partition a command without one uses: cluster: one this node leads; else any local one."""
