@@ -312,6 +312,7 @@ class Consumer:
         self._rdy_timer: asyncio.TimerHandle | None = None
         self._rdy_timer_at = 0.0
         self._touch_timer: asyncio.TimerHandle | None = None
+        self._refresh_pending: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._queue: deque[Any] = deque()
         self._queue_waiter: asyncio.Future[None] | None = None
@@ -669,9 +670,18 @@ class Consumer:
                 await link.conn.close()
 
     def _refresh_lookup_soon(self) -> None:
-        if self._poller is None or self._loop is None:
+        """One lookupd poll within a second. Requests while one is pending join it: each
+        failed connection asks for one, and a poll that finds the same refusing node again
+        must not multiply the polls (a partition's leader can refuse SUB for minutes
+        while it rejoins a youzan cluster)."""
+        if self._poller is None or self._loop is None or self._refresh_pending is not None:
             return
-        self._loop.call_later(_REFRESH_DELAY * random.uniform(0.5, 1.0), self._poller.trigger)
+        self._refresh_pending = self._loop.call_later(_REFRESH_DELAY * random.uniform(0.5, 1.0), self._refresh_now)
+
+    def _refresh_now(self) -> None:
+        self._refresh_pending = None
+        if self._poller is not None and not self._stopping:
+            self._poller.trigger()
 
     # ---- messages -----------------------------------------------------------------------
 
@@ -877,10 +887,10 @@ class Consumer:
             self._schedule_touch()
 
     def _cancel_timers(self) -> None:
-        for timer in (self._rdy_timer, self._touch_timer):
+        for timer in (self._rdy_timer, self._touch_timer, self._refresh_pending):
             if timer is not None:
                 timer.cancel()
-        self._rdy_timer = self._touch_timer = None
+        self._rdy_timer = self._touch_timer = self._refresh_pending = None
 
 
 async def _give_the_loop_a_pass() -> None:

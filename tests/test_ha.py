@@ -199,6 +199,27 @@ async def test_moving_a_leader_mid_stream_loses_nothing(nsq_cluster_ha):
     assert len(acked) + raised == 1800
 
 
+async def test_a_node_that_keeps_refusing_sub_is_asked_about_once_a_second(nsq_cluster_ha):
+    """A rejoining youzan leader answers SUB with E_FAILED_ON_NOT_WRITABLE (fatal) for minutes.
+    Each refusal makes the consumer poll lookupd again; the polls must not multiply (each
+    poll's refusal asking for more) into a storm of SUBs on that node."""
+    skip_if_external(nsq_cluster_ha, "makes a node refuse SUB")
+    topic = await ha_topic(nsq_cluster_ha, partitions=1)
+    node = nsq_cluster_ha.nsqds[nsq_cluster_ha.leader_of(topic, 0)]
+    node.faults.fail_next("SUB", "E_FAILED_ON_NOT_WRITABLE", count=10_000)
+    got: list[bytes] = []
+    consumer = consumer_on(nsq_cluster_ha, topic, handler=lambda m: got.append(m.body), lookupd_poll_interval=60)
+    await consumer.start()
+    await asyncio.sleep(5.0)
+    refused = 10_000 - node.faults.rules[0].remaining
+    assert 3 <= refused <= 12, f"{refused} SUBs in 5 s"
+    node.faults.clear()  # the node is writable again: the next poll's SUB is taken
+    async with Producer(lookupd_http_addresses=nsq_cluster_ha.lookupd_http_addresses) as producer:
+        await producer.publish(topic, b"after the refusals")
+    await eventually(lambda: got == [b"after the refusals"], timeout=5)
+    await consumer.stop()
+
+
 async def same_code(cluster, *, ha: bool) -> None:
     """Unchanged Consumer and Producer code; only the topic's creation knows the dialect."""
     topic = unique("same")
