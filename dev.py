@@ -34,9 +34,9 @@ BUILD_INPUTS = ["pyproject.toml", "setup.py", "fastnsq/_frame.pyx", "fastnsq/_fr
 EXTRAS = "test,testing,bench,spark"
 REAL_BIN_ENV = "FASTNSQ_REAL_BIN"
 REAL_HA_BIN_ENV = "FASTNSQ_REAL_HA_BIN"
-#: What runs against a real HA cluster: the HA tests and the conformance tests of the
-#: embedded HA servers.
-HA_TESTS = ["tests/test_ha.py", "tests/test_embedded_ha.py"]
+#: What runs against a real HA cluster: the HA tests, the conformance tests of the
+#: embedded HA servers, and the leader-kill test (on a real cluster of its own).
+HA_TESTS = ["tests/test_ha.py", "tests/test_embedded_ha.py", "tests/test_ha_failover.py"]
 
 
 def venv_python() -> Path:

@@ -47,6 +47,8 @@ __all__ = ["RealHACluster", "RealNSQ", "RealServerError", "version_of"]
 ENV_REAL_BIN = "FASTNSQ_REAL_BIN"
 #: The same for youzan's HA binaries (``--ha``); tests that start a cluster of their own read it.
 ENV_REAL_HA_BIN = "FASTNSQ_REAL_HA_BIN"
+#: With ``--base-port``: the first port after the cluster's, for such a test's own cluster.
+ENV_REAL_HA_NEXT_PORT = "FASTNSQ_REAL_HA_NEXT_PORT"
 ENV_EMULATES = "FASTNSQ_TEST_NSQD_EMULATES"
 _HOST = "127.0.0.1"
 _START_TIMEOUT = 15.0
@@ -468,6 +470,8 @@ class RealHACluster:
         if self.standalone:
             env["FASTNSQ_TEST_NSQD"] = self.standalone_tcp_address
             env["FASTNSQ_TEST_NSQD_HTTP"] = self.standalone_http_address
+        if self.base_port:
+            env[ENV_REAL_HA_NEXT_PORT] = str(self._next_port)
         return env
 
     def describe(self) -> str:
