@@ -165,6 +165,8 @@ async def failover(
         await asyncio.sleep(0.2)
     await asyncio.sleep(2.0)  # late duplicates count too
     mark("drained" if all(acknowledged <= set(seen) for seen in deliveries.values()) else "drain timed out")
+    stranded = await where_the_channels_stand(cluster, topic) if any(
+        not acknowledged <= set(seen) for seen in deliveries.values()) else None
     channel_stats = {}
     for name, consumer in consumers.items():
         await consumer.stop()
@@ -192,7 +194,28 @@ async def failover(
         "producer": producer_stats,
         "channels": channel_stats,
         "timeline": timeline,
+        "channels_on_the_nodes": stranded,
     }
+
+
+async def where_the_channels_stand(cluster: RealHACluster, topic: str) -> list[dict[str, Any]]:
+    """What each running nsqd's /stats says of the topic's channels (when something was not delivered)."""
+    import aiohttp
+
+    found = []
+    async with aiohttp.ClientSession(headers={"Accept": "application/vnd.nsq; version=1.0"}) as http:
+        for index, address in enumerate(cluster.http_addresses):
+            if cluster.nsqd_pid(index) is None:
+                continue
+            async with http.get(f"http://{address}/stats", params={"format": "json", "topic": topic}) as r:
+                stats = json.loads(await r.read())
+            for part in stats.get("topics") or ():
+                found.append({
+                    "nsqd": address, "partition": part.get("topic_partition"), "is_leader": part.get("is_leader"),
+                    "channels": {c["channel_name"]: {k: c.get(k) for k in ("depth", "in_flight_count", "client_count")}
+                                 for c in part.get("channels") or ()},
+                })
+    return found
 
 
 def _by_kind(failures: Any) -> dict[str, list[float]]:
