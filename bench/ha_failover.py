@@ -1,6 +1,6 @@
 """A partition leader killed mid-stream on a real youzan HA cluster: what was lost, what came twice.
 
-    python bench/ha_failover.py ~/nsq-real/ha/bin [--base-port 14100] [--messages 6000] [--rate 300]
+    python bench/ha_failover.py ~/nsq-real/ha/bin [--base-port 14100] [--messages 6000] [--rate 100]
 
 Starts its own cluster with :class:`fastnsq.testing.real.RealHACluster` (etcd from PATH,
 a youzan nsqlookupd, three youzan nsqd in cluster mode; the flags of
@@ -57,13 +57,14 @@ async def failover(
     cluster: RealHACluster,
     *,
     messages: int = 6000,
-    rate: float = 300.0,
+    rate: float = 100.0,
     callers: int = 4,
     partitions: int = 2,
     replicas: int = 3,
     kill_after: float = 5.0,
     restart_after: float = 30.0,
     drain_timeout: float = 120.0,
+    producer_options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the scenario on a started ``cluster``; the counts and the timeline."""
     loop = asyncio.get_running_loop()
@@ -108,7 +109,7 @@ async def failover(
     next_seq = 0
     restarted = False
 
-    async with fastnsq.Producer(lookupd_http_addresses=lookupd) as producer:
+    async with fastnsq.Producer(lookupd_http_addresses=lookupd, **(producer_options or {})) as producer:
 
         async def caller() -> None:
             nonlocal next_seq
@@ -232,7 +233,7 @@ def main() -> None:
     parser.add_argument("bin_dir", type=Path, help="youzan's nsqd and nsqlookupd (build-youzan.sh)")
     parser.add_argument("--base-port", type=int, default=0, help="ports from here on (default: the kernel's)")
     parser.add_argument("--messages", type=int, default=6000)
-    parser.add_argument("--rate", type=float, default=300.0, help="publishes per second")
+    parser.add_argument("--rate", type=float, default=100.0, help="publishes per second")
     parser.add_argument("--callers", type=int, default=4)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--replicas", type=int, default=3, help="per partition, the leader included")
@@ -240,6 +241,8 @@ def main() -> None:
     parser.add_argument("--restart-after", type=float, default=30.0)
     parser.add_argument("--drain-timeout", type=float, default=120.0)
     parser.add_argument("--data-dir", type=Path, help="keep the servers' data and logs here")
+    parser.add_argument("--max-retries", type=int, help="Producer max_retries (default: the Producer's, 3)")
+    parser.add_argument("--retry-delay", type=float, help="Producer retry_delay (default: the Producer's, 0.05 s)")
     args = parser.parse_args()
     cluster = RealHACluster(
         args.bin_dir.expanduser().resolve(),
@@ -260,6 +263,8 @@ def main() -> None:
                 kill_after=args.kill_after,
                 restart_after=args.restart_after,
                 drain_timeout=args.drain_timeout,
+            producer_options={k: v for k, v in (("max_retries", args.max_retries), ("retry_delay", args.retry_delay))
+                              if v is not None},
             )
         )
     for at, what in result["timeline"]:

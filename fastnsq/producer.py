@@ -480,6 +480,9 @@ class Producer:
                     if traced and tracing.ENABLED:
                         tracing.published(topic, target[1], result, target[0] or "")
                     return result
+                except PublishTimeoutError:
+                    self.failed += 1  # it may still arrive: a retry could publish it twice
+                    raise
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
                     if not _retryable(exc):
                         self.failed += 1
@@ -600,7 +603,14 @@ class Producer:
             pending = self._loop.create_task(self._lookup_route(topic))
             self._refreshing[topic] = pending
             pending.add_done_callback(lambda _t: self._refreshing.pop(topic, None))
-        await asyncio.wait_for(asyncio.shield(pending), max(0.001, deadline - self._loop.time()))
+        try:
+            await asyncio.wait_for(asyncio.shield(pending), max(0.001, deadline - self._loop.time()))
+        except asyncio.TimeoutError:
+            # A lookupd slow to answer (say, while it elects a partition's leader) uses up
+            # the publish's own deadline: the same error as any other publish timeout.
+            raise PublishTimeoutError(
+                f"nsqlookupd did not say where topic {topic!r} is within the publish timeout"
+            ) from None
 
     async def _lookup_route(self, topic: str) -> None:
         assert self._loop is not None
