@@ -174,6 +174,7 @@ class Producer:
         self._coalescer: Any = None
         self._open_by_address: dict[str, list[Connection]] = {}
         self._routes: dict[str, _Route] = {}
+        self._pass_keys: dict[str, Any] = {}  # topic -> coalescing key of this loop pass
         self._refreshing: dict[str, asyncio.Task[None]] = {}
         self._pollers: dict[str, LookupdPoller] = {}
         self._lookupd_client: LookupdClient | None = None
@@ -513,6 +514,7 @@ class Producer:
 
     def _flush_batches(self, batches: dict[Any, Any]) -> None:
         """Once per loop pass (called by the coalescer): one PUB or MPUB per batch."""
+        self._pass_keys.clear()  # the next pass takes the next partition
         for key, batch in batches.items():
             if type(key) is str:
                 topic, address, pid = key, None, None
@@ -542,11 +544,24 @@ class Producer:
                 conn.flush()  # a full batch: let nsqd start on it while this pass goes on
 
     def _routed_key(self, topic: str) -> tuple[str, str | None, int | None] | str | None:
-        """The coalescing key from what lookupd said (None: the slow path must look it up)."""
-        target = self._target_now(topic, None, None)
-        if target is None or not self._connected_to(target[0]):
+        """The coalescing key from what lookupd said (None: the slow path must look it up).
+
+        Round robin turns once per loop pass, not per publish: the publishes of one pass
+        go out as one batch to one partition, and the callers that batch wakes publish
+        together again. Turning per publish split every group of callers over the
+        partitions, so the batches shrank pass after pass towards one message each
+        (on a real youzan cluster: from ~100k to ~10k msg/s within 100k publishes).
+        """
+        key = self._pass_keys.get(topic)
+        if key is None:
+            target = self._target_now(topic, None, None)
+            if target is None:
+                return None
+            key = topic if target == _ANY_NSQD else (topic, target[0], target[1])
+            self._pass_keys[topic] = key
+        if not self._connected_to(key[1] if type(key) is tuple else None):
             return None
-        return topic if target == _ANY_NSQD else (topic, target[0], target[1])
+        return key
 
     # ---- routing (HA partitions) ------------------------------------------------------
 
@@ -634,6 +649,7 @@ class Producer:
 
     def _forget_route(self, topic: str, exc: BaseException) -> None:
         """A moved leader or a missing partition: look the topic up again before retrying."""
+        self._pass_keys.pop(topic, None)
         if isinstance(exc, _REFRESH_ERRORS) and topic in self._routes:
             logger.info("%s for topic %s: refreshing its partitions from nsqlookupd", exc, topic)
             del self._routes[topic]

@@ -220,6 +220,39 @@ async def test_a_node_that_keeps_refusing_sub_is_asked_about_once_a_second(nsq_c
     await consumer.stop()
 
 
+async def test_the_publishes_of_one_loop_pass_go_to_one_partition(nsq_cluster_ha, monkeypatch):
+    """Round robin turns per loop pass: a pass's publishes are one MPUB to one partition, so
+    the callers it wakes publish together again. Turning per publish split each group of
+    callers over the partitions, and on a real youzan cluster (whose answers come back at
+    different times) the batches shrank towards one message per command: ~100k -> ~10k msg/s
+    from 1,000 callers within 100k publishes."""
+    from fastnsq.conn import Connection
+
+    commands: list[tuple[int | None, int]] = []  # (partition, messages)
+    publish, mpublish = Connection.publish, Connection.mpublish
+
+    def counted_publish(self, topic, body, *args, partition=None, **kwargs):
+        commands.append((partition, 1))
+        return publish(self, topic, body, *args, partition=partition, **kwargs)
+
+    def counted_mpublish(self, topic, bodies, *args, partition=None, **kwargs):
+        commands.append((partition, len(bodies)))
+        return mpublish(self, topic, bodies, *args, partition=partition, **kwargs)
+
+    monkeypatch.setattr(Connection, "publish", counted_publish)
+    monkeypatch.setattr(Connection, "mpublish", counted_mpublish)
+    topic = await ha_topic(nsq_cluster_ha)
+    async with Producer(lookupd_http_addresses=nsq_cluster_ha.lookupd_http_addresses) as producer:
+        await producer.publish(topic, b"first")  # learn the partitions
+        passes = []
+        for _ in range(PARTITIONS):
+            commands.clear()
+            await asyncio.gather(*(producer.publish(topic, b"x") for _ in range(200)))  # one pass
+            passes.append(list(commands))
+    assert all(len(sent) == 1 and sent[0][1] == 200 for sent in passes), passes
+    assert {sent[0][0] for sent in passes} == set(range(PARTITIONS))  # and the passes take turns
+
+
 async def same_code(cluster, *, ha: bool) -> None:
     """Unchanged Consumer and Producer code; only the topic's creation knows the dialect."""
     topic = unique("same")
