@@ -123,7 +123,8 @@ class _Link:
         "consumer",
         "endpoint",
         "in_flight",
-        "last_delivery",
+        "last_delivered",
+        "last_finished",
         "msg_timeout",
         "rdy",
         "stats",
@@ -140,7 +141,9 @@ class _Link:
         self.stats = ConnectionStats(endpoint.address, endpoint.partition)
         self.msg_timeout = 60.0
         self.closed = False
-        self.last_delivery: tuple[bytes, int] | None = None  # ordered: (id, attempts) of the last message
+        # Ordered consumers: the last message delivered here, and whether it was finished.
+        self.last_delivered: Any = None
+        self.last_finished = False
 
     def __repr__(self) -> str:
         return f"<link {self.endpoint.address} p={self.endpoint.partition}>"
@@ -148,6 +151,8 @@ class _Link:
     # ---- the message delegate ---------------------------------------------------------
 
     def finish_message(self, message: Any) -> None:
+        if message is self.last_delivered:
+            self.last_finished = True
         self._done(message, Outcome.SUCCESS)
         self.stats.finished += 1
         self.consumer.total_finished += 1
@@ -687,17 +692,12 @@ class Consumer:
 
     def _on_message(self, link: _Link, message: Any) -> None:
         if self.ordered:
-            delivery = (message.id, message.attempts)
-            if delivery == link.last_delivery:
-                # A youzan channel that turns ordered (the first SUB_ORDERED) resets its
-                # reader to the last confirmed message while the one it had read is sent
-                # anyway: the same message twice in a row, same attempts, one in-flight
-                # entry on nsqd. Any redelivery counts an attempt, so this is that copy:
-                # the first answers for both, and handling it again would break the order.
-                self.duplicates_dropped += 1
-                logger.debug("%s: dropped the repeated delivery of %r", link.endpoint.address, message)
+            last = link.last_delivered
+            if last is not None and message.attempts == last.attempts and message.id == last.id:
+                self._repeated(link, last, message)
                 return
-            link.last_delivery = delivery
+            link.last_delivered = message
+            link.last_finished = False
         link.in_flight[message] = self._now()
         link.stats.received += 1
         self.total_received += 1
@@ -730,6 +730,22 @@ class Consumer:
                 self._auto_answer(message, failed=True)
             else:
                 self._auto_answer(message, failed=False)
+
+    def _repeated(self, link: _Link, first: Any, copy: Any) -> None:
+        """Ordered: the same message again, same attempts (any redelivery counts one).
+
+        A youzan channel that turns ordered (its first SUB_ORDERED) resets its reader to
+        the last confirmed message while the one it had read is sent anyway: the same
+        message twice in a row, and nsqd holds one of the two in flight. Handling it again
+        would break the order. While the first copy is unanswered its answer covers both;
+        once it was finished, nsqd may be holding this copy instead (that FIN then failed
+        with E_FIN_FAILED), so the copy is finished too, or the partition would wait out
+        msg_timeout. A first copy that was requeued comes back anyway.
+        """
+        self.duplicates_dropped += 1
+        logger.debug("%s: the repeated delivery of %r", link.endpoint.address, copy)
+        if first.has_responded and link.last_finished and not link.closed:
+            link.conn.fin(copy)
 
     def _auto_answer(self, message: Any, *, failed: bool) -> None:
         if message.has_responded or not message.auto_response:

@@ -199,6 +199,26 @@ async def test_moving_a_leader_mid_stream_loses_nothing(nsq_cluster_ha):
     assert len(acked) + raised == 1800
 
 
+async def test_a_repeated_head_whose_first_fin_failed_is_finished_by_its_copy(nsq_cluster_ha):
+    """The other order of the repeated head (test_ordered_consumption_...): the FIN of the first
+    copy reached nsqd before its reader reset and failed, so nsqd holds the copy in flight.
+    The consumer finishes the copy instead of dropping it, or the partition waits out
+    msg_timeout (60 s) before anything else is delivered (seen on the real cluster)."""
+    skip_if_external(nsq_cluster_ha, "makes a FIN fail")
+    topic = await ha_topic(nsq_cluster_ha, partitions=1)  # "ch" exists, not ordered yet
+    async with Producer(lookupd_http_addresses=nsq_cluster_ha.lookupd_http_addresses) as producer:
+        await producer.mpublish(topic, [b"m0", b"m1", b"m2"], partition=0)
+    node = nsq_cluster_ha.nsqds[nsq_cluster_ha.leader_of(topic, 0)]
+    # The first FIN fails and is not carried out: nsqd still holds m0 in flight.
+    node.faults.fail_next("FIN", "E_FIN_FAILED", "FIN failed Message ID not in flight")
+    got: list[bytes] = []
+    consumer = consumer_on(nsq_cluster_ha, topic, handler=lambda m: got.append(m.body), ordered=True)
+    await consumer.start()
+    await eventually(lambda: got == [b"m0", b"m1", b"m2"], timeout=5, what="the partition to go on")
+    await consumer.stop()
+    assert consumer.duplicates_dropped == 1
+
+
 async def test_a_node_that_keeps_refusing_sub_is_asked_about_once_a_second(nsq_cluster_ha):
     """A rejoining youzan leader answers SUB with E_FAILED_ON_NOT_WRITABLE (fatal) for minutes.
     Each refusal makes the consumer poll lookupd again; the polls must not multiply (each
