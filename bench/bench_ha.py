@@ -258,8 +258,10 @@ async def one_round(index: int, cluster: Cluster, topics: Topics, args: argparse
         (lambda: nsq_tail(tools["nsq_tail"], lookupd, topics.ordered, "go", args.ordered_count, ordered=True))
         if "nsq_tail" in tools else None,
     )
+    load = [round(x, 2) for x in os.getloadavg()]  # other work on the machine moves every number
     for entry in rows:
         entry["round"] = index
+        entry["load_average_after"] = load
         if entry["workload"] == "ordered consume":
             entry["msgs_per_s_per_partition"] = entry["msgs_per_s"] / args.partitions
     return rows
