@@ -104,7 +104,7 @@ def test(python: Path, args: list[str]) -> None:
 
     ``--real`` / ``--real-ha`` run only their real pass; ``FASTNSQ_REAL_BIN`` /
     ``FASTNSQ_REAL_HA_BIN`` add theirs to the embedded one. The HA pass runs the
-    HA tests (``HA_TESTS``) unless test arguments are given.
+    HA tests (``HA_TESTS``, with any pytest options given) unless test files are named.
     """
     explicit = {"--real", "--real-ha"} & set(args)
     ha_bin, args = take_real(args, "--real-ha", REAL_HA_BIN_ENV)
@@ -117,7 +117,9 @@ def test(python: Path, args: list[str]) -> None:
         runner: list[object] = [python, "-m", "fastnsq.testing.real", ha_bin, "--ha"]
         if base_port:
             runner += ["--base-port", base_port]
-        pytest_passes(python, rest or HA_TESTS, [*runner, "--"])
+        # Options alone (say -rs) go with the HA tests; file or test names replace them.
+        chosen = rest if any(not arg.startswith("-") for arg in rest) else [*HA_TESTS, *rest]
+        pytest_passes(python, chosen, [*runner, "--"])
     if real_bin is None:
         if explicit:
             return
