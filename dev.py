@@ -7,10 +7,13 @@
     python3 dev.py bench --real ~/nsq-real/bin   # the same against a real nsqd, with go-nsq's tools
 
     python3 dev.py test --real BIN_DIR      # the suite against real nsqd/nsqlookupd from BIN_DIR
+    python3 dev.py test --real-ha BIN_DIR   # the HA tests against a real youzan cluster (etcd from PATH)
     python3 dev.py captures --real BIN_DIR  # record the released nsqd's answers into tests/captures
 
 Real servers: BIN_DIR holds nsqd and nsqlookupd (build them with ../shared/real-servers);
-FASTNSQ_REAL_BIN=BIN_DIR adds the real pass to a plain `dev.py test`.
+FASTNSQ_REAL_BIN=BIN_DIR adds the real pass to a plain `dev.py test`. youzan's HA binaries
+(nsqd, nsqlookupd; ../shared/real-servers/build-youzan.sh) go with --real-ha BIN_DIR or
+FASTNSQ_REAL_HA_BIN=BIN_DIR; --base-port N puts the HA cluster on ports N, N+1, ...
 
 Idempotent: the virtualenv lives in .venv and is only reinstalled when the build inputs
 change (pyproject.toml, setup.py, the Cython sources).
@@ -34,6 +37,10 @@ BUILD_INPUTS = [
 ]
 EXTRAS = "test,testing,bench,spark"
 REAL_BIN_ENV = "FASTNSQ_REAL_BIN"
+REAL_HA_BIN_ENV = "FASTNSQ_REAL_HA_BIN"
+#: What runs against a real HA cluster: the HA tests, the conformance tests of the
+#: embedded HA servers, and the leader-kill test (on a real cluster of its own).
+HA_TESTS = ["tests/test_ha.py", "tests/test_embedded_ha.py", "tests/test_ha_failover.py"]
 
 
 def venv_python() -> Path:
@@ -75,17 +82,17 @@ def demo(python: Path, args: list[str]) -> None:
     run(python, "-m", "fastnsq.demo", *args)
 
 
-def take_real(args: list[str]) -> tuple[Path | None, list[str]]:
+def take_real(args: list[str], flag: str = "--real", env: str = REAL_BIN_ENV) -> tuple[Path | None, list[str]]:
     """``--real BIN_DIR`` out of ``args`` (else ``FASTNSQ_REAL_BIN``), and the rest."""
     rest = list(args)
-    if "--real" in rest:
-        at = rest.index("--real")
+    if flag in rest:
+        at = rest.index(flag)
         if at + 1 >= len(rest):
-            raise SystemExit("--real needs the folder with the real nsqd and nsqlookupd binaries")
+            raise SystemExit(f"{flag} needs the folder with the real nsqd and nsqlookupd binaries")
         folder = rest[at + 1]
         del rest[at : at + 2]
         return Path(folder).expanduser().resolve(), rest
-    from_env = os.environ.get(REAL_BIN_ENV, "").strip()
+    from_env = os.environ.get(env, "").strip()
     return (Path(from_env).expanduser().resolve() if from_env else None), rest
 
 
@@ -97,11 +104,29 @@ def pytest_passes(python: Path, args: list[str], prefix: list[object]) -> None:
 
 
 def test(python: Path, args: list[str]) -> None:
-    """The embedded pass, and the real pass when real binaries are given (``--real``)."""
+    """The embedded pass, and a real pass for each folder of real binaries given.
+
+    ``--real`` / ``--real-ha`` run only their real pass; ``FASTNSQ_REAL_BIN`` /
+    ``FASTNSQ_REAL_HA_BIN`` add theirs to the embedded one. The HA pass runs the
+    HA tests (``HA_TESTS``, with any pytest options given) unless test files are named.
+    """
+    explicit = {"--real", "--real-ha"} & set(args)
+    ha_bin, args = take_real(args, "--real-ha", REAL_HA_BIN_ENV)
+    base_port, args = take_option(args, "--base-port")
     real_bin, rest = take_real(args)
-    if real_bin is None or "--real" not in args:
+    if not explicit:
         pytest_passes(python, rest, [])
+    if ha_bin is not None:
+        print(f"real HA pass: youzan nsqd and nsqlookupd from {ha_bin}, etcd from PATH", flush=True)
+        runner: list[object] = [python, "-m", "fastnsq.testing.real", ha_bin, "--ha"]
+        if base_port:
+            runner += ["--base-port", base_port]
+        # Options alone (say -rs) go with the HA tests; file or test names replace them.
+        chosen = rest if any(not arg.startswith("-") for arg in rest) else [*HA_TESTS, *rest]
+        pytest_passes(python, chosen, [*runner, "--"])
     if real_bin is None:
+        if explicit:
+            return
         print(
             "real-server pass: skipped: no real nsqd binaries given "
             f"(python3 dev.py test --real BIN_DIR, or {REAL_BIN_ENV}=BIN_DIR; build them with "
@@ -111,6 +136,19 @@ def test(python: Path, args: list[str]) -> None:
         return
     print(f"real-server pass: nsqd and nsqlookupd from {real_bin}", flush=True)
     pytest_passes(python, rest, [python, "-m", "fastnsq.testing.real", real_bin, "--"])
+
+
+def take_option(args: list[str], flag: str) -> tuple[str | None, list[str]]:
+    """``flag VALUE`` out of ``args``, and the rest."""
+    rest = list(args)
+    if flag not in rest:
+        return None, rest
+    at = rest.index(flag)
+    if at + 1 >= len(rest):
+        raise SystemExit(f"{flag} needs a value")
+    value = rest[at + 1]
+    del rest[at : at + 2]
+    return value, rest
 
 
 def captures(python: Path, args: list[str]) -> None:

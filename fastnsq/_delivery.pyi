@@ -58,6 +58,8 @@ class Link:
     requeued: int
     timed_out: int
     rdy_state: ConnRdy | None
+    last_delivered: Any
+    last_finished: bool
     def __init__(self, consumer: Any, endpoint: Any) -> None: ...
     def attach(self, conn: Any) -> None: ...
     def configure(

@@ -163,6 +163,10 @@ cdef class Link(MessageSink):
     cdef public long requeued
     cdef public long timed_out
     cdef public ConnRdy rdy_state
+    # Ordered consumers (always on the Python path): the last message delivered here, and
+    # whether it was finished (Consumer._repeated).
+    cdef public object last_delivered
+    cdef public bint last_finished
     cdef WriteBuffer _wbuf
     cdef object _schedule_flush
     cdef object _handler
@@ -184,6 +188,8 @@ cdef class Link(MessageSink):
         self.fast = False
         self.received = self.finished = self.requeued = self.timed_out = 0
         self.rdy_state = None
+        self.last_delivered = None
+        self.last_finished = False
         self._mode = MODE_SLOW
 
     def __repr__(self):

@@ -93,6 +93,8 @@ class Link:
         "fast",
         "finished",
         "in_flight",
+        "last_delivered",
+        "last_finished",
         "msg_timeout",
         "rdy_state",
         "received",
@@ -112,6 +114,9 @@ class Link:
         self.fast = False
         self.received = self.finished = self.requeued = self.timed_out = 0
         self.rdy_state: ConnRdy | None = None
+        # Ordered consumers: the last message delivered here, and whether it was finished.
+        self.last_delivered: Any = None
+        self.last_finished = False
 
     def __repr__(self) -> str:
         return f"<link {self.endpoint.address} p={self.endpoint.partition}>"

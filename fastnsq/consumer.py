@@ -242,6 +242,7 @@ class Consumer:
         self._rdy_timer: asyncio.TimerHandle | None = None
         self._rdy_timer_at = 0.0
         self._touch_timer: asyncio.TimerHandle | None = None
+        self._refresh_pending: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._inbox = codec.Inbox()  # messages for `async for` / batches() (no handler)
         self._queue: deque[Any] = self._inbox.queue
@@ -253,6 +254,8 @@ class Consumer:
         self.stats_given_up = 0
         # Counts of connections already closed; the live ones count on their links.
         self._closed_counts = [0, 0, 0]  # received, finished, requeued
+        #: Ordered: copies of a message the HA nsqd sent twice in a row (see _on_message).
+        self.duplicates_dropped = 0
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -476,6 +479,7 @@ class Consumer:
             "in_flight": self._rdy.in_flight,
             "max_in_flight": self._rdy.max_in_flight,
             "given_up": self.stats_given_up,
+            "duplicates_dropped": self.duplicates_dropped,
             "received": self.total_received,
             "finished": self.total_finished,
             "requeued": self.total_requeued,
@@ -625,9 +629,18 @@ class Consumer:
                 await link.conn.close()
 
     def _refresh_lookup_soon(self) -> None:
-        if self._poller is None or self._loop is None:
+        """One lookupd poll within a second. Requests while one is pending join it: each
+        failed connection asks for one, and a poll that finds the same refusing node again
+        must not multiply the polls (a partition's leader can refuse SUB for minutes
+        while it rejoins a youzan cluster)."""
+        if self._poller is None or self._loop is None or self._refresh_pending is not None:
             return
-        self._loop.call_later(_REFRESH_DELAY * random.uniform(0.5, 1.0), self._poller.trigger)
+        self._refresh_pending = self._loop.call_later(_REFRESH_DELAY * random.uniform(0.5, 1.0), self._refresh_now)
+
+    def _refresh_now(self) -> None:
+        self._refresh_pending = None
+        if self._poller is not None and not self._stopping:
+            self._poller.trigger()
 
     # ---- messages -----------------------------------------------------------------------
 
@@ -635,6 +648,13 @@ class Consumer:
     # and on the C link whatever its fast lane does not cover (fastnsq/_delivery.pyx).
 
     def _on_message(self, link: _Link, message: Any) -> None:
+        if self.ordered:
+            last = link.last_delivered
+            if last is not None and message.attempts == last.attempts and message.id == last.id:
+                self._repeated(link, last, message)
+                return
+            link.last_delivered = message
+            link.last_finished = False
         link.in_flight[message] = self._now()
         link.received += 1
         updates = self._rdy.on_message(link, message)
@@ -672,6 +692,8 @@ class Consumer:
 
     def _link_finish(self, link: _Link, message: Any) -> None:
         """``message.finish()``: FIN, and tell the RDY controller."""
+        if message is link.last_delivered:
+            link.last_finished = True
         self._link_done(link, message, Outcome.SUCCESS)
         if link.closed:
             self._closed_counts[1] += 1
@@ -708,6 +730,22 @@ class Consumer:
             self._apply(updates)
         if self._stopping:
             self._message_done()
+
+    def _repeated(self, link: _Link, first: Any, copy: Any) -> None:
+        """Ordered: the same message again, same attempts (any redelivery counts one).
+
+        A youzan channel that turns ordered (its first SUB_ORDERED) resets its reader to
+        the last confirmed message while the one it had read is sent anyway: the same
+        message twice in a row, and nsqd holds one of the two in flight. Handling it again
+        would break the order. While the first copy is unanswered its answer covers both;
+        once it was finished, nsqd may be holding this copy instead (that FIN then failed
+        with E_FIN_FAILED), so the copy is finished too, or the partition would wait out
+        msg_timeout. A first copy that was requeued comes back anyway.
+        """
+        self.duplicates_dropped += 1
+        logger.debug("%s: the repeated delivery of %r", link.endpoint.address, copy)
+        if first.has_responded and link.last_finished and not link.closed:
+            link.conn.fin(copy)
 
     def _auto_answer(self, message: Any, *, failed: bool) -> None:
         if message.has_responded or not message.auto_response:
@@ -865,10 +903,10 @@ class Consumer:
             self._schedule_touch()
 
     def _cancel_timers(self) -> None:
-        for timer in (self._rdy_timer, self._touch_timer):
+        for timer in (self._rdy_timer, self._touch_timer, self._refresh_pending):
             if timer is not None:
                 timer.cancel()
-        self._rdy_timer = self._touch_timer = None
+        self._rdy_timer = self._touch_timer = self._refresh_pending = None
 
 
 def _resolve_none(waiter: asyncio.Future[None]) -> None:

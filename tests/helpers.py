@@ -36,9 +36,14 @@ NSQD_SCAN_LATENESS = 5.0 + 0.1
 _LOAD_MARGIN = 1.0
 
 
-def due_within(delay: float) -> float:
+#: The same for youzan's HA nsqd: its scan runs every 500 ms (``--queue-scan-interval``)
+#: over a channel list re-read every 5 s (``--queue-scan-refresh-interval``).
+HA_NSQD_SCAN_LATENESS = 5.0 + 0.5
+
+
+def due_within(delay: float, *, ha: bool = False) -> float:
     """How long to wait for a message due in ``delay`` seconds from a real nsqd (see above)."""
-    return delay + NSQD_SCAN_LATENESS + _LOAD_MARGIN
+    return delay + (HA_NSQD_SCAN_LATENESS if ha else NSQD_SCAN_LATENESS) + _LOAD_MARGIN
 
 
 async def upstream_version(embedded: Any, http_address: str | None) -> str:

@@ -254,3 +254,34 @@ def test_mpublish_chunks_at_the_exact_body_limit(kind):
         producer._chunks([*fits[:3], kind(b"z" * 101)])
     with pytest.raises(InvalidValueError, match="empty message body"):
         producer._chunks([*fits[:3], kind(b"")])
+
+
+async def test_a_lookupd_slower_than_the_publish_timeout_gives_a_publish_timeout():
+    """The partitions are looked up within the publish's own deadline; running out of it
+    there is a PublishTimeoutError like any other, not a bare asyncio timeout."""
+    from aiohttp import web
+
+    async def nodes(request: web.Request) -> web.Response:
+        return web.json_response({"producers": []})
+
+    async def lookup(request: web.Request) -> web.Response:
+        await asyncio.sleep(30)  # a lookupd busy electing a partition's leader
+        return web.json_response({"producers": []})
+
+    app = web.Application()
+    app.router.add_get("/nodes", nodes)
+    app.router.add_get("/lookup", lookup)
+    runner = web.AppRunner(app, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with Producer(lookupd_http_addresses=[f"127.0.0.1:{port}"]) as producer:
+            with pytest.raises(PublishTimeoutError):
+                await producer.publish(unique("slow"), b"x", timeout=0.3)
+            with pytest.raises(PublishTimeoutError):
+                await producer.publish(unique("slow"), b"x", partition=0, timeout=0.3)
+            assert producer.stats["failed"] == 2  # timeouts count as failed publishes too
+    finally:
+        await runner.cleanup()

@@ -25,6 +25,7 @@ __all__ = [
     "join_host_port",
     "listen_socket",
     "parse_go_query",
+    "respond_legacy",
     "respond_plain",
     "respond_v1",
 ]
@@ -72,6 +73,22 @@ def respond_v1(status: int, data: Any = None) -> web.Response:
         return web.Response(status=200, body=data.encode("utf-8"), headers=headers)
     headers["Content-Type"] = JSON_CONTENT_TYPE
     return web.Response(status=200, body=go_json(data), headers=headers)
+
+
+def respond_legacy(status: int, data: Any = None) -> web.Response:
+    """An answer as youzan's ``http_api.Respond`` writes it (no v1 Accept header).
+
+    Errors become a 500 ``{"status_code":500,"status_txt":"<text>","data":null}``; a
+    ``str`` answer goes out as is (no wrapper; Go sniffs it as plain text); anything
+    else, ``None`` included, in ``{"status_code":200,"status_txt":"OK","data":...}``.
+    """
+    if status != 200:
+        body = go_json({"status_code": 500, "status_txt": str(data), "data": None})
+        return web.Response(status=500, body=body, headers={"Content-Type": JSON_CONTENT_TYPE})
+    if isinstance(data, str):
+        return web.Response(status=200, body=data.encode("utf-8"), headers={"Content-Type": "text/plain; charset=utf-8"})
+    body = go_json({"status_code": 200, "status_txt": "OK", "data": data})
+    return web.Response(status=200, body=body, headers={"Content-Type": JSON_CONTENT_TYPE})
 
 
 def respond_plain(text: str, status: int = 200) -> web.Response:

@@ -41,7 +41,7 @@ from aiohttp import web
 
 from fastnsq import codec
 
-from ._http import HTTPAPIError, go_json, join_host_port, parse_go_query, respond_v1
+from ._http import HTTPAPIError, join_host_port, parse_go_query, respond_legacy, respond_v1
 from ._lookupd_core import HA_PEER_FIELDS, LookupdServer, PeerInfo, _ClientError
 from ._nsqd_base import HA_VERSION
 from ._nsqd_parse import go_atoi
@@ -53,10 +53,14 @@ OLD_VERSION_PID = -11
 MAX_PARTITION_NUM = 255
 MAX_REPLICATOR = 5
 _ACCEPT_V1 = "application/vnd.nsq; version=1.0"
+#: The coordinator's ErrNodeUnavailable as the HTTP answer shows it (CommonCoordErr.Error()).
+_NODE_UNAVAILABLE = "ErrType:9 ErrCode:1 : No node is available for topic"
 _NO_CHANNEL = "Topic has no channel, should init at least one for the new topic"
 _GO_ZERO_TIME_UNIX_NANO = -6795364578871345152
 
 TopicCreator = Callable[[str, "TopicMetaInfo"], Awaitable[None]]
+#: Makes a registered channel on every partition of a topic (channel auto-create disabled).
+ChannelRegistrar = Callable[[str, str], Awaitable[None]]
 
 
 @dataclass
@@ -164,6 +168,10 @@ class HALookupd(LookupdServer):
         self.topic_meta: dict[str, TopicMetaInfo] = {}
         #: Called by ``POST /topic/create`` (cluster mode) to place the partitions on nsqds.
         self.topic_creator: TopicCreator | None = None
+        #: Called by ``POST /channel/create`` (cluster mode) to create the channel on them.
+        self.channel_registrar: ChannelRegistrar | None = None
+        #: Channels registered with ``POST /channel/create``, by topic.
+        self.registered_channels: dict[str, list[str]] = {}
         self._broadcast_given = options.get("broadcast_address") is not None
 
     async def start(self) -> None:
@@ -184,6 +192,7 @@ class HALookupd(LookupdServer):
         replica: int = 1,
         extend_support: bool = False,
         ordered: bool = False,
+        multi_part: bool = False,
         disable_channel_auto_create: bool = False,
     ) -> TopicMetaInfo:
         """Record a topic's cluster meta (what a cluster's ``/topic/create`` stores in etcd)."""
@@ -192,6 +201,7 @@ class HALookupd(LookupdServer):
             replica=replica,
             extend_support=extend_support,
             ordered=ordered,
+            multi_part=multi_part,
             disable_channel_auto_create=disable_channel_auto_create,
         )
         self._notify()
@@ -441,6 +451,7 @@ class HALookupd(LookupdServer):
             "/listlookup": ("GET", self._do_listlookup),
             "/topic/create": ("POST", self._do_create_topic_ha),
             "/topic/tombstone": ("POST", self._do_tombstone_topic_producer),
+            "/channel/create": ("POST", self._do_create_channel_ha),
         }
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
@@ -464,15 +475,11 @@ class HALookupd(LookupdServer):
 
     def _respond(self, request: web.Request, status: int, data: Any) -> web.Response:
         """NegotiateVersion: bare with the v1 Accept header, else the wrapper (errors: 500)."""
-        v1_only = request.path in ("/topic/create", "/topic/tombstone")
-        if v1_only or _ACCEPT_V1 in request.headers.get("Accept", ""):
+        v1_only = request.path in ("/topic/create", "/topic/tombstone", "/channel/create")
+        # acceptVersion compares the whole header, not one of its values.
+        if v1_only or request.headers.get("Accept", "") == _ACCEPT_V1:
             return respond_v1(status, data)
-        headers = {"Content-Type": "application/json; charset=utf-8"}
-        if status != 200:
-            body = go_json({"status_code": 500, "status_txt": str(data), "data": None})
-            return web.Response(status=500, body=body, headers=headers)
-        body = go_json({"status_code": 200, "status_txt": "OK", "data": data})
-        return web.Response(status=200, body=body, headers=headers)
+        return respond_legacy(status, data)
 
     def _do_info(self, params: dict[str, str]) -> dict[str, Any]:
         return {"version": self.version, "ha_support": self.ha_cluster}
@@ -566,17 +573,47 @@ class HALookupd(LookupdServer):
             replica=replica,
             extend_support=params.get("extend") == "true",
             ordered=params.get("orderedmulti") == "true",
+            multi_part=params.get("multipart") == "true",
             disable_channel_auto_create=params.get("disable_channel_auto_create") == "true",
         )
+        # The coordinator's placement: one replica of the topic per node unless the
+        # topic allows several partitions on a node (orderedmulti or multipart).
+        nodes = sum(1 for peer in self.registry.peers.values() if not is_old_peer(peer))
+        if nodes < replica or (not (meta.ordered or meta.multi_part) and nodes < partitions * replica):
+            raise HTTPAPIError(400, _NODE_UNAVAILABLE)
         existing = self.topic_meta.get(topic)
         if existing is not None:
             if existing != meta:
-                raise HTTPAPIError(400, "topic already exist")
+                raise HTTPAPIError(400, "already exist")
             return
         if self.topic_creator is not None:
             await self.topic_creator(topic, meta)
         self.topic_meta[topic] = meta
         self._notify()
+
+    async def _do_create_channel_ha(self, params: dict[str, str]) -> None:
+        """Register a channel of a topic whose channel auto-create is disabled (cluster mode)."""
+        topic = params.get("topic", "")
+        if not topic:
+            raise HTTPAPIError(400, "MISSING_ARG_TOPIC")
+        if not codec.valid_topic_name(topic):
+            raise HTTPAPIError(400, "INVALID_ARG_TOPIC")
+        channel = params.get("channel", "")
+        if not channel:
+            raise HTTPAPIError(400, "MISSING_ARG_CHANNEL")
+        if not codec.valid_channel_name(channel):
+            raise HTTPAPIError(400, "INVALID_ARG_CHANNEL")
+        meta = self.topic_meta.get(topic)
+        if meta is None:
+            raise HTTPAPIError(400, "Key not found")  # etcd's answer for the missing topic key
+        if not meta.disable_channel_auto_create:
+            raise HTTPAPIError(400, f"channel auto create NOT disabled in topic {topic}")
+        registered = self.registered_channels.setdefault(topic, [])
+        if channel in registered:
+            raise HTTPAPIError(400, f"channel {channel} already registered")
+        registered.append(channel)
+        if self.channel_registrar is not None:
+            await self.channel_registrar(topic, channel)
 
     def _do_tombstone_topic_producer(self, params: dict[str, str]) -> None:
         topic = params.get("topic", "")

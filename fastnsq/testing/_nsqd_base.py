@@ -40,9 +40,9 @@ class NSQDOptions:
 
     Defaults are nsqd 1.3's (``nsqd/options.go``); :class:`NSQD` puts in the HA nsqd's
     own defaults for ``ha=True`` where they differ (72 h ``max_req_timeout``, 50 ms /
-    1 s output buffer timeout). ``allow_ext_compatible`` and
-    ``allow_sub_ext_compatible`` are the HA nsqd's ``--allow-ext-compatible`` and
-    ``--allow-sub-ext-compatible``.
+    1 s output buffer timeout). ``allow_ext_compatible``, ``allow_sub_ext_compatible``
+    and ``sync_timeout`` are the HA nsqd's ``--allow-ext-compatible``,
+    ``--allow-sub-ext-compatible`` and ``--sync-timeout``.
     """
 
     host: str = "127.0.0.1"
@@ -82,6 +82,10 @@ class NSQDOptions:
     allow_ext_compatible: bool = False
     allow_sub_ext_compatible: bool = False
     max_conn_for_client: int = 0  # HA: more client connections are refused (0: no limit)
+    #: HA: youzan's --sync-timeout, the interval of its flush ticker (each tick flushes
+    #: a quarter of the partitions): a partition's first channel also gets what was
+    #: published since that partition's last flush.
+    sync_timeout: float = 2.0
     #: Which upstream nsqd the answers follow: the released v1.3.0 or nsq master.
     emulate: Emulated = RELEASED
 
@@ -104,6 +108,7 @@ class NSQDOptions:
             "http_client_connect_timeout",
             "http_client_request_timeout",
             "lookupd_ping_interval",
+            "sync_timeout",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:

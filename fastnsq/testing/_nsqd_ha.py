@@ -57,6 +57,7 @@ from ._nsqd_client import (
 from ._nsqd_parse import (
     HA_IDENTIFY_FIELDS,
     base10,
+    fastjson_error,
     go_atoi,
     go_bytes,
     go_parse_bool,
@@ -95,12 +96,18 @@ class HAServer(ConnectionServer, QueueServer, Protocol):
 
     def default_partition(self, topic: str) -> int: ...
 
+    def last_flush(self, partition: int) -> float: ...
+
     def create_partition(
         self, topic: str, partition: int, *, ext: bool = False, ordered: bool = False, leader: bool = True
     ) -> HATopic: ...
 
 #: Attempts are capped here when a message is written to a client (nsqd/message.go).
 MAX_ATTEMPTS = 4000
+#: REQ 0 is refused past this many attempts when the message came less than the window ago.
+MAX_QUICK_REQUEUES = 100  # MaxMemReqTimes * 10 (nsqd/channel.go)
+QUICK_REQUEUE_WINDOW = 0.1
+TOO_MUCH_REQUEUE = "Message too much requeue"
 #: ext_ver of a JSON header (internal/ext/ext.go).
 EXT_JSON_HEADER = 4
 #: youzan's defaults that differ from upstream (nsqd/options.go, nsqd/client_v2.go).
@@ -148,6 +155,20 @@ def raw_record_size(body_len: int, ext_topic: bool, ext_version: int, ext_len: i
 # ---- queues --------------------------------------------------------------------------
 
 
+def _frame(layout: int, timestamp: int, attempts: int, payload: Any) -> bytes:
+    """A message frame in the layout the client's SUB asked for (§9.5)."""
+    body, wire_id, ext_version, ext, offset, raw_size = payload
+    if not layout:
+        return _encode_message(timestamp, attempts, wire_id, body)
+    if layout == LAYOUT_EXT:
+        return _encode_message(timestamp, attempts, wire_id, body, ext_version=ext_version, ext=ext)
+    if layout == LAYOUT_DETAIL:
+        return _encode_message(timestamp, attempts, wire_id, body, offset=offset, raw_size=raw_size)
+    return _encode_message(
+        timestamp, attempts, wire_id, body, ext_version=ext_version, ext=ext, offset=offset, raw_size=raw_size
+    )
+
+
 class HAChannel(Channel):
     """A channel of one topic partition.
 
@@ -163,15 +184,23 @@ class HAChannel(Channel):
         super().__init__(topic, name)
         self.ext = topic.ext
         self.ordered = topic.ordered
+        self._replay_head = False
 
     def _not_owner(self, owner: Subscriber, client: Subscriber) -> str:
         return f"client does not own message : {owner.id} vs {client.id}"
 
     def set_ordered(self, ordered: bool) -> None:
-        """Ordered delivery (SUB_ORDERED sets it; only ``/channel/setorder`` clears it)."""
+        """Ordered delivery (SUB_ORDERED sets it; only ``/channel/setorder`` clears it).
+
+        Turning it on resets youzan's channel reader to the last confirmed message while
+        the message it had already read waits to be dispatched: that one still goes out,
+        then the reader reads it again, so the head of the queue is delivered twice (same
+        id and attempts; one in-flight entry, confirmed by the first FIN).
+        """
         if ordered == self.ordered:
             return
         self.ordered = ordered
+        self._replay_head = ordered and bool(self.queue)
         for client in self._ready:
             client.in_ready = False
         self._ready.clear()
@@ -188,26 +217,7 @@ class HAChannel(Channel):
         if attempts > MAX_ATTEMPTS:  # noqa: PLR1730 - cheaper than min() per delivery
             attempts = MAX_ATTEMPTS
         self._take_off(client, message_id, payload, timestamp, attempts, now)
-        body, wire_id, ext_version, ext, offset, raw_size = payload
-        layout = client.layout
-        if not layout:
-            frame = _encode_message(timestamp, attempts, wire_id, body)
-        elif layout == LAYOUT_EXT:
-            frame = _encode_message(timestamp, attempts, wire_id, body, ext_version=ext_version, ext=ext)
-        elif layout == LAYOUT_DETAIL:
-            frame = _encode_message(timestamp, attempts, wire_id, body, offset=offset, raw_size=raw_size)
-        else:
-            frame = _encode_message(
-                timestamp,
-                attempts,
-                wire_id,
-                body,
-                ext_version=ext_version,
-                ext=ext,
-                offset=offset,
-                raw_size=raw_size,
-            )
-        client.write_message(frame)
+        client.write_message(_frame(client.layout, timestamp, attempts, payload))
         if self.ordered:
             client.flush_messages()  # needFlush = IsOrdered()
 
@@ -264,14 +274,40 @@ class HAChannel(Channel):
     def _pump_ordered(self) -> None:
         if self.in_flight or self.paused or not self.queue:
             return
+        client: Any  # an HAClientConnection
         for client in self.clients.values():
             if client.rdy > client.in_flight and client.state == STATE_SUBSCRIBED:
                 self._deliver(client, self.queue.popleft(), self.server.loop.time())
+                if self._replay_head and self.in_flight:  # see set_ordered
+                    self._replay_head = False
+                    entry = next(reversed(self.in_flight.values()))
+                    client.write_message(_frame(client.layout, entry[2], entry[3], entry[1]))
+                    client.flush_messages()
                 return
 
+    def requeue(self, client: Subscriber, message_id: bytes, delay: float) -> str | None:
+        # youzan's RequeueMessage refuses a REQ 0 of a message requeued too often: from
+        # MaxAttempts/2 attempts on, or past 100 attempts within 100 ms of its delivery.
+        if delay == 0:
+            entry = self.in_flight.get(message_id)
+            if entry is not None:
+                attempts = entry[3]
+                if attempts >= MAX_ATTEMPTS // 2 or (
+                    attempts > MAX_QUICK_REQUEUES and self.server.loop.time() - entry[6] < QUICK_REQUEUE_WINDOW
+                ):
+                    return TOO_MUCH_REQUEUE
+        return super().requeue(client, message_id, delay)
+
     def skip_to_end(self) -> None:
-        """``special:-1``: the channel jumps to the end of its partition."""
+        """``special:-1``: the channel jumps to the end of its partition.
+
+        The message youzan's reader had already read and holds for dispatch (the head
+        of a non-empty queue) is still delivered: the reset only moves the reader.
+        """
+        head = self.queue[0] if self.queue else None
         self.queue.clear()
+        if head is not None:
+            self.queue.append(head)
 
     def take_state(self) -> tuple[list[Msg], list[tuple[float, Msg]]]:
         """Empty this channel for a leader move: (queued messages, in flight first), (deferred)."""
@@ -306,9 +342,13 @@ class HATopic(Topic):
     """One partition of a topic: its id and offset counters, its channels, its flags.
 
     A standalone node leads all its partitions; a cluster node's ``leader`` follows
-    the cluster. Messages published while a partition has no channel are counted
-    and dropped, as in youzan a new channel starts at the end of the partition
-    (which is why its lookupd hides partitions without channels from writers).
+    the cluster. In youzan a new channel starts at the end of the partition as
+    readers see it (which is why its lookupd hides partitions without channels from
+    writers): on a cluster node that is everything committed, so messages published
+    while a partition has no channel are counted and dropped; a standalone node only
+    moves that end when it flushes (at once while a channel waits for more, else on
+    its flush ticker: every 4th ``sync_timeout`` for a given partition), so its first
+    channel also gets what was published since the partition's last flush.
     """
 
     def __init__(
@@ -331,13 +371,22 @@ class HATopic(Topic):
         self.disable_channel_auto_create = False
         self.next_internal_id = 1
         self.next_offset = 0
+        #: Standalone: (loop time, message) published while there was no channel.
+        self._unflushed: list[tuple[float, Msg]] = []
 
     def get_channel(self, name: str) -> Channel:
         channel = self.channels.get(name)
         if channel is None:
+            first = not self.channels
             channel = self.channels[name] = HAChannel(self, name)
             if self.leader:
                 self.server.notify_lookupd(b"REGISTER", self.name, str(self.partition), name)
+            if first and self._unflushed:
+                flushed = self.server.last_flush(self.partition)
+                pending = [msg for when, msg in self._unflushed if when >= flushed]
+                self._unflushed.clear()
+                if pending:
+                    channel.put_from_topic(pending, False)
         return channel
 
     def delete_channel(self, name: str) -> bool:
@@ -356,6 +405,15 @@ class HATopic(Topic):
     def put(self, msgs: list[Msg], nbytes: int, deferrable: bool = False) -> None:
         self.message_count += len(msgs)
         self.message_bytes += nbytes
+        if not self.channels:
+            if not self.server.ha_cluster:  # see the class docstring
+                flushed = self.server.last_flush(self.partition)
+                if self._unflushed and self._unflushed[0][0] < flushed:
+                    # Flushed since: a new channel starts after these.
+                    self._unflushed = [entry for entry in self._unflushed if entry[0] >= flushed]
+                now = self.server.loop.time()
+                self._unflushed.extend((now, msg) for msg in msgs)
+            return
         for channel in list(self.channels.values()):
             channel.put_from_topic(msgs, False)
 
@@ -514,10 +572,9 @@ class HAClientConnection(ClientConnection):
             return error
         tag = data["desired_tag"]
         if tag:
+            # SetDesiredTag checks only the length (the tag's characters are not validated).
             if len(tag.encode()) > 100:
                 return f"invalid tag len {len(tag.encode())}, exceed limit 100"
-            if not tag.isascii() or not tag.replace("_", "a").replace("-", "a").isalnum():
-                return f"invalid tag {tag}"
             self.desired_tag = tag
         if data["extend_support"]:
             self.extend_support = True
@@ -677,6 +734,10 @@ class HAClientConnection(ClientConnection):
         channel = self.channel
         error = channel.finish(self, key)  # type: ignore[union-attr]
         if error is not None:
+            if self.server.ha_cluster:
+                # A cluster node finishes through its coordinator, whose local errors
+                # read "ErrType:<CoordLocalErr> ErrCode:<RpcNoErr> : <channel's error>".
+                error = f"ErrType:7 ErrCode:0 : {error}"
             raise _nonfatal("E_FIN_FAILED", f"FIN {go_bytes(message_id)} failed {error}")
         self.finish_count += 1
         self.in_flight -= 1
@@ -770,10 +831,14 @@ class HAClientConnection(ClientConnection):
 
     def _check_ext(self, topic: HATopic, ext: bytes) -> tuple[int, bool, bool]:
         """A JSON ext header: (trace id, traced reply wanted, keep the header); non-fatal errors."""
+        # youzan checks the header with fastjson: its verdict and its error text, not a strict parser's.
+        error = fastjson_error(ext)
+        if error is not None:
+            raise _nonfatal("E_INVALID_JSON_HEADER", f"fail to parse json header:{error}")
         try:
-            header = json.loads(ext.decode("utf-8", "replace"), parse_constant=_no_constant)
+            header = json.loads(ext.decode("utf-8", "replace"), parse_constant=_nan_is_a_number)
         except ValueError:
-            raise _nonfatal("E_INVALID_JSON_HEADER", "fail to parse json header") from None
+            header = None  # fastjson takes it (say, 1.2.3 as a number) but it has no key to read
         trace_id = 0
         traced = False
         if isinstance(header, dict) and TRACE_ID_KEY in header:
@@ -955,8 +1020,8 @@ def _only_internal_keys(header: Any) -> bool:
     return all(key.startswith("##") for key in header)
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"invalid JSON constant {name}")
+def _nan_is_a_number(name: str) -> Any:
+    return float(name)  # fastjson reads NaN (and inf) as numbers
 
 
 # The HA command table: upstream's, without DPUB, with the HA commands.

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from fastnsq import codec
 
+from ._http import respond_legacy
 from ._nsqd_base import NSQDIdentity
 from ._nsqd_http import _HTTPError, _memory_stats, _read_limited
 from ._nsqd_parse import go_atoi, go_parse_uint
@@ -71,7 +72,8 @@ def respond_negotiated(
     request: web.Request, status: int, data: Any, *, v1_only: bool = False
 ) -> web.Response:
     """youzan's http_api NegotiateVersion (or V1 for ``v1_only`` routes)."""
-    if v1_only or ACCEPT_V1 in request.headers.get("Accept", ""):
+    # acceptVersion compares the whole header, not one of its values.
+    if v1_only or request.headers.get("Accept", "") == ACCEPT_V1:
         if status != 200:
             return _json(status, {"message": data}, dict(_V1_HEADER))
         if data is None:
@@ -81,9 +83,7 @@ def respond_negotiated(
                 status=200, text=data, content_type="text/plain", charset="utf-8", headers=dict(_V1_HEADER)
             )
         return _json(200, data, dict(_V1_HEADER))
-    if status != 200:
-        return _json(500, {"status_code": 500, "status_txt": data, "data": None}, {})
-    return _json(200, {"status_code": 200, "status_txt": "OK", "data": data}, {})
+    return respond_legacy(status, data)
 
 
 def _route(
@@ -243,6 +243,11 @@ def _channel_of(nsqd: HAHTTPServer, request: web.Request) -> tuple[HATopic, str]
 
 async def _channel_create(nsqd: HAHTTPServer, request: web.Request) -> Any:
     topic, name = _channel_of(nsqd, request)
+    if not topic.leader:
+        raise _HTTPError(400, "E_FAILED_ON_NOT_LEADER")
+    if topic.disable_channel_auto_create:
+        # Only the lookupd's POST /channel/create registers channels of such a topic.
+        raise _HTTPError(403, f"channel {name} not registered. channel should be initialized before use.")
     topic.get_channel(name)
     return None
 

@@ -14,6 +14,7 @@ __all__ = [
     "HA_IDENTIFY_FIELDS",
     "as_int64",
     "base10",
+    "fastjson_error",
     "go_atoi",
     "go_bytes",
     "go_parse_bool",
@@ -205,3 +206,168 @@ def go_parse_bool(raw: bytes) -> bool:
     if value is None:
         raise _strconv_error("ParseBool", raw, "invalid syntax")
     return value
+
+
+# ---- youzan's JSON header parser (valyala/fastjson) ----------------------------------------
+
+_JSON_WS = b" \n\t\r"
+_NUMBER_BYTES = frozenset(b"0123456789.-eE+")
+_MAX_DEPTH = 300
+
+
+class _FastJSONError(Exception):
+    """A fastjson error: its text and where the unparsed tail starts."""
+
+    def __init__(self, message: str, tail: int) -> None:
+        super().__init__(message, tail)
+        self.message = message
+        self.tail = tail
+
+
+def fastjson_error(raw: bytes) -> str | None:
+    """What valyala/fastjson's ``ParseBytes`` says of ``raw`` (``None``: it parses).
+
+    youzan nsqd checks PUB_EXT/MPUB_EXT JSON headers with fastjson and puts its error
+    text in ``E_INVALID_JSON_HEADER``. fastjson is more lenient than a strict JSON
+    parser (``NaN``, ``inf``, numbers such as ``1.2.3``, strings are not unescaped
+    while checking) and its texts say where it stopped.
+
+    >>> fastjson_error(b'{not json')
+    'cannot parse JSON: cannot parse object: cannot find opening \'"" for object key; unparsed tail: "not json"'
+    >>> fastjson_error(b'{"k":"v"}') is None
+    True
+    """
+    start = _skip_json_ws(raw, 0)
+    try:
+        end = _parse_json_value(raw, start, 0)
+    except _FastJSONError as exc:
+        return f"cannot parse JSON: {exc.message}; unparsed tail: {go_quote(_start_end(raw[exc.tail:]))}"
+    end = _skip_json_ws(raw, end)
+    if end < len(raw):
+        return f"unexpected tail: {go_quote(_start_end(raw[end:]))}"
+    return None
+
+
+def _start_end(tail: bytes) -> bytes:
+    return tail if len(tail) <= 80 else tail[:40] + b"..." + tail[-40:]
+
+
+def _skip_json_ws(s: bytes, i: int) -> int:
+    while i < len(s) and s[i] in _JSON_WS:
+        i += 1
+    return i
+
+
+def _parse_json_value(s: bytes, i: int, depth: int) -> int:
+    if i >= len(s):
+        raise _FastJSONError("cannot parse empty string", i)
+    depth += 1
+    if depth > _MAX_DEPTH:
+        raise _FastJSONError(f"too big depth for the nested JSON; it exceeds {_MAX_DEPTH}", i)
+    first = s[i]
+    if first == 0x7B:  # {
+        return _nested(_parse_json_object, "cannot parse object", s, i + 1, depth)
+    if first == 0x5B:  # [
+        return _nested(_parse_json_array, "cannot parse array", s, i + 1, depth)
+    if first == 0x22:  # "
+        try:
+            return _parse_json_string(s, i + 1)
+        except _FastJSONError as exc:
+            raise _FastJSONError(f"cannot parse string: {exc.message}", exc.tail) from None
+    for word in (b"true", b"false", b"null"):
+        if first == word[0]:
+            if s.startswith(word, i):
+                return i + len(word)
+            if word == b"null" and s[i : i + 3].lower() == b"nan":
+                return i + 3
+            raise _FastJSONError(f"unexpected value found: {go_quote(s[i:])}", i)
+    j = i
+    while j < len(s) and s[j] in _NUMBER_BYTES:
+        j += 1
+    if j < len(s) and (j == i or (j == i + 1 and s[i] in b"-+")):
+        if s[j : j + 3].lower() in (b"inf", b"nan"):
+            return j + 3
+        raise _FastJSONError(f"cannot parse number: unexpected char: {go_quote(s[i : i + 1])}", i)
+    return j
+
+
+def _nested(parse: Any, what: str, s: bytes, i: int, depth: int) -> int:
+    try:
+        return int(parse(s, i, depth))
+    except _FastJSONError as exc:
+        raise _FastJSONError(f"{what}: {exc.message}", exc.tail) from None
+
+
+def _parse_json_array(s: bytes, i: int, depth: int) -> int:
+    i = _skip_json_ws(s, i)
+    if i >= len(s):
+        raise _FastJSONError("missing ']'", i)
+    if s[i] == 0x5D:
+        return i + 1
+    while True:
+        i = _nested(_parse_json_value, "cannot parse array value", s, _skip_json_ws(s, i), depth)
+        i = _skip_json_ws(s, i)
+        if i >= len(s):
+            raise _FastJSONError("unexpected end of array", i)
+        if s[i] == 0x2C:
+            i += 1
+            continue
+        if s[i] == 0x5D:
+            return i + 1
+        raise _FastJSONError("missing ',' after array value", i)
+
+
+def _parse_json_object(s: bytes, i: int, depth: int) -> int:
+    i = _skip_json_ws(s, i)
+    if i >= len(s):
+        raise _FastJSONError("missing '}'", i)
+    if s[i] == 0x7D:
+        return i + 1
+    while True:
+        i = _skip_json_ws(s, i)
+        if i >= len(s) or s[i] != 0x22:
+            raise _FastJSONError("cannot find opening '\"\" for object key", i)
+        try:
+            i = _parse_json_key(s, i + 1)
+        except _FastJSONError as exc:
+            raise _FastJSONError(f"cannot parse object key: {exc.message}", exc.tail) from None
+        i = _skip_json_ws(s, i)
+        if i >= len(s) or s[i] != 0x3A:
+            raise _FastJSONError("missing ':' after object key", i)
+        i = _nested(_parse_json_value, "cannot parse object value", s, _skip_json_ws(s, i + 1), depth)
+        i = _skip_json_ws(s, i)
+        if i >= len(s):
+            raise _FastJSONError("unexpected end of object", i)
+        if s[i] == 0x2C:
+            i += 1
+            continue
+        if s[i] == 0x7D:
+            return i + 1
+        raise _FastJSONError("missing ',' after object value", i)
+
+
+def _parse_json_key(s: bytes, i: int) -> int:
+    for j in range(i, len(s)):
+        if s[j] == 0x22:
+            return j + 1
+        if s[j] == 0x5C:
+            return _parse_json_string(s, i)
+    raise _FastJSONError("missing closing '\"'", len(s))
+
+
+def _parse_json_string(s: bytes, i: int) -> int:
+    """The end of a string whose opening quote is before ``i``: the first quote not escaped."""
+    base = i
+    n = s.find(b'"', base)
+    while True:
+        if n < 0:
+            raise _FastJSONError("missing closing '\"'", len(s))
+        if n == base or s[n - 1] != 0x5C:
+            return n + 1
+        k = n - 1
+        while k > base and s[k - 1] == 0x5C:
+            k -= 1
+        if (n - k) % 2 == 0:  # an even run of backslashes: the quote is not escaped
+            return n + 1
+        base = n + 1
+        n = s.find(b'"', base)

@@ -107,6 +107,7 @@ class NSQCluster:
         self._ha_topics: dict[str, _HATopic] = {}
         if ha:
             self.lookupd.topic_creator = self._create_for_lookupd  # type: ignore[attr-defined]
+            self.lookupd.channel_registrar = self._register_channel  # type: ignore[attr-defined]
 
     async def start(self) -> None:
         await self.lookupd.start()
@@ -253,8 +254,13 @@ class NSQCluster:
                 replica=replicas,
                 extend_support=ext,
                 ordered=ordered,
+                # What a real lookupd needs to put several partitions of a topic on a node.
+                multi_part=not ordered and partitions * replicas > len(running),
                 disable_channel_auto_create=disable_channel_auto_create,
             )
+        if disable_channel_auto_create:
+            registered = self.lookupd.registered_channels.setdefault(topic, [])  # type: ignore[attr-defined]
+            registered.extend(c for c in channels if c not in registered)
         for channel in channels:
             for pid, placement in known.placements.items():
                 for index in placement.replicas:
@@ -340,6 +346,13 @@ class NSQCluster:
             replicas=min(meta.replica, running) if running else None,
             disable_channel_auto_create=meta.disable_channel_auto_create,
         )
+
+    async def _register_channel(self, topic: str, channel: str) -> None:
+        """The lookupd's ``POST /channel/create``: the channel on every replica of every partition."""
+        for pid, placement in self._placed(topic).placements.items():
+            for index in placement.replicas:
+                self.nsqds[index].partitions[(topic, pid)].get_channel(channel)
+        await self._wait_leaders(topic, [channel])
 
     async def _wait_leaders(self, topic: str, channels: Sequence[str] = ()) -> None:
         """Until the lookupd lists every running leader (and ``channels`` on each partition)."""

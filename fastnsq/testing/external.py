@@ -143,56 +143,120 @@ class ExternalCluster:
         replicas: int | None = None,
         channels: Sequence[str] = (),
         disable_channel_auto_create: bool = False,
-        timeout: float = 30.0,
+        timeout: float = 120.0,
     ) -> dict[int, str]:
         """HA: create a topic through the lookupd (``POST /topic/create``), as on the embedded cluster.
 
-        Waits until ``/lookup`` lists every partition, creates ``channels`` on each
-        partition's leader (``POST /channel/create``) and returns {partition: leader
+        Waits until the write lookup (``access=w``: it names each partition's leader;
+        ``access=r`` may name a replica) lists every partition, then creates
+        ``channels`` on every partition (on each leader's ``POST /channel/create``, or
+        registered with the lookupd's ``POST /channel/create`` when channel auto-create
+        is disabled) and waits until the lookupd lists them. Returns {partition: leader
         nsqd TCP address}.
+
+        youzan's lookupd enables writes on a new topic in a topic check it runs at
+        most once per 6 s (else once a minute); creating the same topic again with the
+        same settings asks for that check again, so the wait re-posts the create every
+        few seconds instead of waiting up to a minute. The lookupd must run with
+        ``--allow-write-with-nochannels=true`` (as run-youzan-cluster.sh and
+        :mod:`fastnsq.testing.real` start it): otherwise it lists no leader of a topic
+        that has no channel yet.
         """
         import aiohttp
 
+        nodes = max(1, len(self.nsqds))
         if replicas is None:
-            replicas = min(2, max(1, len(self.nsqds)))
+            replicas = min(2, nodes)
         query = {"topic": topic, "partition_num": str(partitions), "replicator": str(replicas)}
+        if ordered:
+            query["orderedmulti"] = "true"  # the only ordered kind; it also allows several partitions per node
+        elif partitions * replicas > nodes:
+            # Without it the lookupd puts at most one replica of the topic on a node and
+            # refuses the rest ("No node is available for topic").
+            query["multipart"] = "true"
         if ext:
             query["extend"] = "true"
-        if ordered:
-            query["orderedmulti"] = "true"
         if disable_channel_auto_create:
             query["disable_channel_auto_create"] = "true"
-        accept = {"Accept": "application/vnd.nsq; version=1.0"}
+        lookupd = f"http://{self.lookupd.http_address}"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        async with aiohttp.ClientSession(headers=accept) as http:
-            async with http.post(
-                f"http://{self.lookupd.http_address}/topic/create", params=query
-            ) as response:
-                if response.status != 200:
-                    raise RuntimeError(
-                        f"lookupd refused /topic/create: {response.status} {await response.text()}"
-                    )
+
+        def check_deadline(what: str) -> None:
+            if loop.time() > deadline:
+                raise TimeoutError(f"{what} after {timeout} s (topic {topic!r}, lookupd {lookupd})")
+
+        async with aiohttp.ClientSession(headers={"Accept": "application/vnd.nsq; version=1.0"}) as http:
+
+            async def create() -> None:
+                while True:
+                    async with http.post(f"{lookupd}/topic/create", params=query) as response:
+                        if response.status == 200:
+                            return
+                        refusal = f"lookupd refused /topic/create?{query}: {response.status} {await response.text()}"
+                    # A node that just started may not be placeable yet; anything else is final.
+                    if "No node is available" not in refusal:
+                        raise RuntimeError(refusal)
+                    check_deadline(refusal)
+                    await asyncio.sleep(1.0)
+
+            async def lookup(access: str) -> dict[str, Any]:
+                async with http.get(f"{lookupd}/lookup", params={"topic": topic, "access": access}) as response:
+                    body = await response.read()
+                    if response.status == 404 and b"has no channel" in body:
+                        raise RuntimeError(
+                            f"the lookupd {lookupd} hides partitions without channels from writers: "
+                            "run it with --allow-write-with-nochannels=true (as run-youzan-cluster.sh does) "
+                            "so that the leaders of a new topic can be found"
+                        )
+                    answer = json.loads(body or b"{}") if response.status == 200 else {}
+                return answer if isinstance(answer, dict) else {}
+
+            await create()
+            asked = loop.time()
             while True:
-                async with http.get(
-                    f"http://{self.lookupd.http_address}/lookup", params={"topic": topic, "access": "r"}
-                ) as response:
-                    answer = json.loads(await response.read() or b"{}")
-                listed = answer.get("partitions") or {}
+                listed = (await lookup("w")).get("partitions") or {}
                 if len(listed) >= partitions:
                     break
-                if loop.time() > deadline:
-                    raise TimeoutError(f"lookupd lists {len(listed)} of {partitions} partitions of {topic!r}")
-                await asyncio.sleep(0.1)
+                check_deadline(f"the lookupd lists {len(listed)} of {partitions} partitions for writing")
+                if loop.time() - asked > 3.0:
+                    await create()
+                    asked = loop.time()
+                await asyncio.sleep(0.2)
             leaders = {int(pid): peer for pid, peer in listed.items()}
             for channel in channels:
-                for pid, peer in leaders.items():
-                    url = f"http://{peer['broadcast_address']}:{peer['http_port']}/channel/create"
-                    params = {"topic": topic, "partition": str(pid), "channel": channel}
-                    async with http.post(url, params=params) as response:
-                        if response.status != 200:
-                            raise RuntimeError(f"nsqd {url} refused the channel: {await response.text()}")
+                if disable_channel_auto_create:
+                    await self._register_channel(http, lookupd, topic, channel)
+                else:
+                    for pid, peer in leaders.items():
+                        url = f"http://{peer['broadcast_address']}:{peer['http_port']}/channel/create"
+                        params = {"topic": topic, "partition": str(pid), "channel": channel}
+                        async with http.post(url, params=params) as response:
+                            if response.status != 200:
+                                raise RuntimeError(f"nsqd {url} refused the channel: {await response.text()}")
+            while channels and not set(channels) <= set((await lookup("r")).get("channels") or ()):
+                check_deadline(f"the lookupd does not list the channels {list(channels)}")
+                await asyncio.sleep(0.2)
         return {pid: f"{peer['broadcast_address']}:{peer['tcp_port']}" for pid, peer in leaders.items()}
+
+    @staticmethod
+    async def _register_channel(http: Any, lookupd: str, topic: str, channel: str) -> None:
+        """With channel auto-create disabled, only the lookupd's registry makes a channel."""
+        async with http.post(f"{lookupd}/channel/create", params={"topic": topic, "channel": channel}) as response:
+            if response.status != 200:
+                raise RuntimeError(f"lookupd refused /channel/create of {channel!r}: {await response.text()}")
+
+    async def partition_leaders(self, topic: str) -> dict[int, str]:
+        """HA: {partition: TCP address of its leader}, from the write lookup (it lists leaders only)."""
+        import aiohttp
+
+        async with (
+            aiohttp.ClientSession(headers={"Accept": "application/vnd.nsq; version=1.0"}) as http,
+            http.get(f"http://{self.lookupd.http_address}/lookup", params={"topic": topic, "access": "w"}) as r,
+        ):
+            answer = json.loads(await r.read() or b"{}") if r.status == 200 else {}
+        listed = (answer.get("partitions") if isinstance(answer, dict) else None) or {}
+        return {int(pid): f"{peer['broadcast_address']}:{peer['tcp_port']}" for pid, peer in listed.items()}
 
     async def stop_node(self, index: int) -> None:
         raise RuntimeError("nodes of an external cluster cannot be stopped from the tests")
@@ -239,6 +303,9 @@ def is_external(server: object) -> bool:
     return bool(getattr(server, "external", False))
 
 
+_HA_BY_ADDRESS: dict[str, bool] = {}
+
+
 async def is_ha(server: object, *, timeout: float = 5.0) -> bool:
     """Whether ``server`` speaks the HA (youzan) dialect.
 
@@ -248,9 +315,15 @@ async def is_ha(server: object, *, timeout: float = 5.0) -> bool:
     """
     if isinstance(server, (ExternalNSQD, ExternalLookupd)):
         if server._ha is None:
-            probe = _probe_nsqd_version if isinstance(server, ExternalNSQD) else _probe_lookupd_version
-            version = await asyncio.wait_for(probe(server), timeout)  # type: ignore[arg-type]
-            server._ha = "HA" in version
+            # One probe per address and process: the fixtures build a new object per test,
+            # and a probe connection would show in what a test reads of the server.
+            key = server.tcp_address if isinstance(server, ExternalNSQD) else server.http_address
+            known = _HA_BY_ADDRESS.get(key)
+            if known is None:
+                probe = _probe_nsqd_version if isinstance(server, ExternalNSQD) else _probe_lookupd_version
+                version = await asyncio.wait_for(probe(server), timeout)  # type: ignore[arg-type]
+                known = _HA_BY_ADDRESS[key] = "HA" in version
+            server._ha = known
         return server._ha
     if isinstance(server, ExternalCluster):
         return await is_ha(server.nsqds[0] if server.nsqds else server.lookupd, timeout=timeout)

@@ -184,6 +184,7 @@ class NSQD:
         # snowflake guids: increasing, unique, 16 hex digits).
         self._next_id = (time.time_ns() // 1_000_000) << 20
         self.start_time = 0
+        self._started_at = 0.0
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         # An asyncio server, or one being created after refuse_connections = False.
         self._tcp_server: Any = None
@@ -251,6 +252,7 @@ class NSQD:
         )
         self._http_session = aiohttp.ClientSession(timeout=timeout)
         self.start_time = int(time.time())
+        self._started_at = self.loop.time()
         self.running = True
         if self.ha_cluster and not self.distributed_id:
             # youzan's node id: ip:rpc_port:tcp_port:node id (no RPC port here).
@@ -578,6 +580,19 @@ class NSQD:
             for channel in part.channels.values():
                 channel.close_clients()
             self.notify_lookupd(b"UNREGISTER", topic, pid)
+
+    def last_flush(self, partition: int) -> float:
+        """HA: when (loop time) youzan's flush ticker last flushed ``partition``'s topics.
+
+        The ticker fires every ``sync_timeout`` from start; its k-th tick flushes the
+        partitions p with (p + 1) % 4 == k % 4, and every 100th tick all of them.
+        """
+        interval = self.options.sync_timeout
+        tick = int((self.loop.time() - self._started_at) // interval) - 1  # the last tick that fired
+        for k in range(tick, max(tick - 4, -1), -1):
+            if k % 100 == 0 or k % 4 == (partition + 1) % 4:
+                return self._started_at + (k + 1) * interval
+        return self._started_at
 
     def default_partition(self, topic: str) -> int:
         """The partition a command without one uses: cluster: one this node leads; else any local one."""

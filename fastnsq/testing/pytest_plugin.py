@@ -8,7 +8,8 @@ whatever loop the test runs: asyncio or uvloop):
 * ``nsqd``: an embedded :class:`~fastnsq.testing.NSQD`, or the real nsqd of
   ``FASTNSQ_TEST_NSQD`` (TCP) / ``FASTNSQ_TEST_NSQD_HTTP`` as an
   :class:`~fastnsq.testing.ExternalNSQD` (same ``tcp_address``, ``http_address``,
-  ``tcp_port``, ``http_port`` attributes);
+  ``tcp_port``, ``http_port`` attributes); a skip when that real nsqd is HA (the
+  upstream fixtures and the HA ones below never stand in for each other);
 * ``nsqlookupd``: an embedded :class:`~fastnsq.testing.NSQLookupd`, or the real one of
   ``FASTNSQ_TEST_LOOKUPD_HTTP`` (and ``FASTNSQ_TEST_LOOKUPD_TCP``);
 * ``nsq_cluster``: an embedded :class:`~fastnsq.testing.NSQCluster` of 3 nsqds and a
@@ -31,6 +32,7 @@ at once are fine.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -115,11 +117,21 @@ def _embedded_nsqd_class() -> Any:
     return NSQD
 
 
+async def _answers_as_ha(server: object) -> bool:
+    """Whether a configured server says it is HA; one that does not answer is left to the test."""
+    try:
+        return await is_ha(server)
+    except (OSError, asyncio.TimeoutError):  # refused, reset, or silent
+        return False
+
+
 @_async_fixture
 async def nsqd() -> AsyncIterator[Any]:
-    """A running nsqd: embedded, or the real one of ``FASTNSQ_TEST_NSQD``."""
+    """A running nsqd: embedded, or the real one of ``FASTNSQ_TEST_NSQD`` (a skip when that is HA)."""
     external = external_nsqd_from_env()
     if external is not None:
+        if await _answers_as_ha(external):
+            pytest.skip(f"needs an upstream nsqd; the nsqd of FASTNSQ_TEST_NSQD ({external.tcp_address}) is HA")
         yield external
         return
     async with _embedded_nsqd_class()() as server:
@@ -152,9 +164,11 @@ def _configured_cluster() -> ExternalCluster | None:
 
 @_async_fixture
 async def nsq_cluster() -> AsyncIterator[NSQCluster | ExternalCluster]:
-    """3 nsqds registered with one nsqlookupd (embedded), or the configured real cluster."""
+    """3 nsqds registered with one nsqlookupd (embedded), or the configured real cluster (a skip when HA)."""
     external = _configured_cluster()
     if external is not None:
+        if await _answers_as_ha(external):
+            pytest.skip("needs an upstream cluster; the configured cluster is HA (youzan)")
         yield external
         return
     _embedded_nsqd_class()

@@ -13,6 +13,14 @@ servers and exits with the command's status. Their data and logs go to a tempora
 folder (``--data-dir`` to keep them). Which upstream version the binaries are is read
 from ``nsqd --help``: nsq master has ``--topology-zone``, the released 1.3.0 does not
 (both print 1.3.0 as their version); it goes to the tests as ``FASTNSQ_TEST_NSQD_EMULATES``.
+
+    python -m fastnsq.testing.real ~/nsq-real/ha/bin --ha -- python -m pytest tests/test_ha.py
+
+starts youzan's HA cluster instead (:class:`RealHACluster`): etcd from PATH, a youzan
+nsqlookupd and three youzan nsqd with the cluster coordinator (the flags of
+../shared/real-servers/run-youzan-cluster.sh), plus one youzan nsqd without a
+coordinator, the single nsqd of ``FASTNSQ_TEST_NSQD`` (a cluster node refuses the
+``INTERNAL_CREATE_TOPIC`` that single-node tests create topics with).
 """
 
 from __future__ import annotations
@@ -31,11 +39,16 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
-__all__ = ["RealNSQ", "RealServerError", "version_of"]
+__all__ = ["RealHACluster", "RealNSQ", "RealServerError", "version_of"]
 
 #: The variable that names a folder of real binaries for ``dev.py`` and CI.
 ENV_REAL_BIN = "FASTNSQ_REAL_BIN"
+#: The same for youzan's HA binaries (``--ha``); tests that start a cluster of their own read it.
+ENV_REAL_HA_BIN = "FASTNSQ_REAL_HA_BIN"
+#: With ``--base-port``: the first port after the cluster's, for such a test's own cluster.
+ENV_REAL_HA_NEXT_PORT = "FASTNSQ_REAL_HA_NEXT_PORT"
 ENV_EMULATES = "FASTNSQ_TEST_NSQD_EMULATES"
 _HOST = "127.0.0.1"
 _START_TIMEOUT = 15.0
@@ -68,8 +81,9 @@ def version_of(nsqd: Path) -> tuple[str, str]:
     return printed, emulates
 
 
-def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=1.0) as response:  # loopback only
+def _get(url: str, headers: dict[str, str] | None = None) -> bytes:
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=1.0) as response:  # loopback only
         return bytes(response.read())
 
 
@@ -213,6 +227,260 @@ class RealNSQ:
                 f"{flags}; nsqlookupd {self.lookupd_http_address}")
 
 
+@dataclass
+class _Node:
+    """A server of the HA cluster, restartable: its name, command line and health URL."""
+
+    name: str
+    argv: list[str]
+    health_url: str
+    process: _Process | None = None
+
+
+@dataclass
+class RealHACluster:
+    """etcd + youzan nsqlookupd + ``nsqds`` youzan nsqd in cluster mode, on loopback.
+
+    The flags are those of ../shared/real-servers/run-youzan-cluster.sh (etcd's v2 API,
+    ``--broadcast-interface=lo``, lookupd ``--allow-write-with-nochannels=true``, nsqd
+    ``--lookup-ping-interval=5s``). ``standalone`` adds one youzan nsqd without the
+    coordinator (no ``--rpc-port``, no etcd): what a single-node HA test talks to.
+    Ports are the kernel's choice, or ``base_port`` and the ones after it (29 for
+    three nodes). :meth:`kill_nsqd` and :meth:`start_nsqd` crash and restart a node.
+
+    >>> with RealHACluster(Path("~/nsq-real/ha/bin").expanduser()) as ha:  # doctest: +SKIP
+    ...     run_tests(env=ha.environment())
+    """
+
+    bin_dir: Path
+    nsqds: int = 3
+    data_dir: Path | None = None
+    base_port: int = 0
+    etcd_binary: Path | None = None
+    cluster_id: str = "fastnsq-ha"
+    nsqd_args: Sequence[str] = ()
+    standalone: bool = True
+    version: str = ""
+    etcd_address: str = ""
+    lookupd_tcp_address: str = ""
+    lookupd_http_address: str = ""
+    tcp_addresses: list[str] = field(default_factory=list)
+    http_addresses: list[str] = field(default_factory=list)
+    standalone_tcp_address: str = ""
+    standalone_http_address: str = ""
+    _nodes: dict[str, _Node] = field(default_factory=dict)
+    _next_port: int = 0
+    _own_data_dir: bool = False
+
+    #: How long a youzan server may take to answer /ping (nsqd opens its disk queues first).
+    START_TIMEOUT: ClassVar[float] = 60.0
+
+    def start(self) -> None:
+        nsqd = binary(self.bin_dir, "nsqd")
+        lookupd = binary(self.bin_dir, "nsqlookupd")
+        etcd = self.etcd_binary or shutil.which("etcd")
+        if etcd is None:
+            raise RealServerError("no etcd on PATH (apt-get install etcd-server, or give etcd_binary)")
+        self.version = subprocess.run(
+            [nsqd, "--version"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        if "HA" not in self.version:
+            raise RealServerError(f"{nsqd} is not youzan's HA nsqd: it says {self.version!r}")
+        if self.data_dir is None:
+            self.data_dir = Path(tempfile.mkdtemp(prefix="fastnsq-real-ha-"))
+            self._own_data_dir = True
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._next_port = self.base_port
+        try:
+            self._start_etcd(Path(etcd))
+            self._start_lookupd(lookupd)
+            for index in range(self.nsqds):
+                self._add_nsqd(nsqd, index, cluster=True)
+            if self.standalone:
+                self._add_nsqd(nsqd, self.nsqds, cluster=False)
+            for name in self._nodes:
+                if name.startswith("nsqd"):
+                    self._launch(name)
+            self._wait_cluster_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    # -- ports, processes ----------------------------------------------------------------
+
+    def _port(self) -> int:
+        if not self.base_port:
+            return free_port()
+        port = self._next_port
+        self._next_port += 1
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As Go's listeners do: a port that only has connections in TIME_WAIT is free.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((_HOST, port))
+            except OSError:
+                raise RealServerError(f"port {_HOST}:{port} (from base port {self.base_port}) is in use") from None
+        return port
+
+    def _launch(self, name: str) -> None:
+        """Start (or restart) a node and wait for its health URL."""
+        assert self.data_dir is not None
+        node = self._nodes[name]
+        log = self.data_dir / f"{name}.log"
+        with open(log, "ab") as out:
+            # Its own process group: a Ctrl-C of the test run reaches the runner, which stops it in order.
+            popen = subprocess.Popen(node.argv, stdout=out, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        node.process = _Process(name, popen, log)
+        deadline = time.monotonic() + self.START_TIMEOUT
+        while time.monotonic() < deadline:
+            node.process.check_alive()
+            with contextlib.suppress(OSError):
+                _get(node.health_url)
+                return
+            time.sleep(0.1)
+        raise RealServerError(f"{name} did not answer {node.health_url} in {self.START_TIMEOUT} s (log: {log})")
+
+    def _start_etcd(self, etcd: Path) -> None:
+        assert self.data_dir is not None
+        client, peer, metrics = self._port(), self._port(), self._port()
+        self.etcd_address = f"http://{_HOST}:{client}"
+        argv = [str(etcd), "--name", "fastnsq-etcd", "--data-dir", str(self.data_dir / "etcd"),
+                "--listen-client-urls", self.etcd_address, "--advertise-client-urls", self.etcd_address,
+                "--listen-peer-urls", f"http://{_HOST}:{peer}",
+                "--initial-advertise-peer-urls", f"http://{_HOST}:{peer}",
+                "--initial-cluster", f"fastnsq-etcd=http://{_HOST}:{peer}", "--initial-cluster-state", "new",
+                "--listen-metrics-urls", f"http://{_HOST}:{metrics}",
+                # youzan/nsq speaks etcd's v2 API, which etcd 3.4 turns off by default.
+                "--enable-v2=true"]
+        self._nodes["etcd"] = _Node("etcd", argv, f"{self.etcd_address}/health")
+        self._launch("etcd")
+
+    def _cluster_flags(self) -> list[str]:
+        # --broadcast-interface=lo: the default eth0 would win over --broadcast-address.
+        return [f"--cluster-id={self.cluster_id}", f"--cluster-leadership-addresses={self.etcd_address}",
+                "--broadcast-interface=lo", f"--broadcast-address={_HOST}"]
+
+    def _start_lookupd(self, lookupd: Path) -> None:
+        assert self.data_dir is not None
+        tcp, http, metrics, rpc = self._port(), self._port(), self._port(), self._port()
+        self.lookupd_tcp_address, self.lookupd_http_address = f"{_HOST}:{tcp}", f"{_HOST}:{http}"
+        logs = self.data_dir / "nsqlookupd"
+        logs.mkdir(parents=True, exist_ok=True)
+        argv = [str(lookupd), *self._cluster_flags(),
+                f"--tcp-address={self.lookupd_tcp_address}", f"--http-address={self.lookupd_http_address}",
+                f"--metric-address={_HOST}:{metrics}", f"--rpc-port={rpc}",
+                "--inactive-producer-timeout=100s", "--nsqd-ping-timeout=15s", "--tombstone-lifetime=45s",
+                "--allow-write-with-nochannels=true", "--log-level=2", f"--log-dir={logs}"]
+        self._nodes["nsqlookupd"] = _Node("nsqlookupd", argv, f"http://{self.lookupd_http_address}/ping")
+        self._launch("nsqlookupd")
+
+    def _add_nsqd(self, nsqd: Path, index: int, *, cluster: bool) -> None:
+        assert self.data_dir is not None
+        tcp, http, https, metrics = self._port(), self._port(), self._port(), self._port()
+        name = f"nsqd{index}" if cluster else "nsqd-standalone"
+        folder = self.data_dir / name
+        (folder / "data").mkdir(parents=True, exist_ok=True)
+        argv = [str(nsqd), f"--tcp-address={_HOST}:{tcp}", f"--http-address={_HOST}:{http}",
+                f"--https-address={_HOST}:{https}", f"--metric-address={_HOST}:{metrics}",
+                f"--worker-id={index + 1}", f"--data-path={folder / 'data'}",
+                "--log-level=2", f"--log-dir={folder}", *self.nsqd_args]
+        if cluster:
+            # --rpc-port is what turns the coordinator (and etcd) on.
+            argv += [*self._cluster_flags(), f"--rpc-port={self._port()}", "--lookup-ping-interval=5s"]
+            self.tcp_addresses.append(f"{_HOST}:{tcp}")
+            self.http_addresses.append(f"{_HOST}:{http}")
+        else:
+            argv += ["--broadcast-interface=lo", f"--broadcast-address={_HOST}"]
+            self.standalone_tcp_address, self.standalone_http_address = f"{_HOST}:{tcp}", f"{_HOST}:{http}"
+        self._nodes[name] = _Node(name, argv, f"http://{_HOST}:{http}/ping")
+
+    def _wait_cluster_ready(self) -> None:
+        """Until the lookupd leads (etcd elected it) and lists every cluster nsqd."""
+        import json
+
+        wanted = {int(a.rpartition(":")[2]) for a in self.tcp_addresses}
+        accept = {"Accept": "application/vnd.nsq; version=1.0"}
+        deadline = time.monotonic() + self.START_TIMEOUT
+        seen: set[int] = set()
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                leader = json.loads(_get(f"http://{self.lookupd_http_address}/listlookup", accept) or b"{}")
+                nodes = json.loads(_get(f"http://{self.lookupd_http_address}/nodes", accept))["producers"]
+                seen = {node["tcp_port"] for node in nodes or ()}
+                if leader.get("lookupdleader") and wanted <= seen:
+                    return
+            time.sleep(0.2)
+        raise RealServerError(f"the HA lookupd {self.lookupd_http_address} lists nsqd ports {sorted(seen)}, "
+                              f"not all of {sorted(wanted)}, after {self.START_TIMEOUT} s")
+
+    # -- crash and restart ------------------------------------------------------------------
+
+    def nsqd_pid(self, index: int) -> int | None:
+        node = self._nodes[f"nsqd{index}"]
+        return node.process.popen.pid if node.process and node.process.popen.poll() is None else None
+
+    def kill_nsqd(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Crash cluster node ``index`` (SIGKILL by default: no goodbye to etcd or lookupd)."""
+        process = self._nodes[f"nsqd{index}"].process
+        if process is not None and process.popen.poll() is None:
+            process.popen.send_signal(sig)
+            process.popen.wait(30)
+
+    def start_nsqd(self, index: int) -> None:
+        """Start cluster node ``index`` again, on its old ports and data (it rejoins as it can)."""
+        if self.nsqd_pid(index) is not None:
+            raise RealServerError(f"nsqd{index} is running")
+        self._launch(f"nsqd{index}")
+
+    def stop(self) -> None:
+        """nsqds first, then the lookupd, then etcd (each may still need the next); SIGKILL after 20 s."""
+        for group in ("nsqd", "nsqlookupd", "etcd"):
+            running = [n.process for name, n in self._nodes.items()
+                       if n.process is not None and name.startswith(group) and n.process.popen.poll() is None]
+            for process in running:
+                process.popen.send_signal(signal.SIGTERM)
+            for process in running:
+                try:
+                    process.popen.wait(20)
+                except subprocess.TimeoutExpired:
+                    process.popen.kill()
+                    process.popen.wait()
+        for node in self._nodes.values():
+            node.process = None
+        if self._own_data_dir and self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> RealHACluster:  # noqa: PYI034 - a dataclass, not subclassed
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def environment(self) -> dict[str, str]:
+        """The ``FASTNSQ_TEST_*`` variables naming these servers, and the binaries' folder."""
+        env = {
+            "FASTNSQ_TEST_LOOKUPD_HTTP": self.lookupd_http_address,
+            "FASTNSQ_TEST_LOOKUPD_TCP": self.lookupd_tcp_address,
+            "FASTNSQ_TEST_CLUSTER_NSQD": ",".join(self.tcp_addresses),
+            "FASTNSQ_TEST_CLUSTER_NSQD_HTTP": ",".join(self.http_addresses),
+            ENV_REAL_HA_BIN: str(self.bin_dir),
+        }
+        if self.standalone:
+            env["FASTNSQ_TEST_NSQD"] = self.standalone_tcp_address
+            env["FASTNSQ_TEST_NSQD_HTTP"] = self.standalone_http_address
+        if self.base_port:
+            env[ENV_REAL_HA_NEXT_PORT] = str(self._next_port)
+        return env
+
+    def describe(self) -> str:
+        flags = " ".join(self.nsqd_args) or "the flags of run-youzan-cluster.sh"
+        single = f" + 1 standalone {self.standalone_tcp_address}" if self.standalone else ""
+        return (f"real youzan {self.version} ({self.bin_dir}) x{len(self.tcp_addresses)} in cluster mode"
+                f"{single}, {flags}; nsqlookupd {self.lookupd_http_address}; etcd {self.etcd_address}")
+
+
 @contextlib.contextmanager
 def running(bin_dir: Path, **options: object) -> Iterator[RealNSQ]:
     servers = RealNSQ(bin_dir, **options)  # type: ignore[arg-type]
@@ -229,6 +497,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nsqds", type=int, default=3, help="how many nsqd (default 3)")
     parser.add_argument("--data-dir", type=Path, help="keep data and logs here (default: a temporary folder)")
     parser.add_argument("--nsqd-arg", action="append", default=[], help="an extra nsqd flag (repeatable)")
+    parser.add_argument("--ha", action="store_true",
+                        help="BIN_DIR holds youzan's HA nsqd/nsqlookupd: start etcd + the HA cluster")
+    parser.add_argument("--base-port", type=int, default=0,
+                        help="--ha: use this port and the ones after it (default: ports the kernel picks)")
     parser.usage = "%(prog)s BIN_DIR [options] -- COMMAND [ARGS...]"
     words = list(sys.argv[1:] if argv is None else argv)
     if "--" not in words:
@@ -240,11 +512,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("give the command to run after --")
     if args.nsqds < 1:
         parser.error(f"--nsqds must be at least 1, got {args.nsqds}")
+    if args.ha:
+        return _run_ha(args, command)
     try:
         with running(args.bin_dir.expanduser(), nsqds=args.nsqds, data_dir=args.data_dir,
                      nsqd_args=args.nsqd_arg) as servers:
             print(f"fastnsq.testing.real: {servers.describe()}", flush=True)
             return subprocess.call(command, env={**os.environ, **servers.environment()})
+    except RealServerError as exc:
+        print(f"fastnsq.testing.real: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run_ha(args: argparse.Namespace, command: list[str]) -> int:
+    cluster = RealHACluster(args.bin_dir.expanduser().resolve(), nsqds=args.nsqds, data_dir=args.data_dir,
+                            base_port=args.base_port, nsqd_args=args.nsqd_arg)
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    # The servers run in their own sessions (a Ctrl-C reaches only this process and the
+    # command); a SIGTERM must unwind through the with-block too, or they outlive us.
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        with cluster:
+            print(f"fastnsq.testing.real: {cluster.describe()}", flush=True)
+            child = subprocess.Popen(command, env={**os.environ, **cluster.environment()})
+            try:
+                return child.wait()
+            finally:
+                if child.poll() is None:
+                    child.terminate()
+                    child.wait()
     except RealServerError as exc:
         print(f"fastnsq.testing.real: {exc}", file=sys.stderr)
         return 2
