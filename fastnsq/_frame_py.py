@@ -44,12 +44,12 @@ __all__ = [
     "TracedResponse",
     "WriteBuffer",
     "decode_mpub",
-    "fits_one_mpub",
     "decode_traced_response",
     "encode_error",
     "encode_message",
     "encode_response",
     "encode_traced_response",
+    "fits_one_mpub",
     "valid_channel_name",
     "valid_topic_name",
 ]

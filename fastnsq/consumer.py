@@ -680,7 +680,7 @@ class Consumer:
         else:
             try:
                 handler(message)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a user handler; _handler_failed logs the traceback
                 self._handler_failed(message)
             else:
                 self._auto_answer(message, failed=False)
