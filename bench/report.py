@@ -160,14 +160,7 @@ def markdown(data: dict[str, Any], json_name: str) -> str:
     lines += targets(data)
     lines += not_measured(data)
     lines += method_notes(data)
-    commit = fast.get("commit")
-    if commit:
-        dirty = fast.get("uncommitted_library_files") or []
-        lines += ["", f"fastnsq at commit `{commit[:12]}`" + (
-            f", with uncommitted changes in {', '.join(f'`{f}`' for f in dirty)}" if dirty else "") + "."]
-    lines += ["", (f"Data: `{json_name}`. Reproduce: `{data['command']}` "
-              f"(took {data.get('duration_s', '?')} s)."), ""]
-    return "\n".join(lines)
+    return "\n".join(lines + footer(fast, data, json_name))
 
 
 def targets(data: dict[str, Any]) -> list[str]:
@@ -423,13 +416,7 @@ def markdown_real(data: dict[str, Any], json_name: str) -> str:
         lines.append("")
     lines += not_measured(data)
     lines += method_notes(data)
-    commit = fast.get("commit")
-    if commit:
-        dirty = fast.get("uncommitted_library_files") or []
-        lines += ["", f"fastnsq at commit `{commit[:12]}`" + (
-            f", with uncommitted changes in {', '.join(f'`{f}`' for f in dirty)}" if dirty else "") + "."]
-    lines += ["", f"Data: `{json_name}`. Reproduce: `{data['command']}` (took {data.get('duration_s', '?')} s).", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + footer(fast, data, json_name))
 
 
 def _coalesced_note(data: dict[str, Any]) -> list[str]:
@@ -675,3 +662,14 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def footer(fast: dict[str, Any], data: dict[str, Any], json_name: str) -> list[str]:
+    """The report's last lines: the commit measured (and what was uncommitted), the data, the command."""
+    lines: list[str] = []
+    commit = fast.get("commit")
+    if commit:
+        dirty = fast.get("uncommitted_library_files") or []
+        lines += ["", f"fastnsq at commit `{commit[:12]}`" + (
+            f", with uncommitted changes in {', '.join(f'`{f}`' for f in dirty)}" if dirty else "") + "."]
+    return lines + ["", f"Data: `{json_name}`. Reproduce: `{data['command']}` (took {data.get('duration_s', '?')} s).", ""]
