@@ -93,6 +93,69 @@ class NSQDProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
 
+    def describe(self) -> str:
+        return "fastnsq's embedded nsqd (fastnsq.testing, one child process), msg_timeout 120 s"
+
+    def create_channel(self, topic: str, channel: str) -> None:
+        _post(f"http://{self.http_address}/topic/create?topic={topic}")
+        _post(f"http://{self.http_address}/channel/create?topic={topic}&channel={channel}")
+
+
+#: The real nsqd's flags: every message of the runs in memory (the issue's setting).
+REAL_NSQD_FLAGS = ["--mem-queue-size=2000000"]
+
+
+class RealNSQDProcess(NSQDProcess):
+    """A real nsqd from a folder of binaries (../shared/real-servers/build-nsq.sh), on loopback."""
+
+    def __init__(self, bin_dir: str) -> None:
+        binary = Path(bin_dir).expanduser() / "nsqd"
+        if not binary.exists():
+            raise SystemExit(f"--real: no nsqd in {bin_dir}")
+        self.data_dir = tempfile.mkdtemp(prefix="fastnsq-bench-spark-nsqd-")
+        tcp, http = _free_port(), _free_port()
+        self.tcp_address, self.http_address = f"127.0.0.1:{tcp}", f"127.0.0.1:{http}"
+        self.command = [str(binary), f"--data-path={self.data_dir}", f"--tcp-address={self.tcp_address}",
+                        f"--http-address={self.http_address}", "--https-address=",
+                        "--broadcast-address=127.0.0.1", *REAL_NSQD_FLAGS]
+        self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://{self.http_address}/ping", timeout=1) as response:
+                    self.version = json.loads(
+                        urllib.request.urlopen(f"http://{self.http_address}/info", timeout=1).read())["version"]
+                    response.read()
+                    break
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"nsqd did not start: {' '.join(self.command)}") from None
+                time.sleep(0.1)
+
+    def describe(self) -> str:
+        return f"nsqd {self.version} (real, {Path(self.command[0]).parent}) {' '.join(self.command[1:])}"
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _post(url: str) -> None:
+    urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10).read()
+
 
 def publish(address: str, topic: str, count: int, size: int) -> float:
     """Fill ``topic`` (untimed for the source benchmark); returns messages per second."""
@@ -146,13 +209,18 @@ def spark_session(shuffle_partitions: int = 2) -> Any:
 
 def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dict[str, Any]:
     topic = f"bench_src_{os.getpid()}_{int(time.time())}"
-    # No channel yet: nsqd keeps the messages in the topic and hands them to the first channel.
+    if args.channel_first:
+        nsqd.create_channel(topic, "spark")
+    # Without --channel-first there is no channel yet: nsqd keeps the messages in the topic
+    # and hands them to the first channel.
     fill = publish(nsqd.tcp_address, topic, args.messages, args.size)
     work = Path(tempfile.mkdtemp(prefix="fastnsq-bench-"))
+    available_now = args.trigger == "available-now"
     try:
         stream = (
             spark.readStream.format("nsq")
             .option("nsqd", nsqd.tcp_address)
+            .option("nsqdHttp", nsqd.http_address)
             .option("topic", topic)
             .option("channel", "spark")
             .option("maxInFlight", str(args.max_in_flight))
@@ -165,18 +233,23 @@ def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dic
         writer = stream.select("id", "body", "timestamp").writeStream.format(args.sink)
         if args.sink == "parquet":
             writer = writer.option("path", str(work / "out"))
+        if available_now:
+            writer = writer.trigger(availableNow=True)
         query = writer.option("checkpointLocation", str(work / "checkpoint")).start()
         first_batch: float | None = None
         done_at: float | None = None
+        stopped_by_itself = False
         deadline = started + args.timeout
         while time.perf_counter() < deadline:
             progress = query.lastProgress
             if first_batch is None and progress and progress.get("numInputRows", 0) > 0:
                 # lastProgress reports a batch after it ended: back-date to its start.
                 first_batch = time.perf_counter() - progress["durationMs"].get("triggerExecution", 0) / 1000
-            channel = next(iter(nsqd.stats(topic).get("channels") or []), {})
-            finished = channel.get("message_count", 0) - channel.get("depth", 0) - channel.get("in_flight_count", 0)
-            if finished >= args.messages:
+            if available_now:
+                if not query.isActive:
+                    done_at, stopped_by_itself = time.perf_counter(), True
+                    break
+            elif _finished(nsqd, topic) >= args.messages:
                 done_at = time.perf_counter()
                 break
             time.sleep(0.05)
@@ -188,7 +261,11 @@ def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dic
         if args.verbose:
             for p in batches:
                 print(p["batchId"], p["numInputRows"], p["durationMs"], flush=True)
-        rows = spark.read.parquet(str(work / "out")).count() if args.sink == "parquet" else None
+        rows = distinct = None
+        if args.sink == "parquet":
+            written = spark.read.parquet(str(work / "out"))
+            rows, distinct = written.count(), written.select("id").distinct().count()
+        channel = _channel(nsqd, topic)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         nsqd.delete_topic(topic)
@@ -197,16 +274,36 @@ def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dic
     first = batches[0] if batches else None
     steady_rows = args.messages - (first["numInputRows"] if first else 0)
     steady_from = (first_batch or started) + (first["durationMs"]["triggerExecution"] / 1000 if first else 0)
+    startup = (first_batch or started) - started
     return {
         "messages": args.messages,
+        "trigger": args.trigger,
+        "channel_before_publishing": args.channel_first,
         "rows_written": rows,
+        "distinct_ids_written": distinct,
+        "stopped_by_itself": stopped_by_itself if available_now else None,
+        "channel_after": {k: channel.get(k) for k in
+                          ("depth", "in_flight_count", "deferred_count", "message_count", "requeue_count",
+                           "timeout_count")},
         "msg_per_s_steady": steady_rows / max(1e-9, done_at - steady_from),
         "msg_per_s_with_startup": args.messages / (done_at - started),
+        "seconds_to_first_batch": startup,
         "seconds": done_at - started,
         "micro_batches": len(batches),
         "mean_batch_rows": sum(p["numInputRows"] for p in batches) / max(1, len(batches)),
         "publish_msg_per_s": fill,
     }
+
+
+def _channel(nsqd: NSQDProcess, topic: str) -> dict[str, Any]:
+    return next(iter(nsqd.stats(topic).get("channels") or []), {})
+
+
+def _finished(nsqd: NSQDProcess, topic: str) -> int:
+    """Messages the channel has FINed: put into it, minus what it still holds."""
+    channel = _channel(nsqd, topic)
+    return channel.get("message_count", 0) - channel.get("depth", 0) - channel.get("in_flight_count", 0) - \
+        channel.get("deferred_count", 0)
 
 
 def bench_sink(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dict[str, Any]:
@@ -249,12 +346,18 @@ def main() -> int:
     parser.add_argument("--read-mode", choices=("partitioned", "simple"), default="partitioned",
                         help="source option readMode")
     parser.add_argument("--repeat", type=int, default=3, help="sink runs (the first is cold)")
+    parser.add_argument("--trigger", choices=("default", "available-now"), default="default",
+                        help="source: Spark's default trigger, or Trigger.AvailableNow (must stop by itself)")
+    parser.add_argument("--channel-first", action="store_true",
+                        help="source: create the channel before publishing (else the backlog waits in the topic)")
+    parser.add_argument("--real", default=None, metavar="BIN",
+                        help=f"a real nsqd from this folder, started with {' '.join(REAL_NSQD_FLAGS)}")
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--no-save", action="store_true", help="do not write bench/results/")
     parser.add_argument("--verbose", action="store_true", help="print each micro-batch's rows and durations")
     args = parser.parse_args()
 
-    nsqd = NSQDProcess()
+    nsqd = RealNSQDProcess(args.real) if args.real else NSQDProcess()
     results: dict[str, Any] = {}
     try:
         spark = spark_session()
@@ -266,15 +369,19 @@ def main() -> int:
             results["source"] = bench_source(spark, nsqd, args)
         spark.stop()
     finally:
+        server = nsqd.describe()
         nsqd.close()
 
     print(f"\nfastnsq Spark data source, {args.size}-byte bodies, PySpark {pyspark.__version__}, "
-          f"local[2], {os.cpu_count()} CPUs")
+          f"local[2], {os.cpu_count()} CPUs; server: {server}")
     if "source" in results:
         r = results["source"]
         print(f"  source -> {args.sink:<7} : {r['msg_per_s_steady']:>10,.0f} msg/s steady   "
               f"({r['msg_per_s_with_startup']:,.0f} with startup; {r['micro_batches']} batches of "
               f"~{r['mean_batch_rows']:,.0f}; maxInFlight={args.max_in_flight}, connections={args.connections})")
+        print(f"    trigger {r['trigger']}: {r['rows_written']} rows, {r['distinct_ids_written']} distinct ids, "
+              f"first batch after {r['seconds_to_first_batch']:.1f} s, stopped by itself: {r['stopped_by_itself']}; "
+              f"channel after: {r['channel_after']}")
     if "sink" in results:
         r = results["sink"]
         print(f"  DataFrame -> nsqd : {r['rows_per_s_warm']:>10,.0f} rows/s warm     "
@@ -289,6 +396,7 @@ def main() -> int:
             "python": platform.python_version(),
             "pyspark": pyspark.__version__,
             "args": vars(args),
+            "server": server,
             "results": results,
             "command": " ".join([os.path.relpath(sys.executable, ROOT), "bench/bench_spark.py", *sys.argv[1:]]),
         }

@@ -32,11 +32,13 @@ import os
 import signal
 import sys
 import threading
+import time
 import urllib.request
 import uuid
 from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from ..consumer import Consumer
 from ..errors import NSQError
@@ -78,7 +80,10 @@ class SourceRuntime:
         self.arrived = threading.Event()  # set by the loop thread when the buffer grows
         self._arrived_flag = False
         self.redeliveries_dropped = 0
+        self.delivered = 0  # rows: distinct messages that reached the buffer
         self.finished = 0
+        # Trigger.AvailableNow: deliveries stop at this many rows (None: no limit).
+        self._delivery_cap: int | None = None
         self._shutdown_started = False
         self._shutdown_done = threading.Event()
         self._parent_pid = os.getppid()
@@ -86,11 +91,15 @@ class SourceRuntime:
 
     # ---- life cycle (Spark thread) ----------------------------------------------------
 
-    def start(self) -> None:
-        """Start the loop thread and the consumer; install the SIGTERM and exit paths."""
+    def start(self, delivery_cap: int | None = None) -> None:
+        """Start the loop thread and the consumer; install the SIGTERM and exit paths.
+
+        ``delivery_cap``: take at most this many messages (Trigger.AvailableNow's target).
+        """
         if self._started:
             return
         self._started = True
+        self._delivery_cap = delivery_cap
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(self._start_consumer(), self.loop)
         try:
@@ -102,8 +111,13 @@ class SourceRuntime:
 
     async def _start_consumer(self) -> None:
         opts = self.options
-        self.consumer = Consumer(opts.topic, opts.channel, **opts.consumer_kwargs())
+        kwargs = opts.consumer_kwargs()
+        if self._delivery_cap is not None:
+            kwargs["max_in_flight"] = max(1, self._delivery_window())  # 0 (nothing to take): paused below
+        self.consumer = Consumer(opts.topic, opts.channel, **kwargs)
         await self.consumer.start()
+        if self._delivery_cap is not None:
+            self._limit_in_flight()
         self._pump = asyncio.get_running_loop().create_task(self._consume())
         self.loop.call_later(_PARENT_CHECK_INTERVAL, self._check_parent)
 
@@ -236,6 +250,9 @@ class SourceRuntime:
             return
         self.held[message.id] = [message]
         self.buffer.append(message)
+        self.delivered += 1
+        if self._delivery_cap is not None and self.delivered >= self._delivery_cap:
+            self._limit_in_flight()
         if not self._arrived_flag:  # a plain attribute: Event.is_set() per message costs more
             self._arrived_flag = True
             self.arrived.set()
@@ -286,7 +303,38 @@ class SourceRuntime:
                 if not delivery.has_responded:
                     delivery.finish()
         self.finished += count
+        if self._delivery_cap is not None:
+            self._limit_in_flight()
         return count
+
+    # ---- Trigger.AvailableNow's cap (loop thread) ---------------------------------------
+
+    def cap_deliveries(self, target: int) -> None:
+        """Take ``target`` more rows than the batches hold now (what is buffered counts), then no more.
+
+        Messages taken beyond the target would sit in the buffer when the run ends and go
+        back to nsqd (REQ), so nsqd must not send them: the in-flight window shrinks to
+        what is left to take.
+        """
+        self._delivery_cap = self.delivered - len(self.buffer) + target
+        self._limit_in_flight()
+
+    def _delivery_window(self) -> int:
+        """maxInFlight, or less: the messages in flight plus those still to take never exceed the cap.
+
+        In flight = delivered - finished (nothing is FINed before Spark commits it), and
+        delivered may grow to the cap, so the window is cap - finished.
+        """
+        assert self._delivery_cap is not None
+        return max(0, min(self.options.max_in_flight, self._delivery_cap - self.finished))
+
+    def _limit_in_flight(self) -> None:
+        consumer = self.consumer
+        if consumer is None:
+            return
+        window = 0 if self.delivered >= (self._delivery_cap or 0) else self._delivery_window()
+        if window < consumer.max_in_flight:
+            consumer.set_max_in_flight(window)
 
     def batch(self, start: dict[str, Any], end: dict[str, Any]) -> list[Any] | None:
         """The messages of batch ``start .. end``; None when ``end`` is of another session."""
@@ -316,7 +364,7 @@ class SourceRuntime:
     # ---- Trigger.AvailableNow (Spark thread) ------------------------------------------
 
     def available_now_target(self) -> int:
-        """How many messages this run should deliver: what nsqd holds for the channel now.
+        """How many messages this run should deliver, when the consumer already runs.
 
         Our own buffer is counted first, then nsqd's /stats (a message cannot go back from
         our buffer to the queue, so nothing is counted twice). When we are the channel's
@@ -324,67 +372,111 @@ class SourceRuntime:
         to us) count as well.
         """
         counts = self.call(self.counts)
-        depth = 0
+        backlog = 0
         in_flight_elsewhere = 0
         only_us = True
-        for address in self._http_addresses():
-            stats = _channel_stats(address, self.options.topic, self.options.channel)
-            depth += stats["depth"]
+        for stats in (_channel_stats(address, self.options.topic, self.options.channel)
+                      for address in http_addresses(self.options)):
+            backlog += stats["depth"] + stats["topic_depth"]
             in_flight_elsewhere += stats["in_flight"]
             only_us = only_us and stats["clients"] <= self.options.connections_per_nsqd
         extra = max(0, in_flight_elsewhere - counts["sealed"] - counts["buffered"]) if only_us else 0
-        return counts["buffered"] + depth + extra
+        return counts["buffered"] + backlog + extra
 
-    def _http_addresses(self) -> list[str]:
-        opts = self.options.common
-        if opts.nsqd_http:
-            return list(opts.nsqd_http)
-        if opts.lookupd:
-            future = asyncio.run_coroutine_threadsafe(self._lookup_http_addresses(), self.loop)
-            return future.result(_HTTP_TIMEOUT * 3)
-        raise NSQError(
-            "Trigger.AvailableNow needs nsqd's HTTP address to read the channel depth: "
-            "give option 'nsqdHttp' (one per 'nsqd' address) or use option 'lookupd'"
-        )
 
-    async def _lookup_http_addresses(self) -> list[str]:
-        from ..lookupd import LookupdClient
+#: How long the AvailableNow target waits for nsqd to move a topic's backlog into a new channel.
+_TOPIC_PUMP_TIMEOUT = 30.0
+_TOPIC_PUMP_STALLED = 1.0  # the topic's depth did not fall for this long: paused, or publishers keep up
 
-        found: list[str] = []
-        async with LookupdClient(timeout=_HTTP_TIMEOUT) as client:
-            for address in self.options.common.lookupd:
-                result = await client.lookup(address, self.options.topic)
-                for node in result.producers:
-                    if node.http_address not in found:
-                        found.append(node.http_address)
-        return found
+
+def available_now_backlog(options: SourceOptions) -> int:
+    """Trigger.AvailableNow's target, before the source consumes: what the channel holds now.
+
+    nsqd keeps a topic's messages in the topic until it has a channel, then moves them
+    into every channel in the background. /stats read during that move can miss the
+    messages in transit (it reads the channels before the topic), so the channel is
+    created first (upstream nsqd: what the consumer's SUB would do anyway) and the target
+    is read once the topic's queue is empty or stops emptying. Messages in flight with
+    no consumer connected come back at their timeout: they count. Deferred ones are not
+    available now: they do not.
+    """
+    addresses = http_addresses(options)
+    if not options.ha:  # the HA nsqd creates channels per partition, and new ones start at the end
+        for address in addresses:
+            _post(address, f"/channel/create?topic={quote(options.topic)}&channel={quote(options.channel)}")
+    stats = [_channel_stats(address, options.topic, options.channel) for address in addresses]
+    deadline = time.monotonic() + _TOPIC_PUMP_TIMEOUT
+    lowest, lowest_at = sum(s["topic_depth"] for s in stats), time.monotonic()
+    while lowest > 0 and time.monotonic() < deadline and time.monotonic() - lowest_at < _TOPIC_PUMP_STALLED:
+        time.sleep(0.02)
+        stats = [_channel_stats(address, options.topic, options.channel) for address in addresses]
+        depth = sum(s["topic_depth"] for s in stats)
+        if depth < lowest:
+            lowest, lowest_at = depth, time.monotonic()
+    return sum(s["depth"] + s["topic_depth"] + (s["in_flight"] if s["clients"] == 0 else 0) for s in stats)
+
+
+def http_addresses(options: SourceOptions) -> list[str]:
+    """nsqd HTTP addresses of the source: option nsqdHttp, or the topic's producers at the lookupds."""
+    opts = options.common
+    if opts.nsqd_http:
+        return list(opts.nsqd_http)
+    if opts.lookupd:
+        from ..loop import run
+
+        return run(_lookup_http_addresses(options))
+    raise NSQError(
+        "Trigger.AvailableNow needs nsqd's HTTP address to read the channel depth: "
+        "give option 'nsqdHttp' (one per 'nsqd' address) or use option 'lookupd'"
+    )
+
+
+async def _lookup_http_addresses(options: SourceOptions) -> list[str]:
+    from ..lookupd import LookupdClient
+
+    found: list[str] = []
+    async with LookupdClient(timeout=_HTTP_TIMEOUT) as client:
+        for address in options.common.lookupd:
+            result = await client.lookup(address, options.topic)
+            for node in result.producers:
+                if node.http_address not in found:
+                    found.append(node.http_address)
+    return found
+
+
+def _base_url(http_address: str) -> str:
+    base = http_address if "://" in http_address else f"http://{http_address}"
+    return base.rstrip("/")
+
+
+def _post(http_address: str, path: str) -> None:
+    request = urllib.request.Request(_base_url(http_address) + path, method="POST",
+                                     headers={"Accept": "application/vnd.nsq; version=1.0"})
+    with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:
+        response.read()
 
 
 def _channel_stats(http_address: str, topic: str, channel: str) -> dict[str, int]:
-    """Depth, in-flight count and consumers of ``topic/channel`` on one nsqd (``GET /stats``).
-
-    A channel that does not exist yet has the topic's depth (nsqd copies the topic's
-    queue into the first channel).
+    """Of ``topic/channel`` on one nsqd (``GET /stats``): the channel's depth, in-flight count
+    and consumers, and the topic's depth (messages not yet moved into its channels; with no
+    channel yet, all of them: nsqd gives them to the first channel).
     """
-    base = http_address if "://" in http_address else f"http://{http_address}"
-    url = f"{base.rstrip('/')}/stats?format=json&topic={topic}"
+    url = f"{_base_url(http_address)}/stats?format=json&topic={quote(topic)}"
     request = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
     with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:
         payload = json.loads(response.read())
     if isinstance(payload, dict) and "data" in payload and "topics" not in payload:
         payload = payload["data"]  # nsqd before 1.0 wrapped every answer
+    found = {"depth": 0, "in_flight": 0, "clients": 0, "topic_depth": 0}
     for entry in payload.get("topics") or ():
         if entry.get("topic_name") != topic:
             continue
+        found["topic_depth"] = int(entry.get("depth", 0))
         for chan in entry.get("channels") or ():
             if chan.get("channel_name") == channel:
                 clients = chan.get("client_count")
                 if clients is None:
                     clients = len(chan.get("clients") or ())
-                return {
-                    "depth": int(chan.get("depth", 0)),
-                    "in_flight": int(chan.get("in_flight_count", 0)),
-                    "clients": int(clients),
-                }
-        return {"depth": int(entry.get("depth", 0)), "in_flight": 0, "clients": 0}
-    return {"depth": 0, "in_flight": 0, "clients": 0}
+                found.update(depth=int(chan.get("depth", 0)), in_flight=int(chan.get("in_flight_count", 0)),
+                             clients=int(clients))
+    return found

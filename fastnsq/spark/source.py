@@ -32,7 +32,7 @@ from pyspark.sql.types import StructType
 
 from ..errors import InvalidValueError
 from ._options import SourceOptions
-from ._runtime import SourceRuntime
+from ._runtime import SourceRuntime, available_now_backlog
 
 try:  # PySpark >= 4.2: admission control and Trigger.AvailableNow for Python sources
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -194,10 +194,10 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
         state["_planned"] = None
         return state
 
-    def _ensure_runtime(self) -> SourceRuntime:
+    def _ensure_runtime(self, delivery_cap: int | None = None) -> SourceRuntime:
         if self._runtime is None:
             runtime = SourceRuntime(self._options)
-            runtime.start()
+            runtime.start(delivery_cap)
             self._runtime = runtime
             logger.info(
                 "nsq source session %s consuming %s/%s", runtime.session, self._options.topic, self._options.channel
@@ -269,9 +269,14 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
                 return runtime.call(runtime.plan, start, 0)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        runtime = self._ensure_runtime()
+        if self._runtime is None:  # Spark's usual order: the target is read before consuming
+            target = available_now_backlog(self._options)
+            runtime = self._ensure_runtime(delivery_cap=target)
+        else:
+            runtime = self._runtime
+            target = runtime.available_now_target()
+            runtime.call(runtime.cap_deliveries, target)
         origin = runtime.call(lambda: runtime.next_seq)
-        target = runtime.available_now_target()
         self._target = (target, origin)
         self._target_done = False
         logger.info("Trigger.AvailableNow: %d messages to deliver from %s/%s", target, self._options.topic,
