@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections import deque
@@ -72,7 +73,6 @@ class SourceRuntime:
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="fastnsq-spark-source", daemon=True)
         self.consumer: Consumer | None = None
-        self._pump: asyncio.Task[None] | None = None
         self.buffer: deque[Any] = deque()
         self.sealed: list[Any] = []  # sealed[i] has seq base + i
         self.base = 0
@@ -114,17 +114,13 @@ class SourceRuntime:
         kwargs = opts.consumer_kwargs()
         if self._delivery_cap is not None:
             kwargs["max_in_flight"] = max(1, self._delivery_window())  # 0 (nothing to take): paused below
-        self.consumer = Consumer(opts.topic, opts.channel, **kwargs)
+        # A sync handler, not `async for`: the consumer's C delivery path calls it per message
+        # with no task switch (the loop thread shares the GIL with Spark's planning thread).
+        self.consumer = Consumer(opts.topic, opts.channel, handler=self._on_message, **kwargs)
         await self.consumer.start()
         if self._delivery_cap is not None:
             self._limit_in_flight()
-        self._pump = asyncio.get_running_loop().create_task(self._consume())
         self.loop.call_later(_PARENT_CHECK_INTERVAL, self._check_parent)
-
-    async def _consume(self) -> None:
-        assert self.consumer is not None
-        async for message in self.consumer:
-            self._on_message(message)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -243,6 +239,7 @@ class SourceRuntime:
     # ---- messages (loop thread) -------------------------------------------------------
 
     def _on_message(self, message: Any) -> None:
+        message.disable_auto_response()  # held in flight until Spark commits its batch
         deliveries = self.held.get(message.id)
         if deliveries is not None:
             deliveries.append(message)  # answered with the first delivery: never a second row
@@ -403,7 +400,7 @@ def available_now_backlog(options: SourceOptions) -> int:
     addresses = http_addresses(options)
     if not options.ha:  # the HA nsqd creates channels per partition, and new ones start at the end
         for address in addresses:
-            _post(address, f"/channel/create?topic={quote(options.topic)}&channel={quote(options.channel)}")
+            _create_channel(address, options.topic, options.channel)
     stats = [_channel_stats(address, options.topic, options.channel) for address in addresses]
     deadline = time.monotonic() + _TOPIC_PUMP_TIMEOUT
     lowest, lowest_at = sum(s["topic_depth"] for s in stats), time.monotonic()
@@ -454,6 +451,15 @@ def _post(http_address: str, path: str) -> None:
                                      headers={"Accept": "application/vnd.nsq; version=1.0"})
     with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:
         response.read()
+
+
+def _create_channel(http_address: str, topic: str, channel: str) -> None:
+    """The channel, where the topic exists (nsqd answers 404 where it does not: nothing to read there)."""
+    try:
+        _post(http_address, f"/channel/create?topic={quote(topic)}&channel={quote(channel)}")
+    except urllib.error.HTTPError as exc:
+        if exc.code != 404:
+            raise
 
 
 def _channel_stats(http_address: str, topic: str, channel: str) -> dict[str, int]:
