@@ -159,6 +159,56 @@ class ThreadedNSQD:
         return self.run(consume(), timeout + 30)
 
 
+class ExternalSparkNSQD(ThreadedNSQD):
+    """The nsqd (and lookupd) of FASTNSQ_TEST_NSQD / _HTTP / FASTNSQ_TEST_LOOKUPD_HTTP: a real
+    server the tests reach as Spark does, over TCP and HTTP; what it says comes from /stats."""
+
+    def __init__(self, env: dict[str, str], *, with_lookupd: bool = False) -> None:
+        self.loop = new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="test-client", daemon=True)
+        self._thread.start()
+        self._tcp, self._http = env["FASTNSQ_TEST_NSQD"], env["FASTNSQ_TEST_NSQD_HTTP"]
+        self.lookupd = _Address(env["FASTNSQ_TEST_LOOKUPD_HTTP"]) if with_lookupd else None
+
+    @property
+    def tcp_address(self) -> str:
+        return self._tcp
+
+    @property
+    def http_address(self) -> str:
+        return self._http
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+    def _stats(self, query: str) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://{self._http}/stats?format=json&{query}", timeout=10) as response:
+            return dict(json.loads(response.read()))
+
+    def channel(self, topic: str, channel: str) -> dict[str, Any]:
+        topics = self._stats(f"topic={topic}&channel={channel}")["topics"] or []
+        return topics[0]["channels"][0] if topics and topics[0]["channels"] else {}
+
+    def topic(self, topic: str) -> dict[str, Any]:
+        topics = self._stats(f"topic={topic}")["topics"] or []
+        return topics[0] if topics else {}
+
+
+class _Address:
+    def __init__(self, http_address: str) -> None:
+        self.http_address = http_address
+
+
+def spark_nsqd(*, with_lookupd: bool = False) -> ThreadedNSQD:
+    """The real nsqd the environment names (dev.py test --real), else an embedded one."""
+    env = os.environ
+    needed = ["FASTNSQ_TEST_NSQD", "FASTNSQ_TEST_NSQD_HTTP"] + (["FASTNSQ_TEST_LOOKUPD_HTTP"] if with_lookupd else [])
+    if all(env.get(name) for name in needed):
+        return ExternalSparkNSQD(dict(env), with_lookupd=with_lookupd)
+    return ThreadedNSQD(with_lookupd=with_lookupd)
+
+
 def wait_until(predicate: Any, timeout: float, interval: float = 0.2, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -176,7 +226,7 @@ def bodies(prefix: str, count: int) -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def nsqd() -> Iterator[ThreadedNSQD]:
-    server = ThreadedNSQD()
+    server = spark_nsqd()
     try:
         yield server
     finally:
@@ -603,7 +653,7 @@ def test_lookupd_discovery_and_available_now(spark: Any) -> None:
     connection options pass through (snappy on the source's connections, deflate on the sink's)."""
     import urllib.request
 
-    server = ThreadedNSQD(with_lookupd=True)
+    server = spark_nsqd(with_lookupd=True)
     try:
         assert server.lookupd is not None
         lookupd = server.lookupd.http_address
@@ -611,13 +661,20 @@ def test_lookupd_discovery_and_available_now(spark: Any) -> None:
         df = spark.createDataFrame([(b,) for b in bodies("lookup", count)], "body binary")
         df.write.format("nsq").mode("append").option("lookupd", lookupd).option("nsqd", server.tcp_address) \
             .option("topic", topic).option("deflate", "true").save()
-        assert server.topic(topic)["message_count"] == count
 
-        def registered() -> bool:
+        def producers() -> list[dict[str, Any]]:
             with urllib.request.urlopen(f"http://{lookupd}/lookup?topic={topic}", timeout=5) as response:
-                return bool(json.loads(response.read()).get("producers"))
+                return list(json.loads(response.read()).get("producers") or [])
 
-        wait_until(registered, 20, what="lookupd to list the topic")
+        def published() -> int:  # the sink may spread over every nsqd the lookupd knows (a real cluster)
+            total = 0
+            for node in producers():
+                url = f"http://{node['broadcast_address']}:{node['http_port']}/stats?format=json&topic={topic}"
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    total += sum(t["message_count"] for t in json.loads(response.read())["topics"] or [])
+            return total
+
+        wait_until(lambda: published() == count, 20, what=f"the lookupd's nsqds to hold {count} messages")
         collected = Collector()
         stream = (
             spark.readStream.format("nsq").option("lookupd", lookupd).option("topic", topic)
@@ -638,7 +695,18 @@ def test_lookupd_discovery_and_available_now(spark: Any) -> None:
         ids = collected.ids()
         assert len(ids) == count and len(set(ids)) == count
         assert {body for _, body, _, _ in collected.rows} == set(bodies("lookup", count))
-        wait_until(lambda: server.channel(topic, "spark").get("client_count") == 0, 30, what="disconnect")
+
+        def clients() -> int:
+            total = 0
+            for node in producers():
+                url = (f"http://{node['broadcast_address']}:{node['http_port']}/stats?format=json"
+                       f"&topic={topic}&channel=spark")
+                with urllib.request.urlopen(url, timeout=5) as response:
+                    for entry in json.loads(response.read())["topics"] or []:
+                        total += sum(c["client_count"] for c in entry["channels"] or [])
+            return total
+
+        wait_until(lambda: clients() == 0, 30, what="the source to disconnect from every nsqd")
     finally:
         server.close()
 

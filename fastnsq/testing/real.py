@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -52,6 +52,7 @@ ENV_REAL_HA_NEXT_PORT = "FASTNSQ_REAL_HA_NEXT_PORT"
 ENV_EMULATES = "FASTNSQ_TEST_NSQD_EMULATES"
 _HOST = "127.0.0.1"
 _START_TIMEOUT = 15.0
+_PORT_ATTEMPTS = 3  # starts on fresh ports when a free port was taken before the server bound it
 
 
 class RealServerError(RuntimeError):
@@ -156,22 +157,38 @@ class RealNSQ:
             time.sleep(0.05)
         raise RealServerError(f"{process.name} did not answer /ping on {http_address} in {_START_TIMEOUT} s")
 
+    def _start_on_free_ports(self, name: str, argv_for: Callable[[str, str], list[str]]) -> tuple[str, str]:
+        """Start ``name`` on a free TCP and HTTP port; (tcp, http).
+
+        A port the kernel called free can be taken (by another process's outgoing
+        connection) before the server binds it: then the server exits with "address
+        already in use" and is started again on other ports.
+        """
+        for attempt in range(_PORT_ATTEMPTS):
+            tcp, http = f"{_HOST}:{free_port()}", f"{_HOST}:{free_port()}"
+            process = self._spawn(name, argv_for(tcp, http))
+            try:
+                self._wait_ping(process, http)
+                return tcp, http
+            except RealServerError as exc:
+                if "address already in use" not in str(exc) or attempt + 1 == _PORT_ATTEMPTS:
+                    raise
+                self._processes.remove(process)
+        raise AssertionError("unreachable")
+
     def _start_lookupd(self, lookupd: Path) -> None:
-        tcp, http = free_port(), free_port()
-        self.lookupd_tcp_address, self.lookupd_http_address = f"{_HOST}:{tcp}", f"{_HOST}:{http}"
-        argv = [str(lookupd), f"--tcp-address={self.lookupd_tcp_address}",
-                f"--http-address={self.lookupd_http_address}", f"--broadcast-address={_HOST}"]
-        self._wait_ping(self._spawn("nsqlookupd", argv), self.lookupd_http_address)
+        self.lookupd_tcp_address, self.lookupd_http_address = self._start_on_free_ports(
+            "nsqlookupd", lambda tcp, http: [str(lookupd), f"--tcp-address={tcp}", f"--http-address={http}",
+                                             f"--broadcast-address={_HOST}"])
 
     def _start_nsqd(self, nsqd: Path, index: int) -> None:
         assert self.data_dir is not None
-        tcp, http = f"{_HOST}:{free_port()}", f"{_HOST}:{free_port()}"
         data_path = self.data_dir / f"nsqd{index}"
         data_path.mkdir(parents=True, exist_ok=True)
-        argv = [str(nsqd), f"--data-path={data_path}", f"--tcp-address={tcp}", f"--http-address={http}",
-                "--https-address=", f"--broadcast-address={_HOST}",
-                f"--lookupd-tcp-address={self.lookupd_tcp_address}", *self.nsqd_args]
-        self._wait_ping(self._spawn(f"nsqd{index}", argv), http)
+        tcp, http = self._start_on_free_ports(f"nsqd{index}", lambda tcp, http: [
+            str(nsqd), f"--data-path={data_path}", f"--tcp-address={tcp}", f"--http-address={http}",
+            "--https-address=", f"--broadcast-address={_HOST}",
+            f"--lookupd-tcp-address={self.lookupd_tcp_address}", *self.nsqd_args])
         self.tcp_addresses.append(tcp)
         self.http_addresses.append(http)
 
