@@ -10,10 +10,11 @@ Bookkeeping, all on the loop thread:
 
 * ``buffer``: delivered, not yet part of a batch;
 * ``sealed``: part of a batch (``seq`` numbers ``base .. next_seq-1``), not FINed;
-* ``held``: message id -> its deliveries. A redelivery of an id still held (its
-  timeout passed during a stall, or its connection was replaced) does not become a
-  new row: the delivery is added to the entry and answered with it, newest first,
-  so the FIN/REQ reaches the delivery nsqd currently has in flight.
+* ``held``: message id -> its first delivery (the row), and ``redelivered``: id ->
+  later deliveries. A redelivery of an id still held (its timeout passed during a
+  stall, or its connection was replaced) does not become a new row: it is answered
+  with the first, newest first, so the FIN/REQ reaches the delivery nsqd currently
+  has in flight.
 
 The offsets Spark checkpoints are ``{"session": <this process>, "seq": n}``:
 a batch whose end belongs to another session was planned by a process that is
@@ -41,6 +42,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from ..codec import finish_all
 from ..consumer import Consumer
 from ..errors import NSQError
 from ..loop import new_event_loop
@@ -76,11 +78,11 @@ class SourceRuntime:
         self.buffer: deque[Any] = deque()
         self.sealed: list[Any] = []  # sealed[i] has seq base + i
         self.base = 0
-        self.held: dict[bytes, list[Any]] = {}
+        self.held: dict[bytes, Any] = {}  # id -> its first delivery, the row
+        self.redelivered: dict[bytes, list[Any]] = {}  # id -> later deliveries of a held id
         self.arrived = threading.Event()  # set by the loop thread when the buffer grows
         self._arrived_flag = False
         self.redeliveries_dropped = 0
-        self.delivered = 0  # rows: distinct messages that reached the buffer
         self.finished = 0
         # Trigger.AvailableNow: deliveries stop at this many rows (None: no limit).
         self._delivery_cap: int | None = None
@@ -216,11 +218,12 @@ class SourceRuntime:
             self.loop.stop()
 
     def _forget_held(self) -> None:
-        for deliveries in self.held.values():
+        for deliveries in [[m] for m in self.held.values()] + list(self.redelivered.values()):
             for message in deliveries:
                 if not message.has_responded:  # its connection closed earlier
                     logger.debug("message %r: its connection is gone, nsqd requeues it at msg_timeout", message)
         self.held.clear()
+        self.redelivered.clear()
         self.buffer.clear()
         self.sealed.clear()
 
@@ -239,20 +242,31 @@ class SourceRuntime:
     # ---- messages (loop thread) -------------------------------------------------------
 
     def _on_message(self, message: Any) -> None:
+        # Per message on the loop thread, which shares the GIL with Spark's planning: kept short.
         message.disable_auto_response()  # held in flight until Spark commits its batch
-        deliveries = self.held.get(message.id)
-        if deliveries is not None:
-            deliveries.append(message)  # answered with the first delivery: never a second row
-            self.redeliveries_dropped += 1
+        mid = message.id
+        held = self.held
+        if mid in held:
+            self._redelivered(mid, message)
             return
-        self.held[message.id] = [message]
+        held[mid] = message
         self.buffer.append(message)
-        self.delivered += 1
         if self._delivery_cap is not None and self.delivered >= self._delivery_cap:
             self._limit_in_flight()
         if not self._arrived_flag:  # a plain attribute: Event.is_set() per message costs more
             self._arrived_flag = True
             self.arrived.set()
+
+    def _redelivered(self, mid: bytes, message: Any) -> None:
+        """An id still held came again (its timeout passed in a stall, or its connection was
+        replaced): no second row; it is answered with the first delivery, newest first."""
+        self.redelivered.setdefault(mid, []).append(message)
+        self.redeliveries_dropped += 1
+
+    @property
+    def delivered(self) -> int:
+        """Rows taken so far: distinct messages that reached the buffer."""
+        return self.base + len(self.sealed) + len(self.buffer)
 
     @property
     def next_seq(self) -> int:
@@ -294,11 +308,12 @@ class SourceRuntime:
             return 0
         done, self.sealed = self.sealed[:count], self.sealed[count:]
         self.base += count
-        held = self.held
+        held, redelivered = self.held, self.redelivered
         for message in done:
-            for delivery in reversed(held.pop(message.id, (message,))):
-                if not delivery.has_responded:
-                    delivery.finish()
+            held.pop(message.id, None)
+            if redelivered:  # the delivery nsqd has in flight now is the newest
+                finish_all(reversed(redelivered.pop(message.id, ())))
+        finish_all(done)
         self.finished += count
         if self._delivery_cap is not None:
             self._limit_in_flight()
