@@ -39,6 +39,7 @@ import urllib.request
 import uuid
 from collections import deque
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -59,6 +60,8 @@ _CALL_TIMEOUT = 120.0
 _SHUTDOWN_TIMEOUT = 15.0  # CLS, CLOSE_WAIT, REQ and close; past it the process exits anyway
 _PARENT_CHECK_INTERVAL = 1.0
 _HTTP_TIMEOUT = 10.0
+_TAKE_AT_ONCE = 100_000  # messages taken from the consumer per loop pass, at most
+_ID = attrgetter("id")
 
 
 class SourceRuntime:
@@ -75,6 +78,7 @@ class SourceRuntime:
         self.loop = new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name="fastnsq-spark-source", daemon=True)
         self.consumer: Consumer | None = None
+        self._pump: asyncio.Task[None] | None = None
         self.buffer: deque[Any] = deque()
         self.sealed: list[Any] = []  # sealed[i] has seq base + i
         self.base = 0
@@ -116,13 +120,21 @@ class SourceRuntime:
         kwargs = opts.consumer_kwargs()
         if self._delivery_cap is not None:
             kwargs["max_in_flight"] = max(1, self._delivery_window())  # 0 (nothing to take): paused below
-        # A sync handler, not `async for`: the consumer's C delivery path calls it per message
-        # with no task switch (the loop thread shares the GIL with Spark's planning thread).
-        self.consumer = Consumer(opts.topic, opts.channel, handler=self._on_message, **kwargs)
+        self.consumer = Consumer(opts.topic, opts.channel, **kwargs)
         await self.consumer.start()
         if self._delivery_cap is not None:
             self._limit_in_flight()
+        self._pump = self.loop.create_task(self._consume())
         self.loop.call_later(_PARENT_CHECK_INTERVAL, self._check_parent)
+
+    async def _consume(self) -> None:
+        # Whatever arrived since the last loop pass, in one go: the consumer's C path queues
+        # the messages and this takes them in bulk, with no Python call per message on the
+        # loop thread (which shares the GIL with Spark's planning thread). Nothing is
+        # answered here: each message stays in flight until Spark commits its batch.
+        assert self.consumer is not None
+        async for batch in self.consumer.batches(max_size=_TAKE_AT_ONCE, max_wait=0.0):
+            self._on_messages(batch.messages)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -241,9 +253,26 @@ class SourceRuntime:
 
     # ---- messages (loop thread) -------------------------------------------------------
 
+    def _on_messages(self, messages: list[Any]) -> None:
+        """Messages delivered together: rows, unless an id is held already (then one by one)."""
+        held = self.held
+        ids = list(map(_ID, messages))
+        before = len(held)
+        if not held.keys().isdisjoint(ids):
+            for message in messages:
+                self._on_message(message)
+            return
+        held.update(zip(ids, messages))
+        if len(held) != before + len(ids):  # an id twice in this lot: undo, then one by one
+            for mid in ids:
+                held.pop(mid, None)
+            for message in messages:
+                self._on_message(message)
+            return
+        self.buffer.extend(messages)
+        self._after_arrival()
+
     def _on_message(self, message: Any) -> None:
-        # Per message on the loop thread, which shares the GIL with Spark's planning: kept short.
-        message.disable_auto_response()  # held in flight until Spark commits its batch
         mid = message.id
         held = self.held
         if mid in held:
@@ -251,9 +280,12 @@ class SourceRuntime:
             return
         held[mid] = message
         self.buffer.append(message)
+        self._after_arrival()
+
+    def _after_arrival(self) -> None:
         if self._delivery_cap is not None and self.delivered >= self._delivery_cap:
             self._limit_in_flight()
-        if not self._arrived_flag:  # a plain attribute: Event.is_set() per message costs more
+        if not self._arrived_flag:  # a plain attribute: Event.is_set() costs more
             self._arrived_flag = True
             self.arrived.set()
 
