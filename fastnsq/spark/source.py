@@ -116,7 +116,9 @@ def _column(name: str, messages: Sequence[Any], topic: str, ha: bool) -> pa.Arra
     if name == "id":
         if ha:  # binary ids: their hex form is the dedupe key
             return pa.array([m.id.hex() for m in messages], pa.string())
-        return pa.array(list(map(_IDS, messages)), pa.binary()).cast(pa.string())
+        # nsqd's ids are 16 ASCII hex digits: straight into a string array (a binary array
+        # cast to string took 8x as long, most of a partition's build).
+        return pa.array(list(map(_IDS, messages)), pa.string())
     if name == "body":
         return pa.array(list(map(_BODIES, messages)), pa.binary())
     if name == "attempts":
