@@ -227,6 +227,7 @@ def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dic
             .option("connectionsPerNsqd", str(args.connections))
             .option("numPartitions", str(args.partitions))
             .option("readMode", args.read_mode)
+            .option("rowTransport", args.row_transport)
             .load()
         )
         started = time.perf_counter()
@@ -346,6 +347,8 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=2, help="source numPartitions / sink partitions")
     parser.add_argument("--sink", choices=("parquet", "noop"), default="parquet",
                         help="source: where the stream goes (noop measures the source alone)")
+    parser.add_argument("--row-transport", choices=("plan", "tcp"), default="plan",
+                        help="source option rowTransport: rows inside the plan, or fetched by the read tasks over TCP")
     parser.add_argument("--read-mode", choices=("partitioned", "simple"), default="partitioned",
                         help="source option readMode")
     parser.add_argument("--repeat", type=int, default=3, help="sink runs (the first is cold)")
@@ -381,7 +384,8 @@ def main() -> int:
         r = results["source"]
         print(f"  source -> {args.sink:<7} : {r['msg_per_s_steady']:>10,.0f} msg/s steady   "
               f"({r['msg_per_s_with_startup']:,.0f} with startup; {r['micro_batches']} batches of "
-              f"~{r['mean_batch_rows']:,.0f}; maxInFlight={args.max_in_flight}, connections={args.connections})")
+              f"~{r['mean_batch_rows']:,.0f}; maxInFlight={args.max_in_flight}, connections={args.connections}, "
+              f"rowTransport={args.row_transport})")
         print(f"    trigger {r['trigger']}: {r['rows_written']} rows, {r['distinct_ids_written']} distinct ids, "
               f"first batch after {r['seconds_to_first_batch']:.1f} s, stopped by itself: {r['stopped_by_itself']}; "
               f"channel after: {r['channel_after']}")

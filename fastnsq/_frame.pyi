@@ -260,3 +260,16 @@ def decode_mpub(body: BytesLike, max_msg_size: int, max_body_size: int) -> list[
     bad count, ``E_BAD_MESSAGE`` for a bad message length or a short body).
     """
 def decode_traced_response(data: BytesLike) -> TracedResponse: ...
+def message_columns(
+    messages: Sequence[Message], hex_ids: bool, max_bytes: int = ...
+) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes | None, bytes | None]:
+    """The fields of ``messages`` as flat buffers in Arrow's layouts (native byte order), for
+    building columns without a Python call per message:
+
+    ``(id_offsets, ids, timestamps, attempts, body_offsets, bodies, address_offsets, addresses)``:
+    ids as text (16 characters; with ``hex_ids``, the 16 id bytes as 32 hex digits: HA ids),
+    int32 offsets (``n + 1``); timestamps as int64 microseconds (nsqd's nanoseconds // 1000);
+    attempts as int32; bodies and their int32 offsets; the address of the connection each
+    message came on, UTF-8 with int32 offsets, or ``(None, None)`` when a message has none.
+    Raises ``InvalidValueError`` when a column would exceed ``max_bytes`` (32-bit offsets).
+    """

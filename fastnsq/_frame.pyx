@@ -96,6 +96,7 @@ __all__ = [
     "encode_traced_response",
     "decode_mpub",
     "fits_one_mpub",
+    "message_columns",
     "decode_traced_response",
     "ProtocolError",
 ]
@@ -1305,3 +1306,89 @@ def decode_mpub(body, Py_ssize_t max_msg_size, Py_ssize_t max_body_size):
         messages.append(PyBytes_FromStringAndSize(p + pos, size))
         pos += size
     return messages
+
+
+# ---- messages as columns -------------------------------------------------------------------
+
+cdef const char* _HEX_DIGITS = b"0123456789abcdef"
+
+
+def message_columns(messages, bint hex_ids, Py_ssize_t max_bytes=C_I32_MAX):
+    """The fields of ``messages`` as flat buffers, Arrow's layouts (see ``_frame.pyi``)."""
+    cdef list items = messages if type(messages) is list else list(messages)
+    cdef Py_ssize_t n = len(items)
+    cdef Py_ssize_t i, size
+    cdef Py_ssize_t body_total = 0, address_total = 0
+    cdef Py_ssize_t id_width = 32 if hex_ids else 16
+    cdef Message msg
+    cdef object address, last_address = None
+    cdef const char* text = NULL
+    cdef Py_ssize_t text_size = 0
+    cdef bint addresses = True
+    for i in range(n):
+        msg = <Message?>items[i]
+        body_total += PyBytes_GET_SIZE(msg.body)
+        address = msg.address
+        if type(address) is not str:
+            addresses = False
+        elif addresses:
+            if address is not last_address:
+                text = PyUnicode_AsUTF8AndSize(address, &text_size)
+                last_address = address
+            address_total += text_size
+    if body_total > max_bytes or address_total > max_bytes or n * id_width > max_bytes:
+        raise InvalidValueError(
+            f"{n} messages take {max(body_total, address_total, n * id_width)} bytes in one column, "
+            f"over the {max_bytes} an Arrow column with 32-bit offsets holds"
+        )
+    cdef bytes id_offsets = PyBytes_FromStringAndSize(NULL, 4 * (n + 1))
+    cdef bytes ids = PyBytes_FromStringAndSize(NULL, n * id_width)
+    cdef bytes timestamps = PyBytes_FromStringAndSize(NULL, 8 * n)
+    cdef bytes attempts = PyBytes_FromStringAndSize(NULL, 4 * n)
+    cdef bytes body_offsets = PyBytes_FromStringAndSize(NULL, 4 * (n + 1))
+    cdef bytes bodies = PyBytes_FromStringAndSize(NULL, body_total)
+    cdef int32_t* id_off = <int32_t*>PyBytes_AS_STRING(id_offsets)
+    cdef unsigned char* id_out = <unsigned char*>PyBytes_AS_STRING(ids)
+    cdef int64_t* ts_out = <int64_t*>PyBytes_AS_STRING(timestamps)
+    cdef int32_t* att_out = <int32_t*>PyBytes_AS_STRING(attempts)
+    cdef int32_t* body_off = <int32_t*>PyBytes_AS_STRING(body_offsets)
+    cdef char* body_out = PyBytes_AS_STRING(bodies)
+    cdef Py_ssize_t at = 0, j
+    cdef unsigned char byte
+    id_off[0] = 0
+    body_off[0] = 0
+    for i in range(n):
+        msg = <Message>items[i]
+        if hex_ids:
+            for j in range(16):
+                byte = <unsigned char>msg._id[j]
+                id_out[32 * i + 2 * j] = _HEX_DIGITS[byte >> 4]
+                id_out[32 * i + 2 * j + 1] = _HEX_DIGITS[byte & 15]
+        else:
+            memcpy(id_out + 16 * i, msg._id, 16)
+        id_off[i + 1] = <int32_t>(id_width * (i + 1))
+        # nsqd stamps nanoseconds; Spark's timestamps are microseconds.
+        ts_out[i] = msg.timestamp // 1000
+        att_out[i] = msg.attempts
+        size = PyBytes_GET_SIZE(msg.body)
+        memcpy(body_out + at, PyBytes_AS_STRING(msg.body), size)
+        at += size
+        body_off[i + 1] = <int32_t>at
+    if not addresses:
+        return id_offsets, ids, timestamps, attempts, body_offsets, bodies, None, None
+    cdef bytes address_offsets = PyBytes_FromStringAndSize(NULL, 4 * (n + 1))
+    cdef bytes address_data = PyBytes_FromStringAndSize(NULL, address_total)
+    cdef int32_t* addr_off = <int32_t*>PyBytes_AS_STRING(address_offsets)
+    cdef char* addr_out = PyBytes_AS_STRING(address_data)
+    last_address = None
+    at = 0
+    addr_off[0] = 0
+    for i in range(n):
+        address = (<Message>items[i]).address
+        if address is not last_address:
+            text = PyUnicode_AsUTF8AndSize(address, &text_size)
+            last_address = address
+        memcpy(addr_out + at, text, text_size)
+        at += text_size
+        addr_off[i + 1] = <int32_t>at
+    return id_offsets, ids, timestamps, attempts, body_offsets, bodies, address_offsets, address_data

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import re
 import struct
+from array import array
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import Any, Union
 
 from .errors import InvalidValueError, ProtocolError, split_error
@@ -50,6 +52,7 @@ __all__ = [
     "encode_response",
     "encode_traced_response",
     "fits_one_mpub",
+    "message_columns",
     "valid_channel_name",
     "valid_topic_name",
 ]
@@ -934,3 +937,43 @@ def decode_mpub(body: BytesLike, max_msg_size: int, max_body_size: int) -> list[
         messages.append(bytes(body[pos : pos + size]))
         pos += size
     return messages
+
+
+# ---- messages as columns ------------------------------------------------------------------------
+
+_I32_MAX = 0x7FFFFFFF
+
+
+def _offsets(sizes: list[int]) -> bytes:
+    return array("i", accumulate(sizes, initial=0)).tobytes()
+
+
+def message_columns(messages: Sequence[Message], hex_ids: bool, max_bytes: int = _I32_MAX) -> tuple[Any, ...]:
+    """The fields of ``messages`` as flat buffers, Arrow's layouts (see ``_frame.pyi``)."""
+    items = list(messages)
+    n = len(items)
+    id_width = 32 if hex_ids else 16
+    bodies = [m.body for m in items]
+    body_sizes = [len(b) for b in bodies]
+    addresses = [m.address for m in items]
+    encoded: list[bytes] | None = [a.encode() for a in addresses if type(a) is str]
+    if len(encoded or ()) != n:
+        encoded = None  # a message without an address: no address column
+    largest = max(sum(body_sizes), sum(map(len, encoded or ())), n * id_width)
+    if largest > max_bytes:
+        raise InvalidValueError(
+            f"{n} messages take {largest} bytes in one column, "
+            f"over the {max_bytes} an Arrow column with 32-bit offsets holds"
+        )
+    ids = b"".join(m.id.hex().encode() if hex_ids else m.id for m in items)
+    columns: tuple[Any, ...] = (
+        _offsets([id_width] * n),
+        ids,
+        array("q", (m.timestamp // 1000 for m in items)).tobytes(),  # nanoseconds -> Spark's microseconds
+        array("i", (m.attempts for m in items)).tobytes(),
+        _offsets(body_sizes),
+        b"".join(bodies),
+    )
+    if encoded is None:
+        return (*columns, None, None)
+    return (*columns, _offsets([len(a) for a in encoded]), b"".join(encoded))

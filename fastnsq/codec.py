@@ -81,6 +81,7 @@ __all__ = [
     "encode_traced_response",
     "finish_all",
     "fits_one_mpub",
+    "message_columns",
     "valid_channel_name",
     "valid_topic_name",
 ]

@@ -601,6 +601,55 @@ def test_messages_are_stamped_with_the_connections_address(codec):
     assert codec.Message(TS, 1, UPSTREAM_ID, b"y", address="h:1").address == "h:1"
 
 
+def test_message_columns_are_flat_buffers_in_arrows_layouts(codec):
+    from array import array
+
+    def ints(data: bytes, code: str) -> list[int]:
+        return array(code, data).tolist()
+
+    messages = [
+        codec.Message(TS + 1999, 1, UPSTREAM_ID, b"first", address="10.0.0.5:4150"),
+        codec.Message(TS, 65535, b"ffffffffffffffff", b"\x00" * 3, address="10.0.0.5:4150"),
+        codec.Message(TS + 1000, 2, b"0000000000000000", b"x", address="h\u00e9:4150"),
+    ]
+    id_offsets, ids, stamps, attempts, body_offsets, bodies, address_offsets, addresses = \
+        codec.message_columns(messages, False)
+    assert ints(id_offsets, "i") == [0, 16, 32, 48]
+    assert ids == UPSTREAM_ID + b"ffffffffffffffff" + b"0000000000000000"
+    assert ints(stamps, "q") == [TS // 1000 + 1, TS // 1000, TS // 1000 + 1]  # microseconds, rounded down
+    assert ints(attempts, "i") == [1, 65535, 2]
+    assert ints(body_offsets, "i") == [0, 5, 8, 9] and bodies == b"first\x00\x00\x00x"
+    assert ints(address_offsets, "i") == [0, 13, 26, 34]
+    assert addresses.decode() == "10.0.0.5:415010.0.0.5:4150h\u00e9:4150"
+    # HA ids are binary: as text they are their 32 hex digits.
+    ha_id = (7).to_bytes(8, "big") + (99).to_bytes(8, "big")
+    ha_offsets, ha_ids, *_ = codec.message_columns([codec.Message(TS, 1, ha_id, b"x", ha=True)], True)
+    assert ints(ha_offsets, "i") == [0, 32] and ha_ids == ha_id.hex().encode()
+    # A message without an address (not from a connection): no address column, the rest as usual.
+    *rest, no_offsets, no_addresses = codec.message_columns([*messages, codec.Message(TS, 1, UPSTREAM_ID, b"y")], False)
+    assert no_offsets is None and no_addresses is None and rest[5] == bodies + b"y"
+    empty = codec.message_columns([], False)
+    assert ints(empty[0], "i") == [0] and empty[1] == b"" and ints(empty[4], "i") == [0]
+    # A column that 32-bit offsets cannot hold is refused, naming the sizes.
+    with pytest.raises(InvalidValueError, match=r"3 messages take 48 bytes in one column, over the 40"):
+        codec.message_columns(messages, False, 40)
+
+
+def test_message_columns_agree_between_implementations():
+    from fastnsq import _frame_py
+
+    c_codec = pytest.importorskip("fastnsq._frame")
+    stamps = [0, 1, 999, 1000, TS, 2**62]
+    for hex_ids in (False, True):
+        made = {
+            impl: [impl.Message(ts, i % 7, b"%016x" % (i * 7919), bytes([i % 251]) * (i % 50 + 1),
+                                ha=hex_ids, address=f"127.0.0.{i % 3}:4150")
+                   for i, ts in enumerate(stamps * 20)]
+            for impl in (c_codec, _frame_py)
+        }
+        assert c_codec.message_columns(made[c_codec], hex_ids) == _frame_py.message_columns(made[_frame_py], hex_ids)
+
+
 def test_fits_one_mpub_is_the_common_batch_only(codec):
     # limit is the MPUB body budget after its 8 framing bytes: 4 + len per body.
     assert codec.fits_one_mpub([b"ab", b"c"], 4 + 2 + 4 + 1, 2, 2)

@@ -336,6 +336,9 @@ def test_options_are_checked_naming_the_option() -> None:
         "topic": {**base, "topic": "bad topic!"},
         "nsqd": {**base, "nsqd": "host:notaport"},
         "readMode": {**base, "readMode": "fast"},
+        "rowTransport": {**base, "rowTransport": "udp"},
+        "rowServerPort": {**base, "rowTransport": "tcp", "rowServerPort": "70000"},
+        "rowServerHost": {**base, "rowServerHost": "10.0.0.1"},  # without rowTransport=tcp
         "maxInFlgiht": {**base, "maxInFlgiht": "1"},
         "snappy": {**base, "snappy": "true", "deflate": "true"},
         "deferMs": {**base, "deferMs": "10"},
@@ -345,12 +348,54 @@ def test_options_are_checked_naming_the_option() -> None:
             parse_source(options)
     with pytest.raises(InvalidValueError, match="'nsqd'.*or 'lookupd'"):
         parse_source({"topic": "t", "channel": "c"})
+    with pytest.raises(InvalidValueError, match="'rowTransport'=tcp needs option 'readMode'=partitioned"):
+        parse_source({**base, "rowTransport": "tcp", "readMode": "simple"})
+    tcp = parse_source({**base, "rowTransport": "TCP", "rowServerPort": "0"})
+    assert (tcp.row_transport, tcp.row_server_host, tcp.row_server_port) == ("tcp", "127.0.0.1", 0)
+    assert parse_source(base).row_transport == "plan"
     with pytest.raises(InvalidValueError, match="topic"):
         parse_sink({"nsqd": "127.0.0.1:4150"}, has_topic_column=False)
     assert parse_sink({"nsqd": "127.0.0.1:4150"}, has_topic_column=True).topic is None
     sink = parse_sink({"nsqd": "127.0.0.1:4150", "topic": "o", "authSecret": "s3cret"}, has_topic_column=False)
     assert sink.producer_kwargs()["auth_secret"] == "s3cret"
     assert "s3cret" not in repr(sink.common)
+
+
+def test_row_server_serves_each_slice_until_its_batch_is_committed() -> None:
+    """rowTransport=tcp without Spark: slices served as often as asked until dropped with their
+    batch's FIN; a wrong token, an unknown slice and an unreachable server fail naming why."""
+    pa = pytest.importorskip("pyarrow")
+    from fastnsq.errors import NSQError
+    from fastnsq.spark._rows import RowHandle, RowServer, fetch_rows
+
+    def rows(*values: int) -> Any:
+        return pa.RecordBatch.from_pydict({"n": pa.array(values, pa.int64())})
+
+    server = RowServer("127.0.0.1", 0)
+    try:
+        first = server.put(10, [rows(1, 2), rows(3)])
+        second = server.put(20, [rows(4, 5, 6)])
+        assert [h.rows for h in first + second] == [2, 1, 3] and server.held() == 3
+        assert fetch_rows(first[0]).column("n").to_pylist() == [1, 2]
+        assert fetch_rows(first[0]).column("n").to_pylist() == [1, 2], "a retried task reads the same rows"
+        assert fetch_rows(second[0]).column("n").to_pylist() == [4, 5, 6]
+        server.drop_through(10)  # Spark committed the batch ending at seq 10: FINed, forgotten
+        assert server.held() == 1
+        with pytest.raises(NSQError, match="seq 10, slice 1 is not held: it was committed"):
+            fetch_rows(first[1])
+        forged = RowHandle(server.host, server.port, "0" * 64, 20, 0, 3)
+        with pytest.raises(NSQError, match="wrong token"):
+            fetch_rows(forged)
+        assert fetch_rows(second[0]).num_rows == 3
+    finally:
+        server.close()
+    with pytest.raises(NSQError, match="cannot reach the nsq source's row server at 127.0.0.1:.*rowServerHost"):
+        fetch_rows(second[0])
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(NSQError, match="cannot listen on 127.0.0.1:.*rowServerPort"):
+            RowServer("127.0.0.1", busy.getsockname()[1])
 
 
 def test_runtime_bookkeeping_is_session_aware_and_drops_redeliveries() -> None:
@@ -444,12 +489,14 @@ def test_messages_become_arrow_rows_with_the_schema_spark_expects() -> None:
 
 
 @spark_test
-@pytest.mark.parametrize("mode", ["partitioned", "simple"])
+@pytest.mark.parametrize("mode", ["partitioned", "simple", "partitioned-tcp"])
 def test_happy_path_every_message_once_nothing_in_flight_while_idle(spark: Any, nsqd: ThreadedNSQD, mode: str) -> None:
     topic, channel, count = unique("sp_happy"), "spark", 3000
     nsqd.publish(topic, bodies("happy", count))
     sink = Collector()
-    stream = read_stream(spark, nsqd, topic, channel, readMode=mode, numPartitions=2, maxInFlight=1000)
+    read_mode, _, transport = mode.partition("-")
+    stream = read_stream(spark, nsqd, topic, channel, readMode=read_mode, numPartitions=2, maxInFlight=1000,
+                         rowTransport=transport or "plan")
     query = stream.writeStream.foreachBatch(sink).trigger(processingTime="200 milliseconds").start()
     try:
         wait_until(lambda: len(sink.ids()) >= count, 90, what=f"{count} rows")
@@ -567,10 +614,14 @@ def test_stop_and_sigterm_requeue_what_is_held_at_once(spark: Any, nsqd: Threade
 
 
 @spark_test
-def test_failure_in_a_batch_after_a_shuffle_loses_nothing(spark: Any, nsqd: ThreadedNSQD, tmp_path: Path) -> None:
+@pytest.mark.parametrize("transport", ["plan", "tcp"])
+def test_failure_in_a_batch_after_a_shuffle_loses_nothing(
+    spark: Any, nsqd: ThreadedNSQD, tmp_path: Path, transport: str
+) -> None:
     """The batch's job fails after a shuffle: the query dies, its held messages go back to
     nsqd, the restarted query (same checkpoint) replays the dead batch as empty and
-    receives every message again."""
+    receives every message again. Each batch is read several times (isEmpty, the shuffle,
+    the collect): with rowTransport=tcp each read fetches the same rows again."""
     topic, channel, count = unique("sp_fail"), "spark", 600
     nsqd.publish(topic, bodies("fail", count))
     checkpoint = str(tmp_path / "checkpoint")
@@ -589,7 +640,8 @@ def test_failure_in_a_batch_after_a_shuffle_loses_nothing(spark: Any, nsqd: Thre
         collected(batch_df, batch_id)
 
     def start() -> Any:
-        stream = read_stream(spark, nsqd, topic, channel, msgTimeoutMs=3000, maxInFlight=1000)
+        stream = read_stream(spark, nsqd, topic, channel, msgTimeoutMs=3000, maxInFlight=1000,
+                             rowTransport=transport)
         return (
             stream.writeStream.foreachBatch(failing)
             .option("checkpointLocation", checkpoint)

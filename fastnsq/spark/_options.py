@@ -35,6 +35,7 @@ __all__ = [
 _SPARK_KEYS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 
 _READ_MODES = ("partitioned", "simple")
+_ROW_TRANSPORTS = ("plan", "tcp")
 
 
 def _addresses(name: str, text: str, *, http: bool = False) -> tuple[str, ...]:
@@ -92,11 +93,14 @@ def _channel(name: str, text: str) -> str:
     return value
 
 
-def _read_mode(name: str, text: str) -> str:
-    value = text.strip().lower()
-    if value not in _READ_MODES:
-        raise InvalidValueError(f"option {name!r} must be one of {', '.join(_READ_MODES)}, got {text!r}")
-    return value
+def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise InvalidValueError(f"option {name!r} must be one of {', '.join(choices)}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _tls_version(name: str, text: str) -> str:
@@ -138,7 +142,10 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "maxRecordsPerBatch": lambda n, t: _int(n, t, 1, 2**31 - 1),
     "msgTimeoutMs": lambda n, t: _int(n, t, 1000, 900_000),
     "numPartitions": lambda n, t: _int(n, t, 1, 100_000),
-    "readMode": _read_mode,
+    "readMode": _choice(_READ_MODES),
+    "rowTransport": _choice(_ROW_TRANSPORTS),
+    "rowServerHost": _text,
+    "rowServerPort": lambda n, t: _int(n, t, 0, 65535),
     "availableNowTimeoutMs": lambda n, t: _int(n, t, 100, 86_400_000),
     "ha": _bool,
     # sink
@@ -152,7 +159,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
 KNOWN_OPTIONS = tuple(_PARSERS)
 _BY_LOWER = {name.lower(): name for name in _PARSERS}
 _SOURCE_ONLY = ("channel", "maxInFlight", "connectionsPerNsqd", "maxRecordsPerBatch", "msgTimeoutMs",
-                "numPartitions", "readMode", "availableNowTimeoutMs", "ha")
+                "numPartitions", "readMode", "rowTransport", "rowServerHost", "rowServerPort",
+                "availableNowTimeoutMs", "ha")
 _SINK_ONLY = ("deferMs", "publishTimeoutMs", "publishWindow", "poolSize")
 
 
@@ -196,6 +204,9 @@ class SourceOptions:
     msg_timeout_ms: int | None = None
     num_partitions: int = 1
     read_mode: str = "partitioned"
+    row_transport: str = "plan"
+    row_server_host: str = "127.0.0.1"
+    row_server_port: int = 0
     available_now_timeout: float = 30.0
     ha: bool = False
 
@@ -342,9 +353,19 @@ def parse_source(options: Mapping[str, str]) -> SourceOptions:
         msg_timeout_ms=values.get("msgTimeoutMs"),
         num_partitions=values.get("numPartitions", 1),
         read_mode=values.get("readMode", "partitioned"),
+        row_transport=values.get("rowTransport", "plan"),
+        row_server_host=values.get("rowServerHost", "127.0.0.1"),
+        row_server_port=values.get("rowServerPort", 0),
         available_now_timeout=values.get("availableNowTimeoutMs", 30_000) / 1000,
         ha=values.get("ha", False),
     )
+    if opts.row_transport != "tcp" and ("rowServerHost" in values or "rowServerPort" in values):
+        raise InvalidValueError("options 'rowServerHost' and 'rowServerPort' apply only with option 'rowTransport'=tcp")
+    if opts.row_transport == "tcp" and opts.read_mode != "partitioned":
+        raise InvalidValueError(
+            "option 'rowTransport'=tcp needs option 'readMode'=partitioned (with readMode=simple Spark itself "
+            "reads the rows in the source process)"
+        )
     if opts.max_in_flight < opts.connections_per_nsqd:
         raise InvalidValueError(
             f"option 'maxInFlight'={opts.max_in_flight} is below 'connectionsPerNsqd'="

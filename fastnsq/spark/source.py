@@ -23,17 +23,19 @@ import inspect
 import json
 import logging
 import time
+from array import array
 from collections.abc import Iterator, Sequence
 from operator import attrgetter
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition, SimpleDataSourceStreamReader
 from pyspark.sql.types import StructType
 
+from ..codec import message_columns
 from ..errors import InvalidValueError
 from ._options import SourceOptions
+from ._rows import RowHandle, RowServer, fetch_rows
 from ._runtime import SourceRuntime, available_now_backlog
 
 try:  # PySpark >= 4.2: admission control and Trigger.AvailableNow for Python sources
@@ -104,46 +106,56 @@ def _check_columns(schema: StructType, ha: bool) -> None:
         )
 
 
-# attrgetter over map(): the columns are built on the source process, whose GIL the consumer's
-# loop thread shares; a list comprehension per column cost about twice as much there.
-_IDS, _BODIES, _ATTEMPTS, _TIMESTAMPS = (attrgetter(n) for n in ("id", "body", "attempts", "timestamp"))
-_ADDRESSES, _PARTITIONS, _OFFSETS, _TRACE_IDS = (attrgetter(n) for n in ("address", "partition", "offset", "trace_id"))
+_PARTITIONS, _OFFSETS, _TRACE_IDS = (attrgetter(n) for n in ("partition", "offset", "trace_id"))
 _TIMESTAMP = pa.timestamp("us", tz="UTC")
 
 
-def _column(name: str, messages: Sequence[Any], topic: str, ha: bool) -> pa.Array:
-    n = len(messages)
-    if name == "id":
-        if ha:  # binary ids: their hex form is the dedupe key
-            return pa.array([m.id.hex() for m in messages], pa.string())
-        # nsqd's ids are 16 ASCII hex digits: straight into a string array (a binary array
-        # cast to string took 8x as long, most of a partition's build).
-        return pa.array(list(map(_IDS, messages)), pa.string())
-    if name == "body":
-        return pa.array(list(map(_BODIES, messages)), pa.binary())
-    if name == "attempts":
-        return pa.array(list(map(_ATTEMPTS, messages)), pa.int32())
-    if name == "timestamp":  # nanoseconds from nsqd; Spark keeps microseconds
-        nanos = pa.array(list(map(_TIMESTAMPS, messages)), pa.int64())
-        return pc.divide(nanos, 1000).cast(_TIMESTAMP)
-    if name == "nsqd":  # the address of the connection that received it
-        return pa.array(list(map(_ADDRESSES, messages)), pa.string())
-    if name == "topic":
-        return pa.repeat(pa.scalar(topic, pa.string()), n)
-    if name == "partition":  # stamped by the codec from the connection
-        return pa.array(list(map(_PARTITIONS, messages)), pa.int32())
-    if name == "offset":
-        return pa.array(list(map(_OFFSETS, messages)), pa.int64())
-    if name == "trace_id":
-        return pa.array(list(map(_TRACE_IDS, messages)), pa.int64())
-    raise InvalidValueError(f"format 'nsq' has no column {name!r}")
+def _packed(kind: pa.DataType, n: int, *buffers: bytes | None) -> pa.Array:
+    """An Arrow array over buffers ``codec.message_columns`` filled (no validity bitmap: no nulls)."""
+    return pa.Array.from_buffers(kind, n, [None, *(pa.py_buffer(b) for b in buffers)])
+
+
+def _repeated(text: str, n: int) -> pa.Array:
+    """``text`` ``n`` times as a string array (``pa.repeat`` loads Arrow's compute module: 0.2 s)."""
+    data = text.encode()
+    offsets = array("i", range(0, (n + 1) * len(data), len(data))) if data else array("i", bytes(4 * (n + 1)))
+    return _packed(pa.string(), n, offsets.tobytes(), data * n)
 
 
 def messages_to_batch(messages: Sequence[Any], schema: pa.Schema, topic: str, ha: bool) -> pa.RecordBatch:
-    """One Arrow record batch of ``messages`` with exactly ``schema`` (names, types, order)."""
+    """One Arrow record batch of ``messages`` with exactly ``schema`` (names, types, order).
+
+    The fields every message has come from one C pass over the messages
+    (``codec.message_columns``), not a Python call per message: the columns are built
+    in Spark's source process, whose GIL the consumer's loop thread shares.
+    """
+    n = len(messages)
+    try:
+        (id_offsets, ids, timestamps, attempts, body_offsets, bodies,
+         address_offsets, addresses) = message_columns(messages, ha)
+    except InvalidValueError as exc:
+        raise InvalidValueError(f"format 'nsq': a micro-batch slice of {exc}; raise option 'numPartitions'") from None
+    columns: dict[str, Any] = {
+        # nsqd's ids are 16 hex digits; HA ids are binary and their hex form is the dedupe key
+        "id": lambda: _packed(pa.string(), n, id_offsets, ids),
+        "body": lambda: _packed(pa.binary(), n, body_offsets, bodies),
+        "attempts": lambda: _packed(pa.int32(), n, attempts),
+        "timestamp": lambda: _packed(_TIMESTAMP, n, timestamps),
+        # the address of the connection that received it (None for a message without one)
+        "nsqd": lambda: (_packed(pa.string(), n, address_offsets, addresses) if addresses is not None
+                         else pa.array([m.address for m in messages], pa.string())),
+        "topic": lambda: _repeated(topic, n),
+        # stamped by the codec from the connection (HA)
+        "partition": lambda: pa.array(list(map(_PARTITIONS, messages)), pa.int32()),
+        "offset": lambda: pa.array(list(map(_OFFSETS, messages)), pa.int64()),
+        "trace_id": lambda: pa.array(list(map(_TRACE_IDS, messages)), pa.int64()),
+    }
     arrays = []
     for field in schema:
-        array = _column(field.name, messages, topic, ha)
+        make = columns.get(field.name)
+        if make is None:
+            raise InvalidValueError(f"format 'nsq' has no column {field.name!r}")
+        array = make()
         if array.type != field.type:
             array = array.cast(field.type)
         arrays.append(array)
@@ -160,20 +172,26 @@ def _batch_rows(batch: pa.RecordBatch) -> Iterator[tuple[Any, ...]]:
 
 
 class NSQInputPartition(InputPartition):
-    """The rows of one slice of a micro-batch, as an Arrow record batch.
+    """One slice of a micro-batch: its rows as an Arrow record batch, or where to fetch them.
 
-    The rows ride inside the partition (planned once, on the driver), so a retried
-    task or stage reads exactly what the first attempt read.
+    With ``rowTransport=plan`` the rows ride inside the partition (planned once, on the
+    driver); with ``rowTransport=tcp`` it carries a :class:`RowHandle` and the read task
+    fetches the rows from the source process, which keeps them until the batch is
+    committed. Either way a retried task or stage reads exactly what the first attempt read.
     """
 
-    def __init__(self, batch: pa.RecordBatch, session: str, index: int) -> None:
+    def __init__(self, rows: pa.RecordBatch | RowHandle, session: str, index: int) -> None:
         super().__init__(index)
-        self.batch = batch
+        self.rows = rows
         self.session = session
         self.index = index
 
+    def record_batch(self) -> pa.RecordBatch:
+        return fetch_rows(self.rows) if isinstance(self.rows, RowHandle) else self.rows
+
     def __repr__(self) -> str:
-        return f"NSQInputPartition(session={self.session}, index={self.index}, rows={self.batch.num_rows})"
+        rows = self.rows.rows if isinstance(self.rows, RowHandle) else self.rows.num_rows
+        return f"NSQInputPartition(session={self.session}, index={self.index}, rows={rows})"
 
 
 class _NSQReaderBase(SupportsTriggerAvailableNow):
@@ -185,6 +203,7 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
         self._options = options
         self._schema = schema
         self._runtime: SourceRuntime | None = None
+        self._row_server: RowServer | None = None  # rowTransport=tcp: serves the read tasks
         self._last_end: dict[str, Any] | None = None  # PySpark < 4.2 calls latestOffset() without start
         self._planned: tuple[str, str, list[Any]] | None = None  # the last latestOffset's batch
         self._arrow: pa.Schema | None = None
@@ -194,6 +213,7 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_runtime"] = None  # threads and sockets stay in the process that made them
+        state["_row_server"] = None
         state["_planned"] = None
         return state
 
@@ -205,6 +225,10 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
             logger.info(
                 "nsq source session %s consuming %s/%s", runtime.session, self._options.topic, self._options.channel
             )
+            if self._options.row_transport == "tcp":
+                self._row_server = RowServer(self._options.row_server_host, self._options.row_server_port)
+                logger.info("nsq source session %s serves its rows on %s:%d", runtime.session,
+                            self._row_server.host, self._row_server.port)
         return self._runtime
 
     # ---- offsets ----------------------------------------------------------------------
@@ -238,6 +262,8 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
         else:
             end, messages = self._latest_available_now(runtime, start, max_rows)
         self._last_end = end
+        if self._row_server is not None and start.get("session") == runtime.session:
+            self._row_server.drop_through(int(start["seq"]))  # FINed by plan() just now
         # partitions(start, end) follows at once: it takes these without another hop
         # to the loop thread (which is busy FINing the previous batch meanwhile).
         self._planned = (_key(start), _key(end), messages)
@@ -305,8 +331,12 @@ class _NSQReaderBase(SupportsTriggerAvailableNow):
         runtime = self._runtime
         if runtime is not None and end.get("session") == runtime.session:
             runtime.post(runtime.finish_before, int(end["seq"]))  # no need to wait: FIN is fire-and-forget
+            if self._row_server is not None:
+                self._row_server.drop_through(int(end["seq"]))
 
     def stop(self) -> None:
+        if self._row_server is not None:
+            self._row_server.close()
         if self._runtime is not None:
             self._runtime.stop()
 
@@ -342,10 +372,13 @@ class NSQStreamReader(_NSQReaderBase, DataSourceStreamReader):
             return []
         session = str(end.get("session"))
         batches = self._record_batches(messages, self._options.num_partitions)
-        return [NSQInputPartition(batch, session, i) for i, batch in enumerate(batches)]
+        if self._row_server is None:
+            return [NSQInputPartition(batch, session, i) for i, batch in enumerate(batches)]
+        handles = self._row_server.put(int(end["seq"]), batches)
+        return [NSQInputPartition(handle, session, i) for i, handle in enumerate(handles)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        batch = partition.batch  # type: ignore[attr-defined]
+        batch = partition.record_batch()  # type: ignore[attr-defined]
         if batch.num_rows == 0:
             return iter(())
         if _arrow_reads_supported():
