@@ -949,3 +949,75 @@ TestRdyMachine.settings = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+class _RebalanceOnEveryDone(RdyController):
+    """The reference: in deficit, re-check the budget after every finished message."""
+
+    def _dones_to_progress(self, *args: Any) -> int:
+        return 1
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_in_deficit_rebalancing_only_when_it_can_raise_changes_no_update(seed: int) -> None:
+    """Skipping the rebalances that cannot raise anything sends exactly the RDY updates, at exactly
+    the same finished messages, as re-checking after every one."""
+    rng = random.Random(seed)
+    clock = FakeClock()
+    mif = rng.choice([1, 3, 10, 64, 500])
+    ctls = [cls(mif, clock=clock, rng=random.Random(seed), rdy_settle_time=0.5)
+            for cls in (RdyController, _RebalanceOnEveryDone)]
+    in_flight: list[tuple[str, int]] = []
+    conns: list[str] = []
+    ids = itertools.count()
+
+    def both(call: str, *args: Any) -> None:
+        got, want = (getattr(ctl, call)(*args) for ctl in ctls)
+        assert got == want, f"seed {seed}: {call}{args}"
+
+    for _ in range(400):
+        op = rng.random()
+        if op < 0.08 and len(conns) < 8:
+            conns.append(f"c{len(conns)}")
+            both("add_connection", conns[-1], rng.choice([2, 50, 2500]))
+        elif op < 0.55 and conns:
+            conn = rng.choice(conns)
+            msg = next(ids)
+            in_flight.append((conn, msg))
+            both("on_message", conn, msg)
+        elif op < 0.9 and in_flight:
+            conn, msg = in_flight.pop(rng.randrange(len(in_flight)))
+            both("on_message_done", conn, msg, Outcome.SUCCESS)
+        elif op < 0.95:
+            both("set_max_in_flight", rng.choice([0, 1, 2, 5, 40, 200, 1000]))
+        else:
+            clock.now += rng.choice([0.1, 0.6, 6.0])
+            both("tick")
+    assert rdy_of(ctls[0]) == rdy_of(ctls[1])
+
+
+def test_finishing_held_messages_in_deficit_rebalances_a_few_times_not_per_message() -> None:
+    """The Spark source's pattern: 64 connections hold 160,000 messages, max_in_flight falls under
+    what they hold (RDY 0 everywhere), then the batch is FINed at once."""
+    ctl, _ = make(160_000)
+    conns = [f"c{i}" for i in range(64)]
+    for conn in conns:
+        ctl.add_connection(conn, 2500)
+    held = [(conn, n) for n, conn in enumerate(c for c in conns for _ in range(2500))]
+    for conn, msg in held:
+        ctl.on_message(conn, msg)
+    assert set(as_dict(ctl.set_max_in_flight(60_000)).values()) == {0}
+    calls = 0
+    rebalance = ctl._rebalance
+
+    def counted(now: float) -> list[RdyUpdate]:
+        nonlocal calls
+        calls += 1
+        return rebalance(now)
+
+    ctl._rebalance = counted  # type: ignore[method-assign]
+    updates: list[RdyUpdate] = []
+    for conn, msg in held:
+        updates += ctl.on_message_done(conn, msg, SUCCESS)
+    assert rdy_of(ctl) == dict.fromkeys(conns, 937) | dict.fromkeys(conns[:32], 938)  # 60,000 over 64
+    assert calls < 1000, f"{calls} rebalances for {len(held)} finished messages"  # was one per message
