@@ -207,20 +207,23 @@ def spark_session(shuffle_partitions: int = 2) -> Any:
     return spark
 
 
-def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dict[str, Any]:
+def bench_source(spark: Any, nsqds: list[NSQDProcess], args: argparse.Namespace) -> dict[str, Any]:
+    """``--messages`` split evenly over the nsqds, read by one query (option nsqd lists them all)."""
     topic = f"bench_src_{os.getpid()}_{int(time.time())}"
     if args.channel_first:
-        nsqd.create_channel(topic, "spark")
+        for nsqd in nsqds:
+            nsqd.create_channel(topic, "spark")
     # Without --channel-first there is no channel yet: nsqd keeps the messages in the topic
     # and hands them to the first channel.
-    fill = publish(nsqd.tcp_address, topic, args.messages, args.size)
+    shares = [args.messages * (i + 1) // len(nsqds) - args.messages * i // len(nsqds) for i in range(len(nsqds))]
+    fill = [publish(nsqd.tcp_address, topic, share, args.size) for nsqd, share in zip(nsqds, shares)]
     work = Path(tempfile.mkdtemp(prefix="fastnsq-bench-"))
     available_now = args.trigger == "available-now"
     try:
         stream = (
             spark.readStream.format("nsq")
-            .option("nsqd", nsqd.tcp_address)
-            .option("nsqdHttp", nsqd.http_address)
+            .option("nsqd", ",".join(n.tcp_address for n in nsqds))
+            .option("nsqdHttp", ",".join(n.http_address for n in nsqds))
             .option("topic", topic)
             .option("channel", "spark")
             .option("maxInFlight", str(args.max_in_flight))
@@ -250,7 +253,7 @@ def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dic
                 if not query.isActive:
                     done_at, stopped_by_itself = time.perf_counter(), True
                     break
-            elif _finished(nsqd, topic) >= args.messages:
+            elif sum(_finished(nsqd, topic) for nsqd in nsqds) >= args.messages:
                 done_at = time.perf_counter()
                 break
             time.sleep(0.05)
@@ -266,10 +269,11 @@ def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dic
         if args.sink == "parquet":
             written = spark.read.parquet(str(work / "out"))
             rows, distinct = written.count(), written.select("id").distinct().count()
-        channel = _channel(nsqd, topic)
+        channels = [_channel(nsqd, topic) for nsqd in nsqds]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        nsqd.delete_topic(topic)
+        for nsqd in nsqds:
+            nsqd.delete_topic(topic)
     # Steady: after the first non-empty batch (which also starts the Python workers and
     # fills the whole in-flight window at once), until nsqd has every message FINed.
     first = batches[0] if batches else None
@@ -283,7 +287,7 @@ def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dic
         "rows_written": rows,
         "distinct_ids_written": distinct,
         "stopped_by_itself": stopped_by_itself if available_now else None,
-        "channel_after": {k: channel.get(k) for k in
+        "channel_after": {k: sum(c.get(k, 0) for c in channels) for k in  # summed over the nsqds
                           ("depth", "in_flight_count", "deferred_count", "message_count", "requeue_count",
                            "timeout_count")},
         "msg_per_s_steady": steady_rows / max(1e-9, done_at - steady_from),
@@ -295,7 +299,7 @@ def bench_source(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dic
         # Spark's own timings per micro-batch (ms): the JVM's warm-up shows in the first ones.
         "batches": [{"batch": p["batchId"], "rows": p["numInputRows"], "duration_ms": p["durationMs"]}
                     for p in batches],
-        "publish_msg_per_s": fill,
+        "publish_msg_per_s": sum(fill) / len(fill),
     }
 
 
@@ -356,6 +360,8 @@ def main() -> int:
                         help="source: Spark's default trigger, or Trigger.AvailableNow (must stop by itself)")
     parser.add_argument("--channel-first", action="store_true",
                         help="source: create the channel before publishing (else the backlog waits in the topic)")
+    parser.add_argument("--nsqds", type=int, default=1,
+                        help="source: this many nsqd, the messages split evenly (sink: the first one)")
     parser.add_argument("--real", default=None, metavar="BIN",
                         help=f"a real nsqd from this folder, started with {' '.join(REAL_NSQD_FLAGS)}")
     parser.add_argument("--timeout", type=float, default=600.0)
@@ -363,20 +369,24 @@ def main() -> int:
     parser.add_argument("--verbose", action="store_true", help="print each micro-batch's rows and durations")
     args = parser.parse_args()
 
-    nsqd = RealNSQDProcess(args.real) if args.real else NSQDProcess()
+    nsqds: list[NSQDProcess] = []
     results: dict[str, Any] = {}
     try:
+        for _ in range(args.nsqds):
+            nsqds.append(RealNSQDProcess(args.real) if args.real else NSQDProcess())
+        nsqd = nsqds[0]
         spark = spark_session()
         import pyspark
 
         if args.only in (None, "sink"):
             results["sink"] = bench_sink(spark, nsqd, args)
         if args.only in (None, "source"):
-            results["source"] = bench_source(spark, nsqd, args)
+            results["source"] = bench_source(spark, nsqds, args)
         spark.stop()
     finally:
-        server = nsqd.describe()
-        nsqd.close()
+        server = "; ".join(n.describe() for n in nsqds)
+        for n in nsqds:
+            n.close()
 
     print(f"\nfastnsq Spark data source, {args.size}-byte bodies, PySpark {pyspark.__version__}, "
           f"local[2], {os.cpu_count()} CPUs; server: {server}")
@@ -384,8 +394,8 @@ def main() -> int:
         r = results["source"]
         print(f"  source -> {args.sink:<7} : {r['msg_per_s_steady']:>10,.0f} msg/s steady   "
               f"({r['msg_per_s_with_startup']:,.0f} with startup; {r['micro_batches']} batches of "
-              f"~{r['mean_batch_rows']:,.0f}; maxInFlight={args.max_in_flight}, connections={args.connections}, "
-              f"rowTransport={args.row_transport})")
+              f"~{r['mean_batch_rows']:,.0f}; {args.nsqds} nsqd, maxInFlight={args.max_in_flight}, "
+              f"connectionsPerNsqd={args.connections}, rowTransport={args.row_transport})")
         print(f"    trigger {r['trigger']}: {r['rows_written']} rows, {r['distinct_ids_written']} distinct ids, "
               f"first batch after {r['seconds_to_first_batch']:.1f} s, stopped by itself: {r['stopped_by_itself']}; "
               f"channel after: {r['channel_after']}")
