@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -30,12 +31,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
-STAMP = VENV / ".fastnsq-install-stamp"
 BUILD_INPUTS = [
     "pyproject.toml", "setup.py", "fastnsq/_frame.pyx", "fastnsq/_frame.pxd", "fastnsq/_coalesce.pyx",
     "fastnsq/_delivery.pyx",
 ]
 EXTRAS = "test,testing,bench,spark"
+EXTENSIONS = ("_frame", "_coalesce", "_delivery")
+#: Every Python the package claims (pyproject's requires-python and classifiers). The full
+#: suite runs on the interpreter that runs dev.py; the others get the smoke pass below.
+SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+SMOKE_EXTRAS = "test,testing"
+#: The smoke pass on the other Pythons: the README's examples, the codec both ways,
+#: fastnsq.run, the connection, consumer and producer, and the fault scenarios.
+SMOKE_TESTS = [
+    "tests/test_loop.py", "tests/test_readme.py", "tests/test_codec.py", "tests/test_codec_properties.py",
+    "tests/test_conn.py", "tests/test_consumer.py", "tests/test_producer.py", "tests/test_faults.py",
+    "tests/test_rdy.py", "tests/test_hostile.py",
+]
 REAL_BIN_ENV = "FASTNSQ_REAL_BIN"
 REAL_HA_BIN_ENV = "FASTNSQ_REAL_HA_BIN"
 #: What runs against a real HA cluster: the HA tests, the conformance tests of the
@@ -43,12 +55,12 @@ REAL_HA_BIN_ENV = "FASTNSQ_REAL_HA_BIN"
 HA_TESTS = ["tests/test_ha.py", "tests/test_embedded_ha.py", "tests/test_ha_failover.py"]
 
 
-def venv_python() -> Path:
-    return VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+def venv_python(venv_dir: Path = VENV) -> Path:
+    return venv_dir / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 
 
-def build_hash() -> str:
-    digest = hashlib.sha256(EXTRAS.encode())
+def build_hash(extras: str = EXTRAS) -> str:
+    digest = hashlib.sha256(extras.encode())
     for name in BUILD_INPUTS:
         digest.update((ROOT / name).read_bytes())
     return digest.hexdigest()
@@ -59,22 +71,32 @@ def run(*cmd: object, env: dict[str, str] | None = None) -> None:
     subprocess.run([str(c) for c in cmd], cwd=ROOT, check=True, env=env)
 
 
-def setup() -> Path:
-    """Create .venv and install fastnsq (editable, C extension built in place) once."""
-    python = venv_python()
+def setup(venv_dir: Path = VENV, base_python: str | None = None, extras: str = EXTRAS) -> Path:
+    """Create ``venv_dir`` and install fastnsq (editable, C extension built in place) once.
+
+    ``base_python`` is the interpreter the virtualenv is made from (this one by default).
+    """
+    python = venv_python(venv_dir)
     if not python.exists():
-        print(f"creating {VENV}", flush=True)
-        venv.EnvBuilder(with_pip=True).create(VENV)
-    stamp = build_hash()
-    built = [p for name in ("_frame", "_coalesce", "_delivery") for p in (ROOT / "fastnsq").glob(f"{name}.*.so")]
-    built_all = len(built) == 3
-    if STAMP.exists() and STAMP.read_text() == stamp and built_all:
+        print(f"creating {venv_dir}", flush=True)
+        if base_python is None:
+            venv.EnvBuilder(with_pip=True).create(venv_dir)
+        else:
+            run(base_python, "-m", "venv", venv_dir)
+    stamp_file = venv_dir / ".fastnsq-install-stamp"
+    stamp = build_hash(extras)
+    tag = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()
+    built_all = all((ROOT / "fastnsq" / f"{name}{tag}").exists() for name in EXTENSIONS)
+    if stamp_file.exists() and stamp_file.read_text() == stamp and built_all:
         return python
     run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip", "setuptools", "wheel", "Cython>=3.0")
-    run(python, "-m", "pip", "install", "--quiet", "-e", f".[{EXTRAS}]")
+    run(python, "-m", "pip", "install", "--quiet", "-e", f".[{extras}]")
     # The editable install compiles the extension; make sure it sits next to the sources.
     run(python, "setup.py", "--quiet", "build_ext", "--inplace")
-    STAMP.write_text(stamp)
+    stamp_file.write_text(stamp)
     return python
 
 
@@ -116,13 +138,15 @@ def test(python: Path, args: list[str]) -> None:
     real_bin, rest = take_real(args)
     if not explicit:
         pytest_passes(python, rest, [])
+        if not names_tests(rest):
+            smoke_other_pythons(rest)
     if ha_bin is not None:
         print(f"real HA pass: youzan nsqd and nsqlookupd from {ha_bin}, etcd from PATH", flush=True)
         runner: list[object] = [python, "-m", "fastnsq.testing.real", ha_bin, "--ha"]
         if base_port:
             runner += ["--base-port", base_port]
         # Options alone (say -rs) go with the HA tests; file or test names replace them.
-        chosen = rest if any(not arg.startswith("-") for arg in rest) else [*HA_TESTS, *rest]
+        chosen = rest if names_tests(rest) else [*HA_TESTS, *rest]
         pytest_passes(python, chosen, [*runner, "--"])
     if real_bin is None:
         if explicit:
@@ -136,6 +160,55 @@ def test(python: Path, args: list[str]) -> None:
         return
     print(f"real-server pass: nsqd and nsqlookupd from {real_bin}", flush=True)
     pytest_passes(python, rest, [python, "-m", "fastnsq.testing.real", real_bin, "--"])
+
+
+def names_tests(args: list[str]) -> bool:
+    """Whether pytest arguments name test files or tests (then only those run)."""
+    return any(not arg.startswith("-") for arg in args)
+
+
+def find_python(version: str) -> str | None:
+    """An interpreter of ``version`` ("3.10"): pyenv's newest of that line, else one on PATH."""
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates = sorted(
+        (pyenv_root / "versions").glob(f"{version}.*/bin/python{version}"),
+        key=lambda p: [int(part) if part.isdigit() else -1 for part in p.parts[-3].split(".")],
+    )
+    if candidates:
+        return str(candidates[-1])
+    return shutil.which(f"python{version}")
+
+
+def smoke_other_pythons(args: list[str]) -> None:
+    """The smoke pass (SMOKE_TESTS) on every supported Python other than this one.
+
+    Each gets a virtualenv of its own (``.venv-3.X``, kept between runs like ``.venv``). A
+    Python the machine does not have is reported and skipped; a failing one fails the run
+    after the others have had their turn.
+    """
+    this = f"{sys.version_info.major}.{sys.version_info.minor}"
+    outcomes: dict[str, str] = {this: "full suite (above)"}
+    for version in SUPPORTED_PYTHONS:
+        if version == this:
+            continue
+        base = find_python(version)
+        if base is None:
+            outcomes[version] = "SKIPPED: no python" + version + " found (pyenv versions or PATH)"
+            print(f"python {version}: {outcomes[version]}", flush=True)
+            continue
+        print(f"python {version}: smoke pass with {base}", flush=True)
+        try:
+            python = setup(ROOT / f".venv-{version}", base, SMOKE_EXTRAS)
+            run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SMOKE_TESTS, *args)
+            outcomes[version] = "smoke pass passed"
+        except subprocess.CalledProcessError as exc:
+            outcomes[version] = f"FAILED (exit {exc.returncode})"
+    print("pythons:", flush=True)
+    for version in SUPPORTED_PYTHONS:
+        print(f"  {version}: {outcomes.get(version, 'not run')}", flush=True)
+    failed = [v for v, outcome in outcomes.items() if outcome.startswith("FAILED")]
+    if failed:
+        raise subprocess.CalledProcessError(1, f"smoke pass on Python {', '.join(failed)}")
 
 
 def take_option(args: list[str], flag: str) -> tuple[str | None, list[str]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -49,5 +50,42 @@ def run(main: Awaitable[T], *, debug: bool | None = None) -> T:
     >>> fastnsq.run(main())
     42
     """
-    with asyncio.Runner(debug=debug, loop_factory=loop_factory()) as runner:
-        return runner.run(main)  # type: ignore[arg-type]
+    if sys.version_info >= (3, 11):
+        with asyncio.Runner(debug=debug, loop_factory=loop_factory()) as runner:
+            return runner.run(main)  # type: ignore[arg-type]
+    return _run_without_runner(main, debug)  # pragma: no cover - Python 3.10 only
+
+
+def _run_without_runner(main: Awaitable[T], debug: bool | None) -> T:
+    """``asyncio.run`` with fastnsq's loop on Python 3.10, which has no ``asyncio.Runner``.
+
+    Same contract as the Runner given a ``loop_factory`` (which does not make the loop the
+    thread's current one): afterwards the tasks left over are cancelled and awaited, async
+    generators and the default executor are shut down, and the loop is closed.
+    """
+    loop = new_event_loop()
+    if debug is not None:
+        loop.set_debug(debug)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            _cancel_leftover_tasks(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            loop.close()
+
+
+def _cancel_leftover_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    for task in tasks:
+        if not task.cancelled() and task.exception() is not None:
+            loop.call_exception_handler(
+                {"message": "unhandled exception during fastnsq.run() shutdown", "exception": task.exception(), "task": task}
+            )
