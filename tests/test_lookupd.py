@@ -969,8 +969,8 @@ class TestPoller:
 def test_docstring_examples_hold() -> None:
     import doctest
 
-    import fastnsq.lookupd
+    import fastnsq.lookupd.answers
 
-    outcome = doctest.testmod(fastnsq.lookupd)
+    outcome = doctest.testmod(fastnsq.lookupd.answers)
     assert outcome.attempted > 10
     assert outcome.failed == 0
