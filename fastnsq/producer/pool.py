@@ -1,0 +1,212 @@
+"""The producer's connections: ``pool_size`` per nsqd, round robin, reconnects, publish timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import random
+
+from ..config import ConnectionOptions
+from ..conn import Connection
+from ..errors import ConnectionClosedError, NoConnectionError, NSQError, PublishTimeoutError
+
+__all__ = ["ConnectionPool"]
+
+logger = logging.getLogger(__name__)
+
+
+class _Slot:
+    """One pooled connection to one nsqd, reconnecting in the background."""
+
+    __slots__ = ("address", "conn", "failures", "task")
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.conn: Connection | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.failures = 0
+
+
+class ConnectionPool:
+    """``pool_size`` connections to each nsqd added, and which of them are open.
+
+    A lost connection reconnects in the background (exponential backoff with jitter
+    between ``reconnect_delay`` and ``max_reconnect_delay``). Commands unanswered for
+    ``publish_timeout`` fail with :class:`PublishTimeoutError` (a sweeper checks
+    every connection's oldest command, so no publish needs a timer of its own).
+    """
+
+    def __init__(
+        self,
+        options: ConnectionOptions,
+        *,
+        pool_size: int,
+        publish_timeout: float,
+        reconnect_delay: float,
+        max_reconnect_delay: float,
+    ) -> None:
+        self.options = options
+        self.pool_size = pool_size
+        self.publish_timeout = publish_timeout
+        self.reconnect_delay = reconnect_delay
+        self.max_reconnect_delay = max_reconnect_delay
+        #: The open connections, in the order they opened (round robin walks this list).
+        self.open: list[Connection] = []
+        self.reconnects = 0
+        self.closing = False
+        self._slots: dict[str, list[_Slot]] = {}
+        self._open_by_address: dict[str, list[Connection]] = {}
+        self._next = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._connected: asyncio.Event | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._connected = asyncio.Event()
+
+    def has_node(self, address: str) -> bool:
+        return address in self._slots
+
+    # ---- choosing a connection ----------------------------------------------------------
+
+    def next_open(self) -> Connection:
+        """The next open connection of any nsqd (the caller knows one is open)."""
+        self._next = (self._next + 1) % len(self.open)
+        return self.open[self._next]
+
+    def pick(self, address: str | None = None) -> Connection | None:
+        """Round robin over the open connections (of one nsqd when ``address`` is given)."""
+        open_conns = self.open if address is None else self._open_by_address.get(address)
+        if not open_conns:
+            return None
+        self._next = (self._next + 1) % len(open_conns)
+        return open_conns[self._next]
+
+    def connected_to(self, address: str | None) -> bool:
+        return bool(self.open if address is None else self._open_by_address.get(address))
+
+    async def connection_for(self, address: str | None, deadline: float) -> Connection:
+        """An open connection (to ``address`` if given), waiting for one until ``deadline``."""
+        conn = self.pick(address)
+        if conn is not None:
+            return conn
+        if address is not None and address not in self._slots:
+            await self.add_node(address)
+        return await self._wait_for_connection(deadline, address)
+
+    async def _wait_for_connection(self, deadline: float, address: str | None = None) -> Connection:
+        assert self._loop is not None and self._connected is not None
+        while True:
+            conn = self.pick(address)
+            if conn is not None:
+                return conn
+            if self.closing:
+                raise ConnectionClosedError("the producer is closed")
+            remaining = deadline - self._loop.time()
+            if remaining <= 0:
+                raise NoConnectionError("no open connection to nsqd within the publish timeout")
+            self._connected.clear()
+            try:
+                await asyncio.wait_for(self._connected.wait(), remaining)
+            except asyncio.TimeoutError:
+                raise NoConnectionError("no open connection to nsqd within the publish timeout") from None
+
+    # ---- nodes and slots ----------------------------------------------------------------
+
+    async def add_node(self, address: str) -> None:
+        """Open ``pool_size`` connections to ``address``; raises if none of them opens
+        (the others keep retrying in the background)."""
+        if address in self._slots:
+            return
+        slots = [_Slot(address) for _ in range(self.pool_size)]
+        self._slots[address] = slots
+        results = await asyncio.gather(*(self._open_slot(slot) for slot in slots), return_exceptions=True)
+        for slot, result in zip(slots, results):
+            if isinstance(result, BaseException):
+                logger.warning("cannot connect to nsqd %s: %s", address, result)
+                self._reconnect_later(slot)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if len(failures) == len(slots):
+            raise failures[0]
+
+    async def add_nodes(self, addresses: list[str]) -> None:
+        """:meth:`add_node` for each address not in the pool yet; failures are logged."""
+        for address in addresses:
+            if address not in self._slots:
+                try:
+                    await self.add_node(address)
+                except (OSError, asyncio.TimeoutError, NSQError) as exc:
+                    logger.warning("cannot connect to nsqd %s: %s", address, exc)
+
+    async def _open_slot(self, slot: _Slot) -> None:
+        conn = Connection(slot.address, self.options, on_close=functools.partial(self._on_close, slot))
+        await conn.connect()
+        slot.conn = conn
+        slot.failures = 0
+        self.open.append(conn)
+        self._open_by_address.setdefault(slot.address, []).append(conn)
+        assert self._connected is not None
+        self._connected.set()
+        self._ensure_sweeper()
+
+    def _on_close(self, slot: _Slot, conn: Connection, error: BaseException | None) -> None:
+        if conn in self.open:
+            self.open.remove(conn)
+        same_node = self._open_by_address.get(slot.address)
+        if same_node is not None and conn in same_node:
+            same_node.remove(conn)
+        if slot.conn is conn:
+            slot.conn = None
+        if not self.closing:
+            logger.info("connection to %s lost (%s); reconnecting", slot.address, error)
+            self._reconnect_later(slot)
+
+    def _reconnect_later(self, slot: _Slot) -> None:
+        if self.closing or (slot.task is not None and not slot.task.done()):
+            return
+        slot.task = asyncio.get_running_loop().create_task(self._reconnect(slot))
+
+    async def _reconnect(self, slot: _Slot) -> None:
+        while not self.closing:
+            slot.failures += 1
+            ceiling = min(self.max_reconnect_delay, self.reconnect_delay * 2 ** min(slot.failures - 1, 30))
+            await asyncio.sleep(random.uniform(ceiling / 2, ceiling))  # jitter: reconnects don't stampede
+            try:
+                await self._open_slot(slot)
+                self.reconnects += 1
+                return
+            except (OSError, asyncio.TimeoutError, NSQError) as exc:
+                logger.debug("reconnect to %s failed: %s", slot.address, exc)
+
+    async def close(self) -> None:
+        """Stop reconnecting and close every connection."""
+        self.closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        slots = [slot for pool in self._slots.values() for slot in pool]
+        for slot in slots:
+            if slot.task is not None:
+                slot.task.cancel()
+        await asyncio.gather(*(s.conn.close() for s in slots if s.conn is not None), return_exceptions=True)
+        self.open.clear()
+
+    # ---- timeouts -----------------------------------------------------------------------
+
+    def _ensure_sweeper(self) -> None:
+        if self._sweeper is None and self._loop is not None:
+            self._sweeper = self._loop.call_later(min(1.0, self.publish_timeout / 4), self._sweep)
+
+    def _sweep(self) -> None:
+        """Fail commands unanswered for publish_timeout (each connection knows when it wrote them)."""
+        assert self._loop is not None
+        cutoff = self._loop.time() - self.publish_timeout
+        for conn in self.open:
+            conn.expire_pending(cutoff, self._timeout_error)
+        self._sweeper = None
+        if not self.closing:
+            self._ensure_sweeper()
+
+    def _timeout_error(self) -> PublishTimeoutError:
+        return PublishTimeoutError(f"no answer from nsqd within {self.publish_timeout} s (publish_timeout)")

@@ -1,0 +1,119 @@
+"""Where a publish goes: any nsqd (upstream), or the leader of the partition chosen (HA).
+
+The topic's partitions and leaders come from :class:`~fastnsq.topology.Topology`; the
+choice among them from :mod:`fastnsq.sharding`. A target is ``(address, partition)``,
+``(None, None)`` meaning "any nsqd of the pool".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..errors import InvalidValueError, NoConnectionError, PublishTimeoutError
+from ..sharding import Hasher, RoundRobin, key_bytes
+from ..topology import Topology
+from .pool import ConnectionPool
+
+__all__ = ["ANY_NSQD", "Router", "Target"]
+
+Target = tuple["str | None", "int | None"]
+ANY_NSQD: Target = (None, None)
+
+
+class Router:
+    """Targets for a producer's publishes, from its topology (None without lookupd)."""
+
+    def __init__(self, topology: Topology | None, pool: ConnectionPool, hasher: Hasher) -> None:
+        self.topology = topology
+        self._pool = pool
+        self._hasher = hasher
+        self._turns: dict[str, RoundRobin] = {}
+        self._pass_keys: dict[str, Any] = {}  # topic -> coalescing key of this loop pass
+
+    def target_now(self, topic: str, partition: int | None, sharding_key: Any) -> Target | None:
+        """The target from what is known now; None when a lookup is needed first."""
+        if self.topology is None:
+            if sharding_key is not None:
+                raise InvalidValueError(
+                    "sharding_key needs lookupd_http_addresses: the partition count and leaders come from nsqlookupd"
+                )
+            return (None, partition)
+        route = self.topology.cached(topic)
+        if route is None:
+            return None
+        if not route.partitions:
+            if sharding_key is not None:
+                raise InvalidValueError(f"topic {topic!r} has no partitions (not an HA nsqd): sharding_key needs them")
+            return (None, partition)
+        if partition is not None:
+            if partition not in route.partitions:
+                raise InvalidValueError(
+                    f"topic {topic!r} has no partition {partition} (partitions: {list(route.pids)})"
+                )
+            pid = partition
+        elif sharding_key is not None:
+            count = route.partition_num or len(route.partitions)
+            pid = self._hasher(key_bytes(sharding_key)) % count
+            if pid not in route.partitions:
+                return None  # its leader is not known: look it up again
+        else:
+            pid = self._turns.setdefault(topic, RoundRobin()).next_of(route.pids)
+        return (route.partitions[pid], pid)
+
+    async def target(self, topic: str, partition: int | None, sharding_key: Any, deadline: float) -> Target:
+        """The target, looking the topic up first when needed (within ``deadline``)."""
+        target = self.target_now(topic, partition, sharding_key)
+        if target is not None:
+            return target
+        assert self.topology is not None
+        loop = asyncio.get_running_loop()
+        try:
+            # shield: a publish that gives up must not cancel the connects of the lookup it joined.
+            await asyncio.wait_for(asyncio.shield(self._look_up(topic)), max(0.001, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            # A lookupd slow to answer (say, while it elects a partition's leader) uses up
+            # the publish's own deadline: the same error as any other publish timeout.
+            raise PublishTimeoutError(
+                f"nsqlookupd did not say where topic {topic!r} is within the publish timeout"
+            ) from None
+        target = self.target_now(topic, partition, sharding_key)
+        if target is None:
+            raise NoConnectionError(f"nsqlookupd knows no nsqd leading the partition for topic {topic!r}")
+        return target
+
+    async def _look_up(self, topic: str) -> None:
+        """A new route for ``topic``, with a connection to each of its nsqd (failures logged)."""
+        assert self.topology is not None
+        route = await self.topology.refresh(topic)
+        await self._pool.add_nodes(route.addresses)
+
+    def coalescing_key(self, topic: str) -> tuple[str, str | None, int | None] | str | None:
+        """The coalescing key from what lookupd said (None: the slow path must look it up).
+
+        Round robin turns once per loop pass, not per publish: the publishes of one pass
+        go out as one batch to one partition, and the callers that batch wakes publish
+        together again. Turning per publish split every group of callers over the
+        partitions, so the batches shrank pass after pass towards one message each
+        (on a real youzan cluster: from ~100k to ~10k msg/s within 100k publishes).
+        """
+        key = self._pass_keys.get(topic)
+        if key is None:
+            target = self.target_now(topic, None, None)
+            if target is None:
+                return None
+            key = topic if target == ANY_NSQD else (topic, target[0], target[1])
+            self._pass_keys[topic] = key
+        if not self._pool.connected_to(key[1] if type(key) is tuple else None):
+            return None
+        return key
+
+    def new_pass(self) -> None:
+        """A loop pass ended: the next one takes the next partition."""
+        self._pass_keys.clear()
+
+    def forget(self, topic: str, leader_moved: bool) -> None:
+        """A failed publish: a new pass key, and a new lookup if the partition's leader moved."""
+        self._pass_keys.pop(topic, None)
+        if leader_moved and self.topology is not None:
+            self.topology.forget(topic)
