@@ -52,9 +52,13 @@ above a connection's ``max_rdy_count``; when there is less than one message per
 connection, the few "extra" slots rotate every ``rdy_redistribute_interval``
 away from connections idle for ``low_rdy_idle_timeout`` or holding one for
 ``low_rdy_timeout``, to the connections that waited longest (go-nsq#179,
-nsqjs#242). Backoff is consumer-wide: a failure sends RDY 0 everywhere, waits,
-then lets one message through one connection (the probe); only the probe's
-result moves the backoff level.
+nsqjs#242). Backoff (:mod:`fastnsq.backoff`) is per *scope*: consumer-wide by
+default, as in go-nsq (a failure sends RDY 0 everywhere, waits, then lets one
+message through one connection, the probe; only the probe's result moves the
+level), or per key when connections are added with one (a partition, as
+youzan's ``RequeueBackoffSingleConn``): then a failing key waits and probes
+alone while the others share ``max_in_flight``. A key can also be paused
+(:meth:`RdyController.set_paused`): RDY 0 on its connections until resumed.
 
 Example (a fake clock; the consumer would use the default ``time.monotonic``)::
 
@@ -73,14 +77,14 @@ Example (a fake clock; the consumer would use the default ``time.monotonic``)::
 
 from __future__ import annotations
 
-import enum
 import math
 import random
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
+from fastnsq.backoff import BackoffPolicy, BackoffState, BackoffStrategy, Outcome, Phase
 from fastnsq.codec import ConnRdy as _Conn
 from fastnsq.errors import InvalidValueError
 
@@ -93,14 +97,8 @@ __all__ = [
     "RdyUpdate",
 ]
 
-#: ``"exponential"``, ``"full_jitter"`` or a callable mapping a backoff level (1, 2, ...) to seconds.
-BackoffStrategy = Literal["exponential", "full_jitter"] | Callable[[int], float]
-
 #: is_starved() threshold: in-flight count over the RDY last sent (the client guide, go-nsq, pynsq).
 STARVED_RATIO = 0.85
-
-#: Absolute cap on the backoff level, for strategies that never reach max_backoff_duration.
-MAX_BACKOFF_LEVEL = 64
 
 # go-nsq's bounds (shared/peers.md §2), in seconds.
 _BOUNDS: dict[str, tuple[float, float]] = {
@@ -112,17 +110,6 @@ _BOUNDS: dict[str, tuple[float, float]] = {
     # Not a go-nsq option: how long nsqd may take to read a RDY (see the module docstring).
     "rdy_settle_time": (0.0, 60.0),
 }
-
-
-class Outcome(enum.Enum):
-    """What became of a message, as far as backoff is concerned."""
-
-    #: FIN: the handler succeeded.
-    SUCCESS = "success"
-    #: REQ with backoff: the handler failed; the consumer should slow down.
-    FAILURE = "failure"
-    #: REQ without backoff (``requeue(backoff=False)``), or no verdict: never counted.
-    NEUTRAL = "neutral"
 
 
 class RdyUpdate(NamedTuple):
@@ -152,13 +139,6 @@ class ConnectionRdyStats:
     last_rdy_at: float | None
 
 
-class _Phase(enum.Enum):
-    NORMAL = "normal"  # backoff level 0: RDY distributed over all connections
-    WAITING = "waiting"  # backoff: RDY 0 everywhere until the wait ends
-    PROBING = "probing"  # backoff: RDY 1 on the probe connection, waiting for its message's result
-
-
-_NO_MSG = object()  # the probe message has not arrived yet
 _NO_UPDATES: list[RdyUpdate] = []  # returned by hot paths with nothing to send; never mutated
 
 
@@ -212,19 +192,21 @@ class RdyController:
         self._low_rdy_idle_timeout = _check_seconds("low_rdy_idle_timeout", low_rdy_idle_timeout)
         self._low_rdy_timeout = _check_seconds("low_rdy_timeout", low_rdy_timeout)
         self._redistribute_interval = _check_seconds("rdy_redistribute_interval", rdy_redistribute_interval)
-        self._max_backoff = _check_seconds("max_backoff_duration", max_backoff_duration)
-        self._multiplier = _check_seconds("backoff_multiplier", backoff_multiplier)
+        max_backoff = _check_seconds("max_backoff_duration", max_backoff_duration)
+        multiplier = _check_seconds("backoff_multiplier", backoff_multiplier)
         self._settle = _check_seconds("rdy_settle_time", rdy_settle_time)
         if backoff_strategy not in ("exponential", "full_jitter") and not callable(backoff_strategy):
             raise InvalidValueError(
                 "backoff_strategy must be 'exponential', 'full_jitter' or a callable level -> seconds, "
                 f"got {backoff_strategy!r}"
             )
-        self._strategy = backoff_strategy
         self._clock = clock
         # The hot path stamps deliveries with CLOCK_MONOTONIC itself: only with the default clock.
         self._fast_lane = clock is time.monotonic
         self._rng = rng if rng is not None else random.Random()
+        self._policy = BackoffPolicy(
+            backoff_strategy, max_backoff_duration=max_backoff, multiplier=multiplier, rng=self._rng
+        )
 
         self._conns: dict[Hashable, _Conn] = {}
         self._seq = 0
@@ -242,11 +224,13 @@ class RdyController:
         self._rotating = False
         self._next_redistribute: float | None = None
 
-        self._phase = _Phase.NORMAL
-        self._level = 0
-        self._wait_until: float | None = None
-        self._probe: _Conn | None = None
-        self._probe_msg: object = _NO_MSG
+        # Backoff scopes by key (None: the consumer-wide one), the key of each connection
+        # (kept while messages of a removed connection are in flight), the paused keys.
+        self._scopes: dict[Hashable, BackoffState] = {}
+        self._key_of: dict[Hashable, Hashable] = {}
+        self._paused: set[Hashable] = set()
+        # Every scope in normal operation: FINs may take the cheap path.
+        self._all_normal = True
 
     # -- read-only state ---------------------------------------------------------------------
 
@@ -257,18 +241,33 @@ class RdyController:
 
     @property
     def backoff_level(self) -> int:
-        """0 in normal operation; each counted failure adds 1, each probe success removes 1."""
-        return self._level
+        """0 in normal operation; each counted failure adds 1, each probe success removes 1
+        (with keyed backoff: the highest level of any key)."""
+        return max((scope.level for scope in self._scopes.values()), default=0)
 
     @property
     def in_backoff(self) -> bool:
-        """True while the backoff level is above 0."""
-        return self._level > 0
+        """True while the backoff level (of some key) is above 0."""
+        return self.backoff_level > 0
 
     @property
     def backoff_until(self) -> float | None:
-        """Clock time at which the current backoff wait ends, or None when not waiting."""
-        return self._wait_until if self._phase is _Phase.WAITING else None
+        """Clock time at which the (first) current backoff wait ends, or None when not waiting."""
+        waits = [s.wait_until for s in self._scopes.values() if s.phase is Phase.WAITING and s.wait_until is not None]
+        return min(waits, default=None)
+
+    def backoff_level_of(self, key: Hashable) -> int:
+        """The backoff level of the connections added with ``key`` (0 for an unknown key)."""
+        scope = self._scopes.get(key)
+        return 0 if scope is None else scope.level
+
+    def backoff_until_of(self, key: Hashable) -> float | None:
+        """When the backoff wait of ``key`` ends, or None when it is not waiting."""
+        scope = self._scopes.get(key)
+        return scope.wait_until if scope is not None and scope.phase is Phase.WAITING else None
+
+    def is_paused(self, key: Hashable) -> bool:
+        return key in self._paused
 
     @property
     def connection_count(self) -> int:
@@ -325,9 +324,9 @@ class RdyController:
 
     def next_deadline(self) -> float | None:
         """Clock time at which :meth:`tick` has work to do, or None if no timer is needed."""
-        deadlines = []
-        if self._phase is _Phase.WAITING and self._wait_until is not None:
-            deadlines.append(self._wait_until)
+        deadlines = [
+            s.wait_until for s in self._scopes.values() if s.phase is Phase.WAITING and s.wait_until is not None
+        ]
         if self._next_redistribute is not None:
             deadlines.append(self._next_redistribute)
         if self._deficit:
@@ -340,13 +339,14 @@ class RdyController:
 
     # -- events ------------------------------------------------------------------------------
 
-    def add_connection(self, conn_id: Hashable, max_rdy_count: int) -> list[RdyUpdate]:
+    def add_connection(self, conn_id: Hashable, max_rdy_count: int, key: Hashable = None) -> list[RdyUpdate]:
         """Register a subscribed connection; returns the RDY updates to send.
 
         ``max_rdy_count`` is the value from the connection's IDENTIFY response
         (nsqd's default is 2500); no RDY above it is ever sent on this connection.
         The new connection gets RDY only when ``max_in_flight`` leaves room for
-        it: the others are lowered first.
+        it: the others are lowered first. ``key`` is its backoff scope: connections
+        added with the same key back off together (None: the consumer-wide scope).
         """
         if isinstance(max_rdy_count, bool) or not isinstance(max_rdy_count, int) or max_rdy_count < 0:
             raise InvalidValueError(f"max_rdy_count must be an int >= 0, got {max_rdy_count!r}")
@@ -360,6 +360,8 @@ class RdyController:
         now = self._clock()
         self._seq += 1
         self._conns[conn_id] = _Conn(conn_id, self._seq, max_rdy_count, now)
+        self._key_of[conn_id] = key
+        self._scopes.setdefault(key, BackoffState())
         return self._rebalance(now)
 
     def remove_connection(self, conn_id: Hashable) -> list[RdyUpdate]:
@@ -376,9 +378,21 @@ class RdyController:
         if c.in_flight:
             self._orphans[conn_id] = self._orphans.get(conn_id, 0) + c.in_flight
             self._orphan_total += c.in_flight
-        if c is self._probe:
-            self._probe = None
-            self._probe_msg = _NO_MSG
+        key = self._key_of[conn_id] if c.in_flight else self._key_of.pop(conn_id)
+        self._scopes[key].drop_probe(c)
+        if key is not None and not self._members(key):
+            # A partition's backoff lives with its connections (the consumer-wide one, None,
+            # with the consumer): nothing is left to probe, and a partition that comes back
+            # (or moved for good) starts afresh.
+            del self._scopes[key]
+        return self._rebalance(self._clock())
+
+    def set_paused(self, key: Hashable, paused: bool) -> list[RdyUpdate]:
+        """Pause (RDY 0 on every connection added with ``key``) or resume it; returns RDY updates."""
+        if paused:
+            self._paused.add(key)
+        else:
+            self._paused.discard(key)
         return self._rebalance(self._clock())
 
     def on_message(self, conn_id: Hashable, msg_id: Hashable) -> list[RdyUpdate]:
@@ -402,14 +416,14 @@ class RdyController:
         if c.remaining:
             c.remaining -= 1
         c.last_message_at = now
-        if c is self._probe and self._probe_msg is _NO_MSG and self._phase is _Phase.PROBING:
-            self._probe_msg = msg_id
+        scope = self._scopes[self._key_of[conn_id]]
+        scope.on_message(c, msg_id)
         if not authorized:
             # More than the model allows (nsqd timed a message out, or ignored a RDY for too long):
             # re-check the budget, which stops all grants until the excess has drained.
             return self._rebalance(now)
         if not c.fast and not c.pending and self._fast_lane:
-            c.fast = self._phase is _Phase.NORMAL and not self._deficit  # a lowered RDY has settled
+            c.fast = self._may_be_fast(conn_id)  # a lowered RDY has settled
         if c.rdy and c.remaining * 4 <= c.rdy:
             # The client guide's refill at 25 %: a no-op for nsqd >= 1.0 (RDY is absolute there),
             # needed by servers that count RDY down.
@@ -428,7 +442,7 @@ class RdyController:
         c = self._conns.get(conn_id)
         if (
             outcome is not Outcome.FAILURE
-            and self._phase is _Phase.NORMAL
+            and self._all_normal
             and not self._deficit
             and c is not None
             and c.in_flight > 0
@@ -438,6 +452,7 @@ class RdyController:
             return _NO_UPDATES
         if not isinstance(outcome, Outcome):
             raise InvalidValueError(f"outcome must be an Outcome, got {outcome!r}")
+        key = self._key_of.get(conn_id)
         if c is not None and c.in_flight > 0:
             c.in_flight -= 1
         elif self._orphans.get(conn_id):
@@ -446,11 +461,12 @@ class RdyController:
                 self._orphans[conn_id] = left
             else:
                 del self._orphans[conn_id]
+                self._key_of.pop(conn_id, None)  # the removed connection's last message
             self._orphan_total -= 1
         else:
             raise ValueError(f"on_message_done for {conn_id!r} without a message in flight there")
         now = self._clock()
-        if self._count_outcome(conn_id, msg_id, outcome, now):
+        if self._count_outcome(conn_id, msg_id, outcome, now, key):
             return self._rebalance(now)
         if self._deficit:
             self._dones += 1
@@ -471,9 +487,8 @@ class RdyController:
     def tick(self) -> list[RdyUpdate]:
         """Run what is due (end of a backoff wait, redistribution, settled RDYs); returns RDY updates."""
         now = self._clock()
-        if self._phase is _Phase.WAITING and self._wait_until is not None and now >= self._wait_until:
-            self._phase = _Phase.PROBING
-            self._wait_until = None
+        for scope in self._scopes.values():
+            scope.tick(now)
         if self._next_redistribute is not None and now >= self._next_redistribute:
             self._next_redistribute = None
             self._redistribute(now)
@@ -481,82 +496,33 @@ class RdyController:
 
     # -- backoff -----------------------------------------------------------------------------
 
-    def _count_outcome(self, conn_id: Hashable, msg_id: Hashable, outcome: Outcome, now: float) -> bool:
-        """Apply one result to the backoff state; True if the RDY targets changed."""
-        if self._max_backoff == 0:
-            return False
-        if self._phase is _Phase.NORMAL:
-            if outcome is Outcome.FAILURE:
-                self._level = 1
-                self._start_wait(now)
-                return True
-            return False
-        if self._phase is _Phase.WAITING:
-            return False  # results that arrive while waiting belong to no window
-        # PROBING: only the probe message's own result counts.
-        probe = self._probe
-        if (
-            probe is None
-            or probe.conn_id != conn_id
-            or self._probe_msg is _NO_MSG
-            or msg_id != self._probe_msg
-        ):
-            return False
-        self._probe_msg = _NO_MSG
-        if outcome is Outcome.NEUTRAL:
-            return True  # no verdict: the next message on the probe connection is the new probe
-        if outcome is Outcome.SUCCESS:
-            self._level -= 1
-            if self._level == 0:
-                self._phase = _Phase.NORMAL
-                self._probe = None
-                return True
-        else:
-            self._step_up()
-        self._start_wait(now)
-        return True
+    def _count_outcome(
+        self, conn_id: Hashable, msg_id: Hashable, outcome: Outcome, now: float, key: Hashable
+    ) -> bool:
+        """Apply one result to its key's backoff state; True if the RDY targets changed."""
+        scope = self._scopes.get(key)
+        return scope is not None and scope.count(conn_id, msg_id, outcome, now, self._policy)
 
-    def _start_wait(self, now: float) -> None:
-        self._phase = _Phase.WAITING
-        self._probe = None
-        self._probe_msg = _NO_MSG
-        self._wait_until = now + self._backoff_duration(self._level)
+    def _may_be_fast(self, conn_id: Hashable) -> bool:
+        """Whether a connection's hot path may count for itself (see :meth:`_mark_fast`)."""
+        key = self._key_of[conn_id]
+        return not self._deficit and self._scopes[key].phase is Phase.NORMAL and key not in self._paused
 
-    def _step_up(self) -> None:
-        # Stop deepening once the wait has reached max_backoff_duration: one success then shortens it.
-        if self._level < MAX_BACKOFF_LEVEL and self._ceiling(self._level) < self._max_backoff:
-            self._level += 1
+    def _members(self, key: Hashable) -> list[_Conn]:
+        return [c for conn_id, c in self._conns.items() if self._key_of[conn_id] == key]
 
-    def _ceiling(self, level: int) -> float:
-        if callable(self._strategy):
-            return self._clamp(self._strategy(level))
-        return self._multiplier * 2.0**level
-
-    def _backoff_duration(self, level: int) -> float:
-        if self._strategy == "exponential":
-            return min(self._multiplier * 2.0**level, self._max_backoff)
-        if self._strategy == "full_jitter":
-            return self._rng.uniform(0.0, min(self._multiplier * 2.0**level, self._max_backoff))
-        return self._clamp(self._strategy(level))
-
-    def _clamp(self, seconds: float) -> float:
-        seconds = float(seconds)
-        if math.isnan(seconds):
-            return self._max_backoff
-        return min(max(seconds, 0.0), self._max_backoff)
-
-    def _ensure_probe(self, now: float) -> _Conn | None:
-        """The probe connection, chosen at random (preferring idle ones) if there is none."""
-        if self._probe is not None:
-            return self._probe
-        eligible = [c for c in self._conns.values() if c.max_rdy > 0]
+    def _ensure_probe(self, scope: BackoffState, key: Hashable) -> _Conn | None:
+        """The probe connection of ``key``, chosen at random (preferring idle ones) if there is none."""
+        if scope.probe is not None:
+            return scope.probe  # type: ignore[no-any-return]
+        eligible = [c for c in self._members(key) if c.max_rdy > 0]
         if not eligible:
             return None
         # nsqd sends nothing on RDY 1 while that connection has a message in flight.
         idle = [c for c in eligible if c.in_flight == 0]
-        self._probe = self._rng.choice(idle or eligible)
-        self._probe_msg = _NO_MSG
-        return self._probe
+        probe = self._rng.choice(idle or eligible)
+        scope.set_probe(probe)
+        return probe
 
     # -- distribution ------------------------------------------------------------------------
 
@@ -564,23 +530,35 @@ class RdyController:
         for c in self._conns.values():
             c.target = 0
         self._rotating = False
-        if self._phase is not _Phase.NORMAL:
-            self._release_all_extras(now)
+        self._all_normal = all(scope.phase is Phase.NORMAL for scope in self._scopes.values())
+        flowing = [c for conn_id, c in self._conns.items() if self._flows(conn_id)]
+        if len(flowing) < len(self._conns):
+            for c in self._conns.values():
+                if c not in flowing:
+                    self._release_extra(c, now)
         if self._mif == 0 or not self._conns:
             return
-        if self._phase is _Phase.NORMAL:
-            self._water_fill(now)
-        elif self._phase is _Phase.PROBING:
-            probe = self._ensure_probe(now)
-            if probe is not None:
-                probe.target = 1
+        probes = []
+        for key, scope in self._scopes.items():
+            if scope.phase is Phase.PROBING and key not in self._paused:
+                probe = self._ensure_probe(scope, key)
+                if probe is not None:
+                    probes.append(probe)
+        if flowing:
+            self._water_fill(now, flowing, max(0, self._mif - len(probes)))
+        for probe in probes:
+            probe.target = 1
 
-    def _water_fill(self, now: float) -> None:
-        """Split max_in_flight evenly, capped per connection; the remainder goes to rotating holders."""
-        eligible = sorted(
-            (c for c in self._conns.values() if c.max_rdy > 0), key=lambda c: (c.max_rdy, c.seq)
-        )
-        left = self._mif
+    def _flows(self, conn_id: Hashable) -> bool:
+        """In normal operation: its key neither backing off nor paused."""
+        key = self._key_of[conn_id]
+        return self._scopes[key].phase is Phase.NORMAL and key not in self._paused
+
+    def _water_fill(self, now: float, conns: list[_Conn], budget: int) -> None:
+        """Split ``budget`` evenly over ``conns``, capped per connection; the remainder goes to
+        rotating holders."""
+        eligible = sorted((c for c in conns if c.max_rdy > 0), key=lambda c: (c.max_rdy, c.seq))
+        left = budget
         capped = 0
         # Connections whose max_rdy_count is below the even share get all they can take.
         while capped < len(eligible) and eligible[capped].max_rdy * (len(eligible) - capped) <= left:
@@ -589,7 +567,7 @@ class RdyController:
             capped += 1
         for c in eligible[:capped]:
             self._release_extra(c, now)
-        for c in self._conns.values():
+        for c in conns:
             if c.max_rdy == 0:
                 self._release_extra(c, now)
         rest = eligible[capped:]
@@ -621,24 +599,23 @@ class RdyController:
             c.extra_since = None
             c.waiting_since = now
 
-    def _release_all_extras(self, now: float) -> None:
-        for c in self._conns.values():
-            self._release_extra(c, now)
-
     def _redistribute(self, now: float) -> None:
         """The rdy_redistribute_interval timer: move RDY away from idle or long-time holders."""
-        if self._phase is _Phase.NORMAL and self._rotating:
-            waiting = sum(1 for c in self._conns.values() if c.extra_since is None and c.target < c.max_rdy)
-            stale = [c for c in self._conns.values() if c.extra_since is not None and self._is_stale(c, now)]
+        if self._rotating:
+            flowing = [c for conn_id, c in self._conns.items() if self._flows(conn_id)]
+            waiting = sum(1 for c in flowing if c.extra_since is None and c.target < c.max_rdy)
+            stale = [c for c in flowing if c.extra_since is not None and self._is_stale(c, now)]
             stale.sort(key=lambda c: (c.granted_at, c.seq))
             for c in stale[:waiting]:
                 self._release_extra(c, now)
-        elif self._phase is _Phase.PROBING and self._probe is not None and self._probe_msg is _NO_MSG:
-            probe = self._probe
-            others = [c for c in self._conns.values() if c is not probe and c.max_rdy > 0]
+        for key, scope in self._scopes.items():
+            probe = scope.probe
+            if probe is None or not scope.waiting_for_probe_message:
+                continue
+            others = [c for c in self._members(key) if c is not probe and c.max_rdy > 0]
             if others and self._is_stale(probe, now):
                 idle = [c for c in others if c.in_flight == 0]
-                self._probe = self._rng.choice(idle or others)
+                scope.set_probe(self._rng.choice(idle or others))
 
     def _is_stale(self, c: _Conn, now: float) -> bool:
         """Holding its slot for low_rdy_timeout, or idle for low_rdy_idle_timeout since it got it."""
@@ -720,9 +697,9 @@ class RdyController:
         connection. Every change of phase, deficit or pending goes through
         :meth:`_rebalance`, which ends here.
         """
-        ok = self._fast_lane and self._phase is _Phase.NORMAL and not self._deficit
-        for c in self._conns.values():
-            c.fast = ok and not c.pending
+        ok = self._fast_lane and not self._deficit
+        for conn_id, c in self._conns.items():
+            c.fast = ok and not c.pending and self._flows(conn_id)
 
     def _send(self, c: _Conn, value: int, now: float) -> RdyUpdate:
         if value < c.rdy:
@@ -737,18 +714,15 @@ class RdyController:
         return RdyUpdate(c.conn_id, value)
 
     def _schedule_redistribute(self, now: float) -> None:
-        if self._mif == 0:
-            needed = False
-        elif self._phase is _Phase.NORMAL:
-            needed = self._rotating
-        elif self._phase is _Phase.PROBING:
-            needed = (
-                self._probe is not None
-                and self._probe_msg is _NO_MSG
-                and sum(1 for c in self._conns.values() if c.max_rdy > 0) > 1
+        needed = self._mif > 0 and (
+            self._rotating
+            or any(
+                scope.probe is not None
+                and scope.waiting_for_probe_message
+                and sum(1 for c in self._members(key) if c.max_rdy > 0) > 1
+                for key, scope in self._scopes.items()
             )
-        else:
-            needed = False
+        )
         if not needed:
             self._next_redistribute = None
         elif self._next_redistribute is None:

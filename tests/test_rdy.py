@@ -100,6 +100,8 @@ class Sim:
         self.first_rdy_at: dict[int, float] = {}
         self.last_delivery_at: dict[int, float] = {}
         self.deliveries = 0
+        self.keys: dict[int, Hashable] = {}  # the backoff key each connection was added with
+        self.paused: set[Hashable] = set()
 
     # invariants
     def window_limit(self) -> int:
@@ -116,9 +118,13 @@ class Sim:
 
     def check(self) -> None:
         assert sum(self.sent.values()) <= self.ctl.max_in_flight, (self.sent, self.ctl.max_in_flight)
-        if self.ctl.in_backoff:
-            holding = [n for n in self.sent.values() if n > 0]
-            assert len(holding) <= 1 and sum(holding) <= 1, self.sent
+        for key in set(self.keys.values()):
+            members = [conn_id for conn_id in self.sent if self.keys[conn_id] == key]
+            if self.ctl.backoff_level_of(key):  # a key in backoff: at most one probe at RDY 1
+                holding = [self.sent[c] for c in members if self.sent[c] > 0]
+                assert len(holding) <= 1 and sum(holding) <= 1, (key, self.sent)
+            if key in self.paused:
+                assert all(self.sent[c] == 0 for c in members), (key, self.sent)
         assert rdy_of(self.ctl) == self.sent
         assert self.ctl.in_flight == self.total_in_flight()
 
@@ -137,13 +143,18 @@ class Sim:
             assert sum(self.sent.values()) <= self.ctl.max_in_flight, (self.sent, self.ctl.max_in_flight)
 
     # events
-    def add(self, max_rdy: int = 2500) -> int:
+    def add(self, max_rdy: int = 2500, key: Hashable = None) -> int:
         conn_id = next(self.conn_ids)
         self.servers[conn_id] = _Server(max_rdy)
         self.client[conn_id] = set()
         self.sent[conn_id] = 0
-        self.apply(self.ctl.add_connection(conn_id, max_rdy))
+        self.keys[conn_id] = key
+        self.apply(self.ctl.add_connection(conn_id, max_rdy, key))
         return conn_id
+
+    def set_paused(self, key: Hashable, paused: bool) -> None:
+        (self.paused.add if paused else self.paused.discard)(key)
+        self.apply(self.ctl.set_paused(key, paused))
 
     def remove(self, conn_id: int) -> None:
         del self.servers[conn_id]
@@ -949,6 +960,110 @@ TestRdyMachine.settings = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+KEYS = ["p0", "p1", "p2"]
+
+
+class KeyedRdyMachine(RdyMachine):
+    """The same random consumers with backoff per key (a partition each) and keys paused at times.
+
+    Invariants on top of RdyMachine's: a key in backoff holds RDY on at most one of its
+    connections, and at most 1; a paused key holds none; the RDY sum stays within max_in_flight.
+    Liveness at the end: resumed and succeeding, every key leaves backoff and every connection
+    receives again.
+    """
+
+    @initialize(
+        mif=st.sampled_from([0, 1, 2, 3, 5, 8, 100]),
+        settle=st.sampled_from([0.0, 0.2, 0.5, 1.0]),
+        strategy=st.sampled_from(["exponential", "full_jitter"]),
+        seed=st.integers(0, 2**32),
+        conns=st.lists(st.tuples(st.sampled_from([1, 2, 3, 2500]), st.sampled_from(KEYS)), min_size=1, max_size=4),
+    )
+    def setup(self, mif: int, settle: float, strategy: str, seed: int, conns: list[tuple[int, str]]) -> None:  # type: ignore[override]
+        super().setup(mif, settle, strategy, seed, [])
+        for max_rdy, key in conns:
+            self.sim.add(max_rdy, key)
+
+    @rule(max_rdy=st.sampled_from([1, 2, 3, 2500]), key=st.sampled_from(KEYS))
+    def add(self, max_rdy: int, key: str) -> None:  # type: ignore[override]  # every connection has a key
+        if len(self.sim.servers) < 6:
+            self.sim.add(max_rdy, key)
+
+    @rule(key=st.sampled_from(KEYS), paused=st.booleans())
+    def pause(self, key: str, paused: bool) -> None:
+        self.sim.set_paused(key, paused)
+
+    def teardown(self) -> None:
+        if hasattr(self, "sim"):
+            for key in KEYS:
+                self.sim.set_paused(key, False)
+            if not self.sim.servers:
+                self.sim.add(2500, "p0")
+        super().teardown()
+
+
+TestKeyedRdyMachine = KeyedRdyMachine.TestCase
+TestKeyedRdyMachine.settings = TestRdyMachine.settings
+
+
+def _keyed(mif: int = 6) -> tuple[RdyController, FakeClock]:
+    ctl, clock = make(mif)
+    ctl.add_connection("a0", 2500, "p0")
+    ctl.add_connection("b0", 2500, "p1")
+    ctl.add_connection("b1", 2500, "p1")
+    return ctl, clock
+
+
+def test_keyed_backoff_pauses_the_failing_key_alone_and_gives_its_share_to_the_others() -> None:
+    ctl, clock = _keyed()
+    assert rdy_of(ctl) == {"a0": 2, "b0": 2, "b1": 2}
+    ctl.on_message("a0", 1)
+    assert as_dict(ctl.on_message_done("a0", 1, FAILURE)) == {"a0": 0, "b0": 3, "b1": 3}
+    assert ctl.backoff_level_of("p0") == 1 and ctl.backoff_level_of("p1") == 0
+    assert ctl.backoff_until_of("p0") == 2.0 and ctl.backoff_until_of("p1") is None
+    assert ctl.backoff_level == 1 and ctl.in_backoff  # the consumer-wide view: the highest level
+    # The other key keeps consuming, and its FINs count for nobody's backoff.
+    ctl.on_message("b0", 2)
+    assert ctl.on_message_done("b0", 2, SUCCESS) == []
+    clock.now = 2.0
+    updates = as_dict(ctl.tick())
+    assert updates == {"b0": 2, "a0": 1} or updates == {"b1": 2, "a0": 1}  # a probe for p0, within 6
+    ctl.on_message("a0", 3)
+    assert as_dict(ctl.on_message_done("a0", 3, SUCCESS))["a0"] == 2
+    assert rdy_of(ctl) == {"a0": 2, "b0": 2, "b1": 2} and not ctl.in_backoff
+
+
+def test_keys_back_off_independently() -> None:
+    ctl, clock = _keyed()
+    ctl.on_message("a0", 1)
+    ctl.on_message_done("a0", 1, FAILURE)
+    clock.now = 1.0
+    ctl.on_message("b1", 2)
+    assert as_dict(ctl.on_message_done("b1", 2, FAILURE)) == {"b0": 0, "b1": 0}
+    assert (ctl.backoff_until_of("p0"), ctl.backoff_until_of("p1")) == (2.0, 3.0)
+    clock.now = 2.0
+    assert as_dict(ctl.tick()) == {"a0": 1}  # p0 probes; p1 still waits
+    assert ctl.next_deadline() == 3.0
+
+
+def test_a_paused_key_gets_rdy_zero_until_resumed_and_the_others_take_its_share() -> None:
+    ctl, _ = _keyed()
+    assert as_dict(ctl.set_paused("p1", True)) == {"b0": 0, "b1": 0, "a0": 6}
+    assert ctl.is_paused("p1")
+    ctl.on_message("a0", 1)
+    assert ctl.on_message_done("a0", 1, SUCCESS) == []
+    assert as_dict(ctl.set_paused("p1", False)) == {"a0": 2, "b0": 2, "b1": 2}
+    assert not ctl.is_paused("p1")
+
+
+def test_without_keys_backoff_is_consumer_wide_as_before() -> None:
+    ctl, _ = make(4)
+    ctl.add_connection("a", 2500)
+    ctl.add_connection("b", 2500)
+    ctl.on_message("a", 1)
+    assert as_dict(ctl.on_message_done("a", 1, FAILURE)) == {"a": 0, "b": 0}
+    assert ctl.backoff_level_of(None) == 1
 
 
 class _RebalanceOnEveryDone(RdyController):
