@@ -52,13 +52,13 @@ above a connection's ``max_rdy_count``; when there is less than one message per
 connection, the few "extra" slots rotate every ``rdy_redistribute_interval``
 away from connections idle for ``low_rdy_idle_timeout`` or holding one for
 ``low_rdy_timeout``, to the connections that waited longest (go-nsq#179,
-nsqjs#242). Backoff (:mod:`fastnsq.backoff`) is per *scope*: consumer-wide by
-default, as in go-nsq (a failure sends RDY 0 everywhere, waits, then lets one
-message through one connection, the probe; only the probe's result moves the
-level), or per key when connections are added with one (a partition, as
-youzan's ``RequeueBackoffSingleConn``): then a failing key waits and probes
-alone while the others share ``max_in_flight``. A key can also be paused
-(:meth:`RdyController.set_paused`): RDY 0 on its connections until resumed.
+nsqjs#242). Each connection is added with a *key* (a partition, say). Backoff
+(:mod:`fastnsq.backoff`) is consumer-wide by default, as in go-nsq (a failure
+sends RDY 0 everywhere, waits, then lets one message through one connection,
+the probe; only the probe's result moves the level), or per key with
+``backoff_per_key`` (youzan's ``RequeueBackoffSingleConn``): then a failing key
+waits and probes alone while the others share ``max_in_flight``. A key can be
+paused (:meth:`RdyController.set_paused`): RDY 0 on its connections until resumed.
 
 Example (a fake clock; the consumer would use the default ``time.monotonic``)::
 
@@ -183,6 +183,7 @@ class RdyController:
         max_backoff_duration: float = 120.0,
         backoff_multiplier: float = 1.0,
         rdy_settle_time: float = 0.5,
+        backoff_per_key: bool = False,
     ) -> None:
         self._mif = _check_max_in_flight(max_in_flight)
         if not callable(clock):
@@ -224,8 +225,10 @@ class RdyController:
         self._rotating = False
         self._next_redistribute: float | None = None
 
-        # Backoff scopes by key (None: the consumer-wide one), the key of each connection
-        # (kept while messages of a removed connection are in flight), the paused keys.
+        # Backoff scopes (by key with backoff_per_key, else the one consumer-wide scope under
+        # None), the key of each connection (kept while messages of a removed connection are
+        # in flight), the paused keys.
+        self._per_key = bool(backoff_per_key)
         self._scopes: dict[Hashable, BackoffState] = {}
         self._key_of: dict[Hashable, Hashable] = {}
         self._paused: set[Hashable] = set()
@@ -257,13 +260,14 @@ class RdyController:
         return min(waits, default=None)
 
     def backoff_level_of(self, key: Hashable) -> int:
-        """The backoff level of the connections added with ``key`` (0 for an unknown key)."""
-        scope = self._scopes.get(key)
+        """The backoff level that applies to the connections added with ``key``
+        (consumer-wide unless ``backoff_per_key``; 0 for a key without connections)."""
+        scope = self._scopes.get(self._scope_key(key))
         return 0 if scope is None else scope.level
 
     def backoff_until_of(self, key: Hashable) -> float | None:
-        """When the backoff wait of ``key`` ends, or None when it is not waiting."""
-        scope = self._scopes.get(key)
+        """When the backoff wait that applies to ``key`` ends, or None when it is not waiting."""
+        scope = self._scopes.get(self._scope_key(key))
         return scope.wait_until if scope is not None and scope.phase is Phase.WAITING else None
 
     def is_paused(self, key: Hashable) -> bool:
@@ -361,7 +365,7 @@ class RdyController:
         self._seq += 1
         self._conns[conn_id] = _Conn(conn_id, self._seq, max_rdy_count, now)
         self._key_of[conn_id] = key
-        self._scopes.setdefault(key, BackoffState())
+        self._scopes.setdefault(self._scope_key(key), BackoffState())
         return self._rebalance(now)
 
     def remove_connection(self, conn_id: Hashable) -> list[RdyUpdate]:
@@ -379,11 +383,11 @@ class RdyController:
             self._orphans[conn_id] = self._orphans.get(conn_id, 0) + c.in_flight
             self._orphan_total += c.in_flight
         key = self._key_of[conn_id] if c.in_flight else self._key_of.pop(conn_id)
-        self._scopes[key].drop_probe(c)
-        if key is not None and not self._members(key):
-            # A partition's backoff lives with its connections (the consumer-wide one, None,
-            # with the consumer): nothing is left to probe, and a partition that comes back
-            # (or moved for good) starts afresh.
+        self._scopes[self._scope_key(key)].drop_probe(c)
+        if self._per_key and not self._members(key):
+            # A key's backoff lives with its connections (the consumer-wide one with the
+            # consumer): nothing is left to probe, and a partition that comes back (or moved
+            # for good) starts afresh.
             del self._scopes[key]
         return self._rebalance(self._clock())
 
@@ -416,7 +420,7 @@ class RdyController:
         if c.remaining:
             c.remaining -= 1
         c.last_message_at = now
-        scope = self._scopes[self._key_of[conn_id]]
+        scope = self._scopes[self._scope_key(self._key_of[conn_id])]
         scope.on_message(c, msg_id)
         if not authorized:
             # More than the model allows (nsqd timed a message out, or ignored a RDY for too long):
@@ -499,23 +503,33 @@ class RdyController:
     def _count_outcome(
         self, conn_id: Hashable, msg_id: Hashable, outcome: Outcome, now: float, key: Hashable
     ) -> bool:
-        """Apply one result to its key's backoff state; True if the RDY targets changed."""
-        scope = self._scopes.get(key)
+        """Apply one result to the backoff state of its key; True if the RDY targets changed."""
+        scope = self._scopes.get(self._scope_key(key))
         return scope is not None and scope.count(conn_id, msg_id, outcome, now, self._policy)
+
+    def _scope_key(self, key: Hashable) -> Hashable:
+        return key if self._per_key else None
 
     def _may_be_fast(self, conn_id: Hashable) -> bool:
         """Whether a connection's hot path may count for itself (see :meth:`_mark_fast`)."""
-        key = self._key_of[conn_id]
-        return not self._deficit and self._scopes[key].phase is Phase.NORMAL and key not in self._paused
+        return not self._deficit and self._flows(conn_id)
 
-    def _members(self, key: Hashable) -> list[_Conn]:
-        return [c for conn_id, c in self._conns.items() if self._key_of[conn_id] == key]
+    def _members(self, scope_key: Hashable) -> list[_Conn]:
+        """The live connections of a backoff scope."""
+        if not self._per_key:
+            return list(self._conns.values())
+        return [c for conn_id, c in self._conns.items() if self._key_of[conn_id] == scope_key]
 
-    def _ensure_probe(self, scope: BackoffState, key: Hashable) -> _Conn | None:
-        """The probe connection of ``key``, chosen at random (preferring idle ones) if there is none."""
+    def _probe_candidates(self, scope_key: Hashable) -> list[_Conn]:
+        return [c for c in self._members(scope_key) if c.max_rdy > 0 and self._key_of[c.conn_id] not in self._paused]
+
+    def _ensure_probe(self, scope: BackoffState, scope_key: Hashable) -> _Conn | None:
+        """The probe connection of a scope, chosen at random (preferring idle ones) if there is none."""
         if scope.probe is not None:
-            return scope.probe  # type: ignore[no-any-return]
-        eligible = [c for c in self._members(key) if c.max_rdy > 0]
+            if self._key_of[scope.probe.conn_id] not in self._paused:
+                return scope.probe  # type: ignore[no-any-return]
+            scope.drop_probe(scope.probe)  # paused since it was chosen
+        eligible = self._probe_candidates(scope_key)
         if not eligible:
             return None
         # nsqd sends nothing on RDY 1 while that connection has a message in flight.
@@ -539,9 +553,9 @@ class RdyController:
         if self._mif == 0 or not self._conns:
             return
         probes = []
-        for key, scope in self._scopes.items():
-            if scope.phase is Phase.PROBING and key not in self._paused:
-                probe = self._ensure_probe(scope, key)
+        for scope_key, scope in self._scopes.items():
+            if scope.phase is Phase.PROBING:
+                probe = self._ensure_probe(scope, scope_key)
                 if probe is not None:
                     probes.append(probe)
         if flowing:
@@ -550,9 +564,9 @@ class RdyController:
             probe.target = 1
 
     def _flows(self, conn_id: Hashable) -> bool:
-        """In normal operation: its key neither backing off nor paused."""
+        """In normal operation: its backoff scope not backing off, its key not paused."""
         key = self._key_of[conn_id]
-        return self._scopes[key].phase is Phase.NORMAL and key not in self._paused
+        return self._scopes[self._scope_key(key)].phase is Phase.NORMAL and key not in self._paused
 
     def _water_fill(self, now: float, conns: list[_Conn], budget: int) -> None:
         """Split ``budget`` evenly over ``conns``, capped per connection; the remainder goes to
@@ -608,11 +622,11 @@ class RdyController:
             stale.sort(key=lambda c: (c.granted_at, c.seq))
             for c in stale[:waiting]:
                 self._release_extra(c, now)
-        for key, scope in self._scopes.items():
+        for scope_key, scope in self._scopes.items():
             probe = scope.probe
             if probe is None or not scope.waiting_for_probe_message:
                 continue
-            others = [c for c in self._members(key) if c is not probe and c.max_rdy > 0]
+            others = [c for c in self._probe_candidates(scope_key) if c is not probe]
             if others and self._is_stale(probe, now):
                 idle = [c for c in others if c.in_flight == 0]
                 scope.set_probe(self._rng.choice(idle or others))
@@ -719,8 +733,8 @@ class RdyController:
             or any(
                 scope.probe is not None
                 and scope.waiting_for_probe_message
-                and sum(1 for c in self._members(key) if c.max_rdy > 0) > 1
-                for key, scope in self._scopes.items()
+                and len(self._probe_candidates(scope_key)) > 1
+                for scope_key, scope in self._scopes.items()
             )
         )
         if not needed:

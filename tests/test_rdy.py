@@ -100,7 +100,8 @@ class Sim:
         self.first_rdy_at: dict[int, float] = {}
         self.last_delivery_at: dict[int, float] = {}
         self.deliveries = 0
-        self.keys: dict[int, Hashable] = {}  # the backoff key each connection was added with
+        self.keys: dict[int, Hashable] = {}  # the key each connection was added with
+        self.per_key = False  # the controller's backoff_per_key
         self.paused: set[Hashable] = set()
 
     # invariants
@@ -118,6 +119,9 @@ class Sim:
 
     def check(self) -> None:
         assert sum(self.sent.values()) <= self.ctl.max_in_flight, (self.sent, self.ctl.max_in_flight)
+        if self.ctl.in_backoff and not self.per_key:  # consumer-wide: one probe at RDY 1 in all
+            holding = [n for n in self.sent.values() if n > 0]
+            assert len(holding) <= 1 and sum(holding) <= 1, self.sent
         for key in set(self.keys.values()):
             members = [conn_id for conn_id in self.sent if self.keys[conn_id] == key]
             if self.ctl.backoff_level_of(key):  # a key in backoff: at most one probe at RDY 1
@@ -839,6 +843,9 @@ class RdyMachine(RuleBasedStateMachine):
     and every connection receives messages within a bounded time.
     """
 
+    #: RdyController(backoff_per_key=...): the keyed machines run both ways.
+    PER_KEY = False
+
     @initialize(
         mif=st.sampled_from([0, 1, 2, 3, 5, 8, 100]),
         settle=st.sampled_from([0.0, 0.2, 0.5, 1.0]),
@@ -850,6 +857,7 @@ class RdyMachine(RuleBasedStateMachine):
         clock = FakeClock()
         ctl = RdyController(
             mif,
+            backoff_per_key=self.PER_KEY,
             clock=clock,
             rng=random.Random(seed),
             rdy_settle_time=settle,
@@ -861,6 +869,7 @@ class RdyMachine(RuleBasedStateMachine):
             backoff_strategy=strategy,  # type: ignore[arg-type]
         )
         self.sim = Sim(ctl, clock, settle)
+        self.sim.per_key = self.PER_KEY
         self.rng = random.Random(seed)
         for max_rdy in max_rdys:
             self.sim.add(max_rdy)
@@ -965,10 +974,12 @@ KEYS = ["p0", "p1", "p2"]
 
 
 class KeyedRdyMachine(RdyMachine):
-    """The same random consumers with backoff per key (a partition each) and keys paused at times.
+    """The same random consumers with keyed connections (a partition each), keys paused at times,
+    and backoff per key (``PER_KEY``) or consumer-wide.
 
     Invariants on top of RdyMachine's: a key in backoff holds RDY on at most one of its
-    connections, and at most 1; a paused key holds none; the RDY sum stays within max_in_flight.
+    connections, and at most 1 (consumer-wide: one connection in all, as before); a paused key
+    holds none; the RDY sum stays within max_in_flight.
     Liveness at the end: resumed and succeeding, every key leaves backoff and every connection
     receives again.
     """
@@ -1003,12 +1014,18 @@ class KeyedRdyMachine(RdyMachine):
         super().teardown()
 
 
+class PerKeyRdyMachine(KeyedRdyMachine):
+    PER_KEY = True
+
+
 TestKeyedRdyMachine = KeyedRdyMachine.TestCase
 TestKeyedRdyMachine.settings = TestRdyMachine.settings
+TestPerKeyRdyMachine = PerKeyRdyMachine.TestCase
+TestPerKeyRdyMachine.settings = TestRdyMachine.settings
 
 
-def _keyed(mif: int = 6) -> tuple[RdyController, FakeClock]:
-    ctl, clock = make(mif)
+def _keyed(mif: int = 6, per_key: bool = True) -> tuple[RdyController, FakeClock]:
+    ctl, clock = make(mif, backoff_per_key=per_key)
     ctl.add_connection("a0", 2500, "p0")
     ctl.add_connection("b0", 2500, "p1")
     ctl.add_connection("b1", 2500, "p1")
@@ -1057,13 +1074,27 @@ def test_a_paused_key_gets_rdy_zero_until_resumed_and_the_others_take_its_share(
     assert not ctl.is_paused("p1")
 
 
-def test_without_keys_backoff_is_consumer_wide_as_before() -> None:
-    ctl, _ = make(4)
-    ctl.add_connection("a", 2500)
-    ctl.add_connection("b", 2500)
-    ctl.on_message("a", 1)
-    assert as_dict(ctl.on_message_done("a", 1, FAILURE)) == {"a": 0, "b": 0}
-    assert ctl.backoff_level_of(None) == 1
+def test_with_keys_but_without_backoff_per_key_backoff_stays_consumer_wide() -> None:
+    ctl, clock = _keyed(per_key=False)
+    ctl.on_message("a0", 1)
+    assert as_dict(ctl.on_message_done("a0", 1, FAILURE)) == {"a0": 0, "b0": 0, "b1": 0}
+    assert ctl.backoff_level_of("p0") == ctl.backoff_level_of("p1") == 1
+    # A paused key is no probe: the probe is one of p1's connections.
+    ctl.set_paused("p0", True)
+    clock.now = 2.0
+    updates = as_dict(ctl.tick())
+    assert list(updates.values()) == [1] and set(updates) <= {"b0", "b1"}
+
+
+def test_pausing_the_probes_key_moves_the_probe() -> None:
+    ctl, clock = _keyed(per_key=False)
+    ctl.on_message("a0", 1)
+    ctl.on_message_done("a0", 1, FAILURE)
+    clock.now = 2.0
+    (probe,) = as_dict(ctl.tick())
+    key = "p0" if probe == "a0" else "p1"
+    updates = as_dict(ctl.set_paused(key, True))
+    assert updates[probe] == 0 and sum(updates.values()) == 1 and ctl.is_paused(key)
 
 
 class _RebalanceOnEveryDone(RdyController):
