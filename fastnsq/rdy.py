@@ -720,6 +720,11 @@ class RdyController:
             # Until nsqd reads the new value it may still fill the connection up to the old one.
             c.pending = max(self._pending(c, now), c.rdy - c.in_flight)
             c.pending_until = now + self._settle
+            if value == c.target and c.granted_at is None:
+                # Its target reached from above, never from below (max_in_flight was lowered
+                # before a partial raise completed): granted now, or _is_stale would never
+                # judge it and it would keep a scarce slot forever.
+                c.granted_at = now
         elif value == c.target:
             c.granted_at = now
         c.rdy = value

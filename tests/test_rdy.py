@@ -1167,3 +1167,20 @@ def test_finishing_held_messages_in_deficit_rebalances_a_few_times_not_per_messa
         updates += ctl.on_message_done(conn, msg, SUCCESS)
     assert rdy_of(ctl) == dict.fromkeys(conns, 937) | dict.fromkeys(conns[:32], 938)  # 60,000 over 64
     assert calls < 1000, f"{calls} rebalances for {len(held)} finished messages"  # was one per message
+
+
+def test_a_slot_reached_by_lowering_max_in_flight_still_rotates() -> None:
+    """Found by the keyed state machine (it failed the same way without keys): a connection that
+    never got its full target from below (a partial raise) and then reached it from above (max_in_flight
+    lowered) was never judged stale, and kept the only slot forever."""
+    clock = FakeClock()
+    ctl = RdyController(8, clock=clock, rng=random.Random(1), rdy_settle_time=1.0, low_rdy_idle_timeout=1.0,
+                        low_rdy_timeout=2.0, rdy_redistribute_interval=0.5)
+    sim = Sim(ctl, clock, 1.0)
+    for max_rdy in (1, 2500, 2500):
+        sim.add(max_rdy)
+    sim.advance(1.0)
+    sim.set_mif(1)
+    start = clock.now
+    sim.run_busy(3 * (2.0 + 0.5 + 1.0) + 1.0, step=0.2)
+    assert all(sim.last_delivery_at.get(conn_id, -1.0) >= start for conn_id in sim.servers), sim.last_delivery_at
