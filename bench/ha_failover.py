@@ -159,7 +159,7 @@ async def failover(
         await asyncio.gather(*(caller() for _ in range(callers)))
         mark(f"publishing done: {len(acknowledged)} acknowledged, {len(failed)} raised")
         await chaos_task
-        producer_stats = producer.stats
+        producer_stats = producer.snapshot().as_dict()
 
     deadline = loop.time() + drain_timeout
     while loop.time() < deadline and not all(acknowledged <= set(seen) for seen in deliveries.values()):

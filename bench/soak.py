@@ -184,7 +184,7 @@ async def reconnects(address: str, count: int) -> dict:
             "after": after,
             "peak_fds": peak_fds,
             "peak_tasks": peak_tasks,
-            "producer_reconnects": producer.stats["reconnects"],
+            "producer_reconnects": producer.snapshot().reconnects,
         }
         await consumer.stop()
         await producer.close()

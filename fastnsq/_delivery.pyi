@@ -7,7 +7,7 @@ through the consumer's Python methods). ``fastnsq.codec`` picks one.
 
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 IMPLEMENTATION: str  # "c" or "python"
 
@@ -42,10 +42,28 @@ class Inbox:
     def wake(self) -> None: ...
     def __len__(self) -> int: ...
 
+class LinkOwner(Protocol):
+    """What a :class:`Link` calls in Python: every message and answer its fast lane does not take.
+
+    Implemented by the consumer's dispatcher (``fastnsq.consumer.dispatch.Dispatcher``), never
+    by the consumer itself: the fast lane knows nothing else of its owner.
+    """
+
+    def on_message(self, link: Link, message: Any) -> None:
+        """A message the fast lane did not take (backoff, refill, give-up, ordered, traced, ...)."""
+    def on_handler_failed(self, message: Any) -> None:
+        """A sync handler run inline raised; called inside the ``except`` block."""
+    def on_finish(self, link: Link, message: Any) -> None:
+        """``message.finish()`` the fast lane did not take."""
+    def on_requeue(self, link: Link, message: Any, delay: float | None, backoff: bool) -> None:
+        """``message.requeue()`` (always here)."""
+    def on_touch(self, link: Link, message: Any) -> None:
+        """``message.touch()`` (always here)."""
+
 class Link:
     """One subscribed connection of a consumer: the reader's message sink and the messages' delegate."""
 
-    consumer: Any
+    owner: LinkOwner
     endpoint: Any
     conn: Any
     in_flight: dict[Any, float]
@@ -58,9 +76,7 @@ class Link:
     requeued: int
     timed_out: int
     rdy_state: ConnRdy | None
-    last_delivered: Any
-    last_finished: bool
-    def __init__(self, consumer: Any, endpoint: Any) -> None: ...
+    def __init__(self, owner: LinkOwner, endpoint: Any) -> None: ...
     def attach(self, conn: Any) -> None: ...
     def configure(
         self,

@@ -10,8 +10,9 @@ bookkeeping itself, on C fields: the RDY record of its connection
 allowed), its counters, the FIN into the connection's write buffer. A sync handler
 is the only Python call per message. Everything else (backoff, the refill of RDY,
 give-up, ordered and traced consumption, requeue, touch, a closed connection, a
-stopping consumer) goes to the consumer's Python methods, which are also the whole
-behaviour of the pure-Python twin ``_delivery_py.py``.
+stopping consumer) goes to the link's owner, the consumer's dispatcher
+(``fastnsq.consumer.dispatch``, the ``LinkOwner`` protocol of ``_delivery.pyi``), whose
+Python methods are also the whole behaviour of the pure-Python twin ``_delivery_py.py``.
 
 Why: a profile of the sync-handler consumer against nsqd 1.3 had five Python frames
 per message between the codec and the write (``_on_message``, ``_auto_answer``,
@@ -143,14 +144,16 @@ cdef class Inbox:
 cdef class Link(MessageSink):
     """One subscribed connection of a consumer, and the delegate of its messages.
 
-    The consumer makes it, passes it to its ``Connection`` as ``on_message`` and to
-    the reader as the messages' delegate, and calls :meth:`attach` once the
-    connection exists and :meth:`configure` when its mode or the controller's record
-    changes. ``fast`` is the consumer's half of the permission (not ordered, not
-    stopping); the record's ``fast`` is the controller's.
+    The consumer makes it with its dispatcher as the ``owner`` (the only Python object
+    the link calls: ``on_message``, ``on_handler_failed``, ``on_finish``, ``on_requeue``,
+    ``on_touch``), passes it to its ``Connection`` as ``on_message`` and to the reader
+    as the messages' delegate, and calls :meth:`attach` once the connection exists and
+    :meth:`configure` when its mode or the controller's record changes. ``fast`` is
+    the consumer's half of the permission (not ordered, not stopping); the record's
+    ``fast`` is the controller's.
     """
 
-    cdef public object consumer
+    cdef public object owner
     cdef public object endpoint
     cdef public object conn
     cdef public dict in_flight  # message -> delivered at (loop clock): messages not answered inline
@@ -163,10 +166,6 @@ cdef class Link(MessageSink):
     cdef public long requeued
     cdef public long timed_out
     cdef public ConnRdy rdy_state
-    # Ordered consumers (always on the Python path): the last message delivered here, and
-    # whether it was finished (Consumer._repeated).
-    cdef public object last_delivered
-    cdef public bint last_finished
     cdef WriteBuffer _wbuf
     cdef object _schedule_flush
     cdef object _handler
@@ -177,8 +176,8 @@ cdef class Link(MessageSink):
     cdef Message _current  # the message a sync handler is running for
     cdef double _current_at
 
-    def __init__(self, consumer, endpoint):
-        self.consumer = consumer
+    def __init__(self, owner, endpoint):
+        self.owner = owner
         self.endpoint = endpoint
         self.conn = None
         self.in_flight = {}
@@ -188,8 +187,6 @@ cdef class Link(MessageSink):
         self.fast = False
         self.received = self.finished = self.requeued = self.timed_out = 0
         self.rdy_state = None
-        self.last_delivered = None
-        self.last_finished = False
         self._mode = MODE_SLOW
 
     def __repr__(self):
@@ -231,7 +228,7 @@ cdef class Link(MessageSink):
             or (self._max_attempts and msg.attempts > self._max_attempts)
             or _tracing["ENABLED"]
         ):
-            self.consumer._on_message(self, msg)
+            self.owner.on_message(self, msg)
             return 0
         # What RdyController.on_message does for an authorized message that needs no refill.
         now = _monotonic()
@@ -246,7 +243,7 @@ cdef class Link(MessageSink):
                 try:
                     self._handler(msg)
                 except Exception:
-                    self.consumer._handler_failed(msg)
+                    self.owner.on_handler_failed(msg)
                 else:
                     if not msg._responded and msg._auto_response:
                         msg.finish()
@@ -269,7 +266,7 @@ cdef class Link(MessageSink):
         cdef object delivered
         cdef double at
         if self.closed or not self.fast or s is None or not s.fast or s.in_flight <= 0:
-            self.consumer._link_finish(self, msg)
+            self.owner.on_finish(self, msg)
             return 0
         # What _link_done + RdyController.on_message_done do for a FIN in normal operation.
         if msg is self._current:
@@ -293,13 +290,13 @@ cdef class Link(MessageSink):
         if isinstance(message, Message):
             self.finish_message_c(message)
         else:
-            self.consumer._link_finish(self, message)
+            self.owner.on_finish(self, message)
 
     def requeue_message(self, message, delay, backoff):
-        self.consumer._link_requeue(self, message, delay, backoff)
+        self.owner.on_requeue(self, message, delay, backoff)
 
     def touch_message(self, message):
-        self.consumer._link_touch(self, message)
+        self.owner.on_touch(self, message)
 
     def current_delivery(self, message):
         """When ``message`` is the one a sync handler is running for: when it arrived, else None."""

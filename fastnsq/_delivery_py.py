@@ -1,16 +1,19 @@
 """The pure-Python twin of ``_delivery.pyx``: the same classes, every message on the consumer's path.
 
 The C module adds a fast lane for the common case; this twin has none, so each
-message and each answer goes through the consumer's Python methods
-(``Consumer._on_message``, ``_link_finish``, ``_link_requeue``, ``_link_touch``),
-which define the behaviour of both.
+message and each answer goes through the link's owner, the consumer's dispatcher
+(``on_message``, ``on_finish``, ``on_requeue``, ``on_touch``: the ``LinkOwner``
+protocol of ``_delivery.pyi``), which defines the behaviour of both.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._delivery import LinkOwner
 
 IMPLEMENTATION = "python"
 
@@ -88,13 +91,11 @@ class Link:
         "__weakref__",
         "closed",
         "conn",
-        "consumer",
+        "owner",
         "endpoint",
         "fast",
         "finished",
         "in_flight",
-        "last_delivered",
-        "last_finished",
         "msg_timeout",
         "rdy_state",
         "received",
@@ -103,8 +104,8 @@ class Link:
         "touched",
     )
 
-    def __init__(self, consumer: Any, endpoint: Any) -> None:
-        self.consumer = consumer
+    def __init__(self, owner: LinkOwner, endpoint: Any) -> None:
+        self.owner = owner
         self.endpoint = endpoint
         self.conn: Any = None
         self.in_flight: dict[Any, float] = {}  # message -> delivered at (loop clock)
@@ -114,9 +115,6 @@ class Link:
         self.fast = False
         self.received = self.finished = self.requeued = self.timed_out = 0
         self.rdy_state: ConnRdy | None = None
-        # Ordered consumers: the last message delivered here, and whether it was finished.
-        self.last_delivered: Any = None
-        self.last_finished = False
 
     def __repr__(self) -> str:
         return f"<link {self.endpoint.address} p={self.endpoint.partition}>"
@@ -136,16 +134,16 @@ class Link:
         """Nothing to set up: the consumer's Python path dispatches every message itself."""
 
     def __call__(self, message: Any) -> None:
-        self.consumer._on_message(self, message)
+        self.owner.on_message(self, message)
 
     def finish_message(self, message: Any) -> None:
-        self.consumer._link_finish(self, message)
+        self.owner.on_finish(self, message)
 
     def requeue_message(self, message: Any, delay: float | None, backoff: bool) -> None:
-        self.consumer._link_requeue(self, message, delay, backoff)
+        self.owner.on_requeue(self, message, delay, backoff)
 
     def touch_message(self, message: Any) -> None:
-        self.consumer._link_touch(self, message)
+        self.owner.on_touch(self, message)
 
     def current_delivery(self, message: Any) -> float | None:
         """Only the C link runs handlers before registering a message in ``in_flight``."""

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from .consumer import Consumer as AsyncConsumer
 from .consumer import StopReport
+from .stats import ConsumerStats, ProducerStats, deprecated_spelling
 from .errors import InvalidValueError
 from .loop import new_event_loop
 from .producer import Producer as AsyncProducer
@@ -100,6 +101,12 @@ class Producer:
     def mpublish(self, topic: str, bodies: Sequence[Any], *, timeout: float | None = None) -> Any:
         """Publish a batch and block until nsqd acknowledged it (or raise)."""
         return self._thread.call(self._producer.mpublish(topic, bodies, timeout=timeout), self._timeout(timeout))
+
+    def snapshot(self) -> ProducerStats:
+        """The async producer's :meth:`~fastnsq.Producer.snapshot`, taken on its loop."""
+        if self._closed:
+            return self._producer.snapshot()
+        return self._thread.call(_call_async(self._producer.snapshot), 10)
 
     def close(self, timeout: float = 5.0) -> None:
         """Wait for publishes in flight (up to ``timeout``), close connections, stop the thread."""
@@ -247,10 +254,18 @@ class Consumer:
                 signal.signal(sig, handler)
         return self.stop()
 
-    def stats(self) -> dict[str, Any]:
+    def snapshot(self) -> ConsumerStats:
+        """The async consumer's :meth:`~fastnsq.Consumer.snapshot`, taken on its loop."""
         if self._thread is None:
-            return {}
-        return self._thread.call(_call_async(self._consumer.stats), 10)
+            return self._consumer.snapshot()  # not started: nothing runs that could change it
+        return self._thread.call(_call_async(self._consumer.snapshot), 10)
+
+    def stats(self) -> dict[str, Any]:
+        """Deprecated: :meth:`snapshot`."""
+        deprecated_spelling("fastnsq.sync.Consumer.stats()", "snapshot()")
+        figures = self.snapshot().as_dict()
+        figures["connections"] = list(figures["connections"])
+        return figures
 
     def __enter__(self) -> Consumer:
         self.start()

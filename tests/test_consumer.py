@@ -75,7 +75,7 @@ async def test_two_consumers_three_nsqd_hundred_thousand_messages(nsq_cluster):
 
     async def sample() -> None:
         while not done.is_set():
-            sent.extend(sum(c.rdy for c in consumer.stats()["connections"]) for consumer in consumers)
+            sent.extend(sum(c.rdy for c in consumer.snapshot().connections) for consumer in consumers)
             per_client: Counter[str] = Counter()
             for ch in await channel_stats(nsq_cluster.http_addresses, topic, channel):
                 for client in ch["clients"]:
@@ -146,7 +146,7 @@ async def test_backoff_engages_on_failures_and_recovers(nsqd):
     await eventually(lambda: len(set(handled)) == 20, timeout=20, what="all messages after recovering")
     assert max(levels) >= 1, "backoff never engaged"
     await eventually(lambda: consumer.backoff_level == 0, what="backoff to step back down to 0")
-    assert consumer.stats()["connections"][0].rdy == 5  # full RDY again after recovering
+    assert consumer.snapshot().connections[0].rdy == 5  # full RDY again after recovering
     await consumer.stop()
 
 
@@ -364,9 +364,8 @@ async def test_async_handler_that_never_awaits_needs_no_task(nsqd):
     consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=20)
     await consumer.start()
     await eventually(lambda: len(done) == 20)
-    assert not consumer._tasks
-    stats = consumer.stats()
-    assert stats["finished"] == 20
+    assert not consumer._dispatch.tasks
+    assert consumer.snapshot().finished == 20
     await consumer.stop()
 
 

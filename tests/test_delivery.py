@@ -37,9 +37,9 @@ async def test_sync_handler_counts_every_message_once(nsqd) -> None:
     async with Consumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], max_in_flight=200,
                         handler=lambda m: seen.append(m.body)) as consumer:
         await eventually(lambda: consumer.total_finished == count, timeout=20, what="every FIN")
-        stats = consumer.stats()
-        assert stats["received"] == stats["finished"] == count and stats["requeued"] == 0
-        assert stats["in_flight"] == 0 and stats["connections"][0].in_flight == 0
+        stats = consumer.snapshot()
+        assert stats.received == stats.finished == count and stats.requeued == 0
+        assert stats.in_flight == 0 and stats.connections[0].in_flight == 0
         link = consumer._all_links()[0]
         assert not link.in_flight and not link.touched  # answered inline: never registered
     assert sorted(seen) == [b"m%06d" % i for i in range(count)]
@@ -58,11 +58,11 @@ async def test_a_message_the_handler_keeps_is_in_flight_until_finished(nsqd) -> 
     async with Consumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], max_in_flight=50,
                         handler=handler) as consumer:
         await eventually(lambda: consumer.total_finished == 90 and len(kept) == 10, timeout=10)
-        assert consumer.stats()["in_flight"] == 10
+        assert consumer.snapshot().in_flight == 10
         assert len(consumer._all_links()[0].in_flight) == 10  # stop() and auto_touch can see them
         for message in kept:
             message.finish()
-        assert consumer.stats()["in_flight"] == 0
+        assert consumer.snapshot().in_flight == 0
         assert consumer.total_finished == 100
 
 
@@ -117,9 +117,9 @@ async def test_async_for_messages_are_in_flight_until_answered(nsqd) -> None:
             held.append(message)
             if len(held) == 30:
                 break
-        assert consumer.stats()["in_flight"] == 30
+        assert consumer.snapshot().in_flight == 30
         codec.finish_all(held)
-        assert consumer.stats()["in_flight"] == 0 and consumer.total_finished == 30
+        assert consumer.snapshot().in_flight == 0 and consumer.total_finished == 30
         codec.finish_all(held)  # answered ones are skipped, not answered twice
         assert consumer.total_finished == 30
     finally:

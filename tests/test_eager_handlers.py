@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from fastnsq.consumer import _resume
+from fastnsq.consumer.dispatch import resume as _resume
 
 
 async def start_eagerly(coro):

@@ -96,10 +96,10 @@ async def all_consumed(ledger: Ledger, timeout: float = 20.0) -> None:
 def assert_drained(consumer: Consumer, producer: Producer | None = None) -> None:
     """Nothing grows without bound: in-flight bookkeeping and tasks are back to empty."""
     assert all(not link.in_flight for link in consumer._all_links())
-    assert not consumer._tasks
-    assert consumer.stats()["in_flight"] == 0
+    assert not consumer._dispatch.tasks
+    assert consumer.snapshot().in_flight == 0
     if producer is not None:
-        assert producer.stats["waiting"] == 0
+        assert producer.snapshot().waiting == 0
         # When commands went out is kept per write, and only until they are answered.
         assert all(len(conn._write_marks) <= 1000 for conn in producer.connections)
 
@@ -195,7 +195,7 @@ async def test_a_server_that_stops_reading():
         await proxy.stall(3.0, direction="up")
         await publishing
         await all_consumed(ledger)
-        assert producer.stats["retried"] + ledger.raised > 0  # the fault was felt, and handled
+        assert producer.snapshot().retried + ledger.raised > 0  # the fault was felt, and handled
         await consumer.stop()
         assert_drained(consumer, producer)
         await producer.close()

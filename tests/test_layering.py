@@ -8,6 +8,7 @@ never runs it.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import fastnsq
@@ -100,3 +101,120 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_fastnsq_has_no_import_cycle() -> None:
     assert cycles(import_graph()) == []
+
+
+# ---- the one-way rules (docs/architecture.md) ---------------------------------------------------
+
+#: The rooms that face the user; nothing below them may import them.
+TOP = ("fastnsq.consumer", "fastnsq.producer", "fastnsq.sync", "fastnsq.cli", "fastnsq.spark", "fastnsq.demo",
+       "fastnsq.benchmark", "fastnsq.testing")
+#: Below the clients: the wire, one connection, discovery, RDY and backoff, the shared figures.
+BELOW_THE_CLIENTS = ("fastnsq.codec", "fastnsq._frame_py", "fastnsq._delivery_py", "fastnsq._coalesce_py",
+                     "fastnsq.conn", "fastnsq.compression", "fastnsq.config", "fastnsq.errors",
+                     "fastnsq.lookupd", "fastnsq.topology", "fastnsq.sharding", "fastnsq.rdy", "fastnsq.backoff",
+                     "fastnsq.stats", "fastnsq.tracing", "fastnsq.loop")
+#: Pure state machines: no sockets, no HTTP, no event loop objects of their own.
+PURE = ("fastnsq.rdy", "fastnsq.backoff", "fastnsq.sharding", "fastnsq.stats")
+#: The C extensions (and their twins) that consumers and producers hand their messages to.
+FAST_LANES = ("_delivery", "_coalesce", "_frame")
+
+
+def in_room(module: str, rooms: tuple[str, ...]) -> bool:
+    return any(module == room or module.startswith(room + ".") for room in rooms)
+
+
+def offending_edges(importers: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+    graph = import_graph()
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if in_room(module, importers)
+        for target in targets
+        if in_room(target, forbidden) and not in_room(target, importers)
+    )
+
+
+def test_nothing_below_the_clients_imports_them() -> None:
+    assert offending_edges(BELOW_THE_CLIENTS, TOP) == []
+
+
+def test_topology_is_below_both_clients_and_they_share_it() -> None:
+    assert offending_edges(("fastnsq.topology", "fastnsq.sharding"), TOP) == []
+    users = {module for module, targets in import_graph().items() if "fastnsq.topology" in targets}
+    assert "fastnsq.consumer.consumer" in users
+    assert any(module.startswith("fastnsq.producer.") for module in users)
+    # Nothing else asks lookupd for routes: the clients go through the topology.
+    lookupd_users = {
+        m for m, targets in import_graph().items() if any(in_room(t, ("fastnsq.lookupd",)) for t in targets)
+    }
+    assert not [m for m in lookupd_users if in_room(m, ("fastnsq.consumer", "fastnsq.producer"))]
+
+
+def test_consumer_and_producer_do_not_import_each_other() -> None:
+    assert offending_edges(("fastnsq.consumer",), ("fastnsq.producer",)) == []
+    assert offending_edges(("fastnsq.producer",), ("fastnsq.consumer",)) == []
+
+
+def test_the_state_machines_know_no_connection_discovery_or_client() -> None:
+    forbidden = ("fastnsq.conn", "fastnsq.lookupd", "fastnsq.topology", "fastnsq.compression", *TOP)
+    assert offending_edges(PURE, forbidden) == []
+    graph = import_graph()
+    for module in PURE:
+        source = (PACKAGE / (module.split(".")[-1] + ".py")).read_text()
+        assert "import asyncio" not in source and "import aiohttp" not in source, module
+        assert graph[module] <= {"fastnsq.errors", "fastnsq.codec", "fastnsq.backoff"}, (module, graph[module])
+
+
+def pyx_imports(path: Path) -> set[str]:
+    """The fastnsq modules a Cython source imports or cimports (relative imports only)."""
+    found = set()
+    for line in path.read_text().splitlines():
+        match = re.match(r"\s*from\s+\.(\w*)\s+c?import\s+(.+)", line)
+        if match:
+            base = f"fastnsq.{match.group(1)}" if match.group(1) else "fastnsq"
+            names = [n.strip().split(" as ")[0] for n in match.group(2).strip("()").split(",")]
+            found.update(f"{base}.{n}" if not match.group(1) else base for n in names)
+    return found
+
+
+def test_the_fast_lanes_never_import_their_owners() -> None:
+    for name in FAST_LANES:
+        imported = pyx_imports(PACKAGE / f"{name}.pyx") | import_graph()[f"fastnsq.{name}_py"]
+        assert not [m for m in imported if in_room(m, TOP + ("fastnsq.conn", "fastnsq.rdy"))], (name, imported)
+    # The rule is read from real sources: _delivery.pyx does cimport the codec.
+    assert "fastnsq._frame" in pyx_imports(PACKAGE / "_delivery.pyx")
+
+
+def test_the_link_calls_its_owner_only_through_the_protocol() -> None:
+    """The C link calls exactly the LinkOwner methods of _delivery.pyi, and the dispatcher has them all."""
+    from fastnsq.consumer.dispatch import Dispatcher
+
+    stub = (PACKAGE / "_delivery.pyi").read_text()
+    protocol = stub[stub.index("class LinkOwner(Protocol):"):stub.index("class Link:")]
+    declared = set(re.findall(r"def (\w+)\(", protocol))
+    for source in ("_delivery.pyx", "_delivery_py.py"):
+        called = set(re.findall(r"self\.owner\.(\w+)\(", (PACKAGE / source).read_text()))
+        assert called and called <= declared, (source, called - declared)
+    assert declared == {"on_message", "on_handler_failed", "on_finish", "on_requeue", "on_touch"}
+    assert all(callable(getattr(Dispatcher, name, None)) for name in declared)
+
+
+def test_every_module_has_a_docstring_that_says_its_job() -> None:
+    missing = [
+        module_name(path) for path in PACKAGE.rglob("*.py")
+        if ast.get_docstring(ast.parse(path.read_text())) is None and path.name != "_version.py"
+    ]
+    assert missing == []
+
+
+def test_modules_stay_small() -> None:
+    """About 800 lines at most outside testing/, but for the codec twins (kept whole, as asyncpg
+    keeps coreproto.pyx)."""
+    whole = {"_frame.pyx", "_frame_py.py"}
+    big = {
+        str(path.relative_to(PACKAGE)): count
+        for path in [*PACKAGE.rglob("*.py"), *PACKAGE.glob("*.pyx")]
+        if "testing" not in path.relative_to(PACKAGE).parts and path.name not in whole
+        and (count := len(path.read_text().splitlines())) > 800
+    }
+    assert big == {}

@@ -137,7 +137,7 @@ async def test_server_refusal_is_not_retried(nsqd):
         with pytest.raises(BadMessageError) as info:
             await producer.publish(topic, b"z" * 1048577)
         assert info.value.code == "E_BAD_MESSAGE"
-        assert producer.stats["retried"] == 0
+        assert producer.snapshot().retried == 0
         await eventually(lambda: producer.connections, what="the pool to reconnect")
         assert await producer.publish(topic, b"fine") == b"OK"
 
@@ -181,7 +181,7 @@ async def test_publish_timeout_when_nsqd_does_not_answer(coalesce):
             await producer.publish("t", b"x")
         with pytest.raises(PublishTimeoutError):
             await producer.publish("t", b"x", timeout=0.2)
-        assert producer.stats["waiting"] == 0
+        assert producer.snapshot().waiting == 0
     server.close()
 
 
@@ -282,6 +282,6 @@ async def test_a_lookupd_slower_than_the_publish_timeout_gives_a_publish_timeout
                 await producer.publish(unique("slow"), b"x", timeout=0.3)
             with pytest.raises(PublishTimeoutError):
                 await producer.publish(unique("slow"), b"x", partition=0, timeout=0.3)
-            assert producer.stats["failed"] == 2  # timeouts count as failed publishes too
+            assert producer.snapshot().failed == 2  # timeouts count as failed publishes too
     finally:
         await runner.cleanup()

@@ -44,6 +44,7 @@ from ..errors import (
     TopicNotExistError,
 )
 from ..sharding import murmur3_32
+from ..stats import ProducerStats, deprecated_spelling
 from ..topology import Topology
 from .messages import MPUB_FRAMING, body_size, check_message_size, ext_json, mpub_chunks, second
 from .pool import ConnectionPool
@@ -222,17 +223,23 @@ class Producer:
         """Connections re-opened after a loss."""
         return self._pool.reconnects
 
+    def snapshot(self) -> ProducerStats:
+        """Messages acknowledged and failed (their publish raised), retries, reconnects, publishes waiting now."""
+        coalesced = self._coalescer.published if self._coalescer is not None else 0
+        return ProducerStats(
+            published=self.published + coalesced,
+            failed=self.failed,
+            retried=self.retried,
+            reconnects=self.reconnects,
+            waiting=self._waiting(),
+            connections=len(self._pool.open),
+        )
+
     @property
     def stats(self) -> dict[str, int]:
-        """Publishes acknowledged, failed (raised), retried; reconnects; publishes waiting now."""
-        coalesced = self._coalescer.published if self._coalescer is not None else 0
-        return {
-            "published": self.published + coalesced,
-            "failed": self.failed,
-            "retried": self.retried,
-            "reconnects": self.reconnects,
-            "waiting": self._waiting(),
-        }
+        """Deprecated: :meth:`snapshot` (the same figures, typed)."""
+        deprecated_spelling("Producer.stats", "Producer.snapshot()")
+        return self.snapshot().as_dict()
 
     @property
     def connections(self) -> list[Connection]:
@@ -388,7 +395,7 @@ class Producer:
         chunks = self._chunks(items, header, body_of)
         sends = [
             self._call(topic, lambda conn, pid, c=chunk: make(conn, pid, c), timeout, partition, sharding_key,
-                       traced=trace_ids is not None)
+                       traced=trace_ids is not None, messages=len(chunk))
             for chunk in chunks
         ]
         # One chunk is the common case: awaited directly, without a task for gather() to wrap it in.
@@ -433,9 +440,11 @@ class Producer:
         body: Any = None,
         size: int = 0,
         traced: bool = False,
+        messages: int = 1,
     ) -> Any:
         """Route, send (``send(conn, partition)``, or the coalescing batch when ``send`` is
-        None), await the answer; retry after a lost link or a moved partition leader."""
+        None), await the answer; retry after a lost link or a moved partition leader.
+        ``messages``: how many the command carries (the counters count messages)."""
         assert self._loop is not None
         self._active += 1
         deadline = self._loop.time() + (self.publish_timeout if timeout is None else timeout)
@@ -453,21 +462,21 @@ class Producer:
                         future = send(conn, target[1])
                     result = await self._await_answer(future, deadline, timeout is not None)
                     if send is not None:
-                        self.published += 1
+                        self.published += messages
                     if traced and tracing.ENABLED:
                         tracing.published(topic, target[1], result, target[0] or "")
                     return result
                 except PublishTimeoutError:
-                    self.failed += 1  # it may still arrive: a retry could publish it twice
+                    self.failed += messages  # it may still arrive: a retry could publish it twice
                     raise
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
                     if not _retryable(exc):
-                        self.failed += 1
+                        self.failed += messages
                         raise
                     self._forget_route(topic, exc)
                     attempt += 1
                     if attempt > self.max_retries or self._closing or self._loop.time() >= deadline:
-                        self.failed += 1
+                        self.failed += messages
                         raise
                     self.retried += 1
                     delay = min(self.retry_delay * (2 ** (attempt - 1)), max(0.0, deadline - self._loop.time()))

@@ -1,0 +1,17 @@
+"""Consumer: discovery, reconnects, RDY, backoff, handlers, batches and graceful stop.
+
+The rules are the NSQ client guide's (shared/peers.md lists where the peers break
+them). The :class:`Consumer` (``consumer``) owns the connections; what happens to each
+message is its dispatcher's (``dispatch``); what it knows of each partition is in
+``partitions``; ``batch`` is what ``Consumer.batches()`` yields. The RDY and backoff
+decisions live in :mod:`fastnsq.rdy` and :mod:`fastnsq.backoff`, pure state machines.
+"""
+
+from .batch import Batch
+from ..stats import ConnectionStats, ConsumerStats
+from .consumer import CONSUMER_DEFAULTS, Consumer, StopReport
+from .partitions import PartitionState
+
+__all__ = [
+    "CONSUMER_DEFAULTS", "Batch", "ConnectionStats", "Consumer", "ConsumerStats", "PartitionState", "StopReport",
+]

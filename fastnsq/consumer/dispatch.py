@@ -1,0 +1,351 @@
+"""The Python path of a consumer's messages: arrival, handler, answers, give-up.
+
+The C link (:mod:`fastnsq._delivery`) handles the common case of a message itself and
+calls the :class:`Dispatcher` for everything else: backoff, the refill of RDY, give-up,
+ordered and traced consumption, requeue, touch, a closed connection, a stopping
+consumer. On the pure-Python twin every message comes here. The dispatcher is the
+link's owner (``fastnsq._delivery.LinkOwner``); it knows the RDY controller, the
+handler and the partitions, not the connections or lookupd.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import codec, tracing
+from ..errors import InvalidValueError
+from ..rdy import Outcome, RdyController, RdyUpdate
+from .partitions import Partitions
+
+__all__ = ["DispatchSettings", "Dispatcher", "is_async_callable"]
+
+logger = logging.getLogger(__name__)
+
+_EAGER_TASKS = sys.version_info >= (3, 12)
+
+#: One subscribed connection of the consumer and the delegate of its messages.
+Link = codec.Link
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    """The consumer's options that decide what happens to a message."""
+
+    topic: str
+    handler: Callable[[Any], Any] | None
+    max_attempts: int
+    default_requeue_delay: float
+    max_requeue_delay: float
+    ordered: bool
+    ordered_give_up: str
+    give_up_handler: Callable[[Any], Any] | None
+
+    @property
+    def handler_is_async(self) -> bool:
+        return self.handler is not None and is_async_callable(self.handler)
+
+
+class Dispatcher:
+    """What happens to each message on the Python path, and the counts it keeps.
+
+    ``apply`` sends RDY updates (the consumer's connections); ``pause`` sets max_in_flight
+    to 0 (ordered_give_up="stop"). Counters: ``given_up``, and ``closed_counts`` (received,
+    finished, requeued on connections already closed; the live ones count on their links).
+    """
+
+    def __init__(
+        self,
+        settings: DispatchSettings,
+        rdy: RdyController,
+        partitions: Partitions,
+        inbox: Any,
+        apply: Callable[[list[RdyUpdate]], None],
+        pause: Callable[[], None],
+    ) -> None:
+        self.settings = settings
+        self._handler = settings.handler
+        self._handler_is_async = settings.handler_is_async
+        self._rdy = rdy
+        self._partitions = partitions
+        self._inbox = inbox
+        self._apply = apply
+        self._pause = pause
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._now: Callable[[], float] = _no_loop_time
+        self.tasks: set[asyncio.Future[Any]] = set()
+        self.given_up = 0
+        self.closed_counts = [0, 0, 0]  # received, finished, requeued
+        self.closed_timed_out = 0
+        #: Called after each answer while the consumer stops (it watches the drain).
+        self.on_answer_while_stopping: Callable[[], None] | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._now = loop.time
+
+    def configure(self, link: Link) -> None:
+        """Set a new link up to dispatch as this consumer does."""
+        link.configure(
+            handler=self._handler,
+            is_async=self._handler_is_async,
+            inbox=self._inbox if self._handler is None else None,
+            max_attempts=self.settings.max_attempts,
+            async_dispatch=self.run_async_handler,
+        )
+
+    def link_closed(self, link: Link) -> None:
+        """Its counts stay in the totals; answers after this (no FIN sent) count there too."""
+        self.closed_counts[0] += link.received
+        self.closed_counts[1] += link.finished
+        self.closed_counts[2] += link.requeued
+        self.closed_timed_out += link.timed_out
+        link.received = link.finished = link.requeued = link.timed_out = 0
+
+    # ---- LinkOwner: what the link calls --------------------------------------------------
+
+    def on_message(self, link: Link, message: Any) -> None:
+        settings = self.settings
+        if settings.ordered:
+            state = self._partitions.state(link.endpoint.partition)
+            last = state.last_delivered
+            if last is not None and message.attempts == last.attempts and message.id == last.id:
+                self._repeated(link, last, message)
+                return
+            state.last_delivered = message
+            state.last_finished = False
+        link.in_flight[message] = self._now()
+        link.received += 1
+        updates = self._rdy.on_message(link, message)
+        if updates:
+            self._apply(updates)
+        if settings.ordered:
+            self._partitions.state(link.endpoint.partition).check_order(message)
+        if tracing.ENABLED:
+            transport = link.conn._transport
+            tracing.consumed(
+                settings.topic, link.endpoint.partition, message,
+                transport.get_extra_info("sockname") if transport else None,
+                transport.get_extra_info("peername") if transport else None,
+            )
+        if settings.max_attempts and message.attempts > settings.max_attempts:
+            self._give_up(message)
+            return
+        handler = self._handler
+        if handler is None:
+            self._inbox.push(message)
+        elif self._handler_is_async:
+            self.run_async_handler(handler, message)
+        else:
+            try:
+                handler(message)
+            except Exception:  # noqa: BLE001 - a user handler; on_handler_failed logs the traceback
+                self.on_handler_failed(message)
+            else:
+                self._auto_answer(message, failed=False)
+
+    def on_handler_failed(self, message: Any) -> None:
+        """A sync handler raised (call it in the except block: the traceback is logged)."""
+        logger.exception("handler failed for message %r; requeueing", message)
+        self._auto_answer(message, failed=True)
+
+    def on_finish(self, link: Link, message: Any) -> None:
+        """``message.finish()``: FIN, and tell the RDY controller."""
+        if self.settings.ordered:
+            state = self._partitions.state(link.endpoint.partition)
+            if message is state.last_delivered:
+                state.last_finished = True
+        self._done(link, message, Outcome.SUCCESS)
+        if link.closed:
+            self.closed_counts[1] += 1
+        else:
+            link.finished += 1
+            link.conn.fin(message)
+
+    def on_requeue(self, link: Link, message: Any, delay: float | None, backoff: bool) -> None:
+        """``message.requeue()``: REQ after ``delay`` (None: the default backoff delay)."""
+        delay_ms = self._requeue_delay_ms(message, delay)
+        self._done(link, message, Outcome.FAILURE if backoff else Outcome.NEUTRAL)
+        if link.closed:
+            self.closed_counts[2] += 1
+        else:
+            link.requeued += 1
+            link.conn.req(message, delay_ms)
+
+    def on_touch(self, link: Link, message: Any) -> None:
+        if message in link.in_flight or link.current_delivery(message) is not None:
+            link.touched[message] = self._now()
+        if not link.closed:
+            link.conn.touch(message)
+
+    # ---- answers ------------------------------------------------------------------------
+
+    def _done(self, link: Link, message: Any, outcome: Outcome) -> None:
+        delivered = link.in_flight.pop(message, None)
+        if delivered is None:
+            delivered = link.current_delivery(message)  # a sync handler on the C path answers it inline
+        if link.touched:
+            link.touched.pop(message, None)
+        elif delivered is not None and self._now() - delivered > link.msg_timeout:
+            # nsqd gave it to someone else already
+            if link.closed:
+                self.closed_timed_out += 1
+            else:
+                link.timed_out += 1
+        updates = self._rdy.on_message_done(link, message, outcome)
+        if updates:
+            self._apply(updates)
+        if self.on_answer_while_stopping is not None:
+            self.on_answer_while_stopping()
+
+    def _repeated(self, link: Link, first: Any, copy: Any) -> None:
+        """Ordered: the same message again, same attempts (any redelivery counts one).
+
+        A youzan channel that turns ordered (its first SUB_ORDERED) resets its reader to
+        the last confirmed message while the one it had read is sent anyway: the same
+        message twice in a row, and nsqd holds one of the two in flight. Handling it again
+        would break the order. While the first copy is unanswered its answer covers both;
+        once it was finished, nsqd may be holding this copy instead (that FIN then failed
+        with E_FIN_FAILED), so the copy is finished too, or the partition would wait out
+        msg_timeout. A first copy that was requeued comes back anyway.
+        """
+        state = self._partitions.state(link.endpoint.partition)
+        state.duplicates_dropped += 1
+        logger.debug("%s: the repeated delivery of %r", link.endpoint.address, copy)
+        if first.has_responded and state.last_finished and not link.closed:
+            link.conn.fin(copy)
+
+    def _auto_answer(self, message: Any, *, failed: bool) -> None:
+        if message.has_responded or not message.auto_response:
+            return
+        if failed:
+            message.requeue()
+        else:
+            message.finish()
+
+    def _requeue_delay_ms(self, message: Any, delay: float | None) -> int:
+        settings = self.settings
+        if settings.ordered:
+            return 0  # HA ignores REQ delays on ordered channels: redeliver at once
+        if delay is None:
+            delay = min(settings.default_requeue_delay * message.attempts, settings.max_requeue_delay)
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
+            raise InvalidValueError(f"requeue delay must be seconds >= 0, got {delay!r}")
+        return min(round(delay * 1000), 3600 * 1000)
+
+    # ---- async handlers -----------------------------------------------------------------
+
+    def run_async_handler(self, handler: Callable[[Any], Any], message: Any) -> None:
+        coro = handler(message)
+        if _EAGER_TASKS:
+            assert self._loop is not None
+            task: asyncio.Task[Any] = asyncio.Task(coro, loop=self._loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]
+            if task.done():
+                self._async_done(message, task)
+            else:
+                self.tasks.add(task)
+                task.add_done_callback(lambda t: self._async_finished(message, t))
+            return
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            self._auto_answer(message, failed=False)
+            return
+        except Exception:
+            logger.exception("handler failed for message %r; requeueing", message)
+            self._auto_answer(message, failed=True)
+            return
+        assert self._loop is not None
+        task = self._loop.create_task(resume(coro, yielded))
+        self.tasks.add(task)
+        task.add_done_callback(lambda t: self._async_finished(message, t))
+
+    def _async_finished(self, message: Any, task: asyncio.Future[Any]) -> None:
+        self.tasks.discard(task)
+        self._async_done(message, task)
+
+    def _async_done(self, message: Any, task: asyncio.Future[Any]) -> None:
+        if task.cancelled():
+            if not message.has_responded:
+                message.requeue(0, backoff=False)
+            return
+        error = task.exception()
+        if error is not None:
+            logger.error("handler failed for message %r; requeueing", message, exc_info=error)
+        self._auto_answer(message, failed=error is not None)
+
+    def cancel_tasks(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+
+    # ---- give-up ------------------------------------------------------------------------
+
+    def _give_up(self, message: Any) -> None:
+        """Past max_attempts: FIN it (or, ordered, per ordered_give_up) and call the give-up hook."""
+        settings = self.settings
+        self.given_up += 1
+        if settings.ordered and settings.ordered_give_up == "requeue":
+            message.requeue(0, backoff=True)
+        elif settings.ordered and settings.ordered_give_up == "stop":
+            logger.error("ordered message %r is past max_attempts; pausing the consumer", message)
+            message.requeue(0, backoff=False)
+            self._pause()
+        else:
+            message.finish()
+        hook = settings.give_up_handler
+        if hook is None:
+            logger.warning("giving up on message %r after %d attempts (max_attempts=%d)",
+                           message, message.attempts, settings.max_attempts)
+            return
+        try:
+            result = hook(message)
+            if inspect.isawaitable(result):
+                task = asyncio.ensure_future(result)
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+        except Exception:
+            logger.exception("give_up_handler failed for message %r", message)
+
+
+async def resume(coro: Any, yielded: Any) -> Any:
+    """Drive the rest of a coroutine that was started outside a task, as a Task would.
+
+    Python 3.11 has no eager tasks: a handler is first run inline and only when it
+    awaits something does it get this task, which waits for what the coroutine
+    awaits and then resumes it.
+    """
+    while True:
+        throw: BaseException | None = None
+        try:
+            if yielded is None:
+                await asyncio.sleep(0)  # a bare yield: give the loop one pass
+            else:
+                # As a Task does when it takes over a yielded future: clear the flag the
+                # coroutine's own await set, or awaiting the future again is refused.
+                yielded._asyncio_future_blocking = False
+                try:
+                    await yielded  # the coroutine reads the outcome itself when resumed
+                except asyncio.CancelledError:
+                    if not yielded.cancelled():
+                        raise
+                except Exception:  # noqa: S110 - the coroutine sees this error itself
+                    pass
+        except asyncio.CancelledError as exc:
+            throw = exc
+        try:
+            yielded = coro.throw(throw) if throw is not None else coro.send(None)
+        except StopIteration as stop:
+            return stop.value
+
+
+def is_async_callable(func: Any) -> bool:
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
+
+
+def _no_loop_time() -> float:
+    raise RuntimeError("the consumer is not started")

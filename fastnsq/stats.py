@@ -1,0 +1,84 @@
+"""What a consumer or producer has done so far, as typed snapshots.
+
+One job: the shapes of the figures ``Consumer.snapshot()`` and ``Producer.snapshot()``
+return. A snapshot is a frozen copy taken when asked (nothing is counted for it on the
+message path), so a metrics exporter can read it at scrape time and a caller can keep it.
+
+>>> ProducerStats(published=3, failed=1).as_dict()["published"]
+3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ConnectionStats", "ConsumerStats", "ProducerStats", "deprecated_spelling"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionStats:
+    """One consumer connection: the RDY it holds and what went through it."""
+
+    address: str
+    partition: int | None
+    rdy: int = 0
+    in_flight: int = 0
+    received: int = 0
+    finished: int = 0
+    requeued: int = 0
+    timed_out: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerStats:
+    """A consumer's totals over its life (closed connections included) and its connections now.
+
+    ``timed_out``: messages answered after ``msg_timeout`` (nsqd had given them to someone
+    else already); ``given_up``: past ``max_attempts``; ``duplicates_dropped``: repeated
+    heads of an ordered HA channel not handed out again.
+    """
+
+    topic: str
+    channel: str
+    received: int = 0
+    finished: int = 0
+    requeued: int = 0
+    timed_out: int = 0
+    given_up: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    backoff_level: int = 0
+    duplicates_dropped: int = 0
+    connections: tuple[ConnectionStats, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return _shallow_dict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerStats:
+    """A producer's messages: ``published`` (acknowledged by nsqd), ``failed`` (their publish or
+    mpublish raised); ``retried``: publishes sent again after a lost connection or a moved
+    leader; ``reconnects``; ``waiting``: publish calls not answered yet; open ``connections``."""
+
+    published: int = 0
+    failed: int = 0
+    retried: int = 0
+    reconnects: int = 0
+    waiting: int = 0
+    connections: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return _shallow_dict(self)
+
+
+def _shallow_dict(snapshot: Any) -> dict[str, Any]:
+    return {f.name: getattr(snapshot, f.name) for f in dataclasses.fields(snapshot)}
+
+
+def deprecated_spelling(old: str, new: str) -> None:
+    """Warn, once per call site, that ``old`` is the old spelling of ``new``."""
+    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
