@@ -71,6 +71,8 @@ class Link:
     msg_timeout: float
     closed: bool
     fast: bool
+    inspect_ext: bool
+    """Messages with an ext header take the owner's path (HA client-side decompression)."""
     received: int
     finished: int
     requeued: int

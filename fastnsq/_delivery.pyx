@@ -161,6 +161,7 @@ cdef class Link(MessageSink):
     cdef public double msg_timeout
     cdef public bint closed
     cdef public bint fast
+    cdef public bint inspect_ext  # messages with an ext header go to the owner (HA decompression)
     cdef public long received
     cdef public long finished
     cdef public long requeued
@@ -185,6 +186,7 @@ cdef class Link(MessageSink):
         self.msg_timeout = 60.0
         self.closed = False
         self.fast = False
+        self.inspect_ext = False
         self.received = self.finished = self.requeued = self.timed_out = 0
         self.rdy_state = None
         self._mode = MODE_SLOW
@@ -226,6 +228,7 @@ cdef class Link(MessageSink):
             or s.in_flight >= s.rdy  # unauthorized: nsqd sent more than RDY allows
             or (s.remaining - 1) * 4 <= s.rdy  # the 25 % refill is due
             or (self._max_attempts and msg.attempts > self._max_attempts)
+            or (self.inspect_ext and msg.ext_bytes is not None)
             or _tracing["ENABLED"]
         ):
             self.owner.on_message(self, msg)

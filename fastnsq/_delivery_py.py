@@ -95,6 +95,7 @@ class Link:
         "endpoint",
         "fast",
         "finished",
+        "inspect_ext",
         "in_flight",
         "msg_timeout",
         "rdy_state",
@@ -113,6 +114,7 @@ class Link:
         self.msg_timeout = 60.0
         self.closed = False
         self.fast = False
+        self.inspect_ext = False  # the C link's switch; here every message goes to the owner anyway
         self.received = self.finished = self.requeued = self.timed_out = 0
         self.rdy_state: ConnRdy | None = None
 

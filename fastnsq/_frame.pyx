@@ -303,6 +303,12 @@ cdef class Message:
         """The handler will answer this message itself (finish/requeue), later."""
         self._auto_response = False
 
+    def _replace_body(self, bytes body, ext_bytes):
+        """The body and ext header as the handler should see them (client-side decompression,
+        ``fastnsq.bodies``): the wire's are compressed and marked."""
+        self.body = body
+        self.ext_bytes = ext_bytes
+
     cdef object _check_open(self):
         if self._responded:
             raise RuntimeError(f"message {self._id_text()} was already finished or requeued")

@@ -224,6 +224,12 @@ class Message:
         """The handler will answer this message itself (finish/requeue), later."""
         self._auto_response = False
 
+    def _replace_body(self, body: bytes, ext_bytes: bytes | None) -> None:
+        """The body and ext header as the handler should see them (client-side decompression,
+        ``fastnsq.bodies``): the wire's are compressed and marked."""
+        self.body = body
+        self.ext_bytes = ext_bytes
+
     def _check_open(self) -> Any:
         if self._responded:
             raise RuntimeError(f"message {self._id_text()} was already finished or requeued")

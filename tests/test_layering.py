@@ -112,7 +112,7 @@ TOP = ("fastnsq.consumer", "fastnsq.producer", "fastnsq.sync", "fastnsq.cli", "f
 BELOW_THE_CLIENTS = ("fastnsq.codec", "fastnsq._frame_py", "fastnsq._delivery_py", "fastnsq._coalesce_py",
                      "fastnsq.conn", "fastnsq.compression", "fastnsq.config", "fastnsq.errors",
                      "fastnsq.lookupd", "fastnsq.topology", "fastnsq.sharding", "fastnsq.rdy", "fastnsq.backoff",
-                     "fastnsq.stats", "fastnsq.tracing", "fastnsq.loop")
+                     "fastnsq.stats", "fastnsq.tracing", "fastnsq.loop", "fastnsq.bodies", "fastnsq.nsqd_http")
 #: Pure state machines: no sockets, no HTTP, no event loop objects of their own.
 PURE = ("fastnsq.rdy", "fastnsq.backoff", "fastnsq.sharding", "fastnsq.stats")
 #: The C extensions (and their twins) that consumers and producers hand their messages to.
@@ -218,3 +218,17 @@ def test_modules_stay_small() -> None:
         and (count := len(path.read_text().splitlines())) > 800
     }
     assert big == {}
+
+
+def test_the_ha_rooms_stay_apart() -> None:
+    """The HA logic lives in rooms of its own: the body codec and nsqd's HTTP API below the clients
+    (neither knows a connection), start positions and the rest of the HA consumer in
+    ``consumer.positions`` / ``consumer.ha``, which the Consumer calls through a few hooks."""
+    assert offending_edges(("fastnsq.bodies", "fastnsq.nsqd_http"), ("fastnsq.conn", "fastnsq.lookupd",
+                                                                      "fastnsq.topology")) == []
+    graph = import_graph()
+    assert "fastnsq.consumer.ha" in graph["fastnsq.consumer.consumer"]
+    assert "fastnsq.consumer.positions" in graph["fastnsq.consumer.ha"]
+    assert "fastnsq.bodies" in graph["fastnsq.consumer.ha"]
+    # The consumer module itself knows neither start positions nor bodies: only the hub.
+    assert not graph["fastnsq.consumer.consumer"] & {"fastnsq.consumer.positions", "fastnsq.bodies"}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import codec
-from ..config import ConnectionOptions, Endpoint, check_range, parse_address, split_options
+from ..config import ConnectionOptions, Endpoint, check_range, split_options
 from ..conn import Connection
 from ..errors import InvalidValueError, NotLeaderError, NotWritableError, NSQError, ServerError, TopicNotExistError
 from ..rdy import RdyController, RdyUpdate
@@ -37,6 +37,7 @@ from ..stats import ConnectionStats, ConsumerStats, deprecated_spelling
 from ..topology import TopicRoute, Topology
 from .batch import Batch
 from .dispatch import DispatchSettings, Dispatcher, Link
+from .ha import HA_CONSUMER_DEFAULTS, HAConsumer, direct_endpoints
 from .partitions import Partitions
 
 __all__ = ["CONSUMER_DEFAULTS", "ConnectionStats", "Consumer", "StopReport"]
@@ -65,6 +66,7 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "give_up_handler": None,
     "ordered": False,
     "ordered_give_up": "finish",
+    **HA_CONSUMER_DEFAULTS,
 }
 
 _ORDERED_GIVE_UP = ("finish", "requeue", "stop")
@@ -169,11 +171,9 @@ class Consumer:
             backoff_multiplier=s["backoff_multiplier"],
             backoff_per_key=self.backoff_scope == "partition",
         )
-        self._nsqd_addresses = _as_list(nsqd_tcp_addresses)
+        self._direct = direct_endpoints(nsqd_tcp_addresses, s["partition"])
         self._lookupd_addresses = _as_list(lookupd_http_addresses)
-        for address in self._nsqd_addresses:
-            parse_address(address)
-        if not self._nsqd_addresses and not self._lookupd_addresses:
+        if not self._direct and not self._lookupd_addresses:
             raise InvalidValueError("give nsqd_tcp_addresses or lookupd_http_addresses")
         if handler is not None and not callable(handler):
             raise InvalidValueError("handler must be callable")
@@ -191,6 +191,11 @@ class Consumer:
             ),
             self._rdy, self.partitions, self._inbox, self._apply, lambda: self.set_max_in_flight(0),
         )
+        self._ha = HAConsumer(
+            topic, channel, s, ordered=self.ordered, has_lookupd=bool(self._lookupd_addresses),
+            partitions=self.partitions, fast_allowed=lambda: not self.ordered and not self._stopping,
+        )
+        self._dispatch.ha_check = self._ha.inspect
         self._loop: asyncio.AbstractEventLoop | None = None
         self._links: dict[Endpoint, list[Link]] = {}
         self._reconnecting: dict[Endpoint, asyncio.Task[None]] = {}
@@ -215,8 +220,8 @@ class Consumer:
         self._drained = asyncio.Event()
         await asyncio.gather(
             *(
-                self._connect_or_retry(Endpoint(address, None), direct=True)
-                for address in self._nsqd_addresses
+                self._connect_or_retry(endpoint, direct=True)
+                for endpoint in self._direct
                 for _ in range(self.connections_per_nsqd)
             )
         )
@@ -262,6 +267,7 @@ class Consumer:
             task.cancel()
         if self._topology is not None:
             await self._topology.close()
+        await self._ha.close()
         self._apply(self._rdy.set_max_in_flight(0))
         await asyncio.gather(*(self._cls(link) for link in self._all_links()), return_exceptions=True)
         while self._queue:  # never handed out: back to nsqd now
@@ -480,7 +486,7 @@ class Consumer:
         conn = Connection(
             endpoint.address,
             self.options,
-            extend_support=self._meta_ext,
+            extend_support=self._ha.extend_support(self._meta_ext),
             # The link is the reader's message sink: in C, the codec calls it directly.
             on_message=link,
             on_close=lambda c, error: self._on_close(link, error),
@@ -497,8 +503,11 @@ class Consumer:
         if timeout_ms:
             link.msg_timeout = timeout_ms / 1000
         try:
-            await conn.subscribe(self.topic, self.channel, partition=endpoint.partition, ordered=self.ordered)
+            plan = await self._ha.plan(endpoint, conn.is_ha)
+            await conn.subscribe(self.topic, self.channel, partition=endpoint.partition, ordered=self.ordered,
+                                 advanced=plan.advanced, position=plan.position)
         except BaseException:
+            self._ha.subscribe_failed(endpoint)
             await conn.close()
             raise
         if self._stopping:
@@ -508,8 +517,9 @@ class Consumer:
         self.partitions.state(endpoint.partition)  # a partition's state exists from its first SUB
         updates = self._rdy.add_connection(link, conn.max_rdy_count, endpoint.partition)
         link.rdy_state = self._rdy.record(link)
-        # Ordered consumption checks every message's offset: always the Python path.
-        link.fast = not self.ordered
+        # Ordered consumption checks every message's offset: always the Python path (and an HA
+        # start checks its first messages).
+        self._ha.subscribed(link)
         self._apply(updates)
         logger.info("consuming %s/%s from %s%s", self.topic, self.channel, endpoint.address,
                     "" if endpoint.partition is None else f" partition {endpoint.partition}")
@@ -529,7 +539,7 @@ class Consumer:
             return
         logger.warning("connection to %s closed%s", link.endpoint.address, f": {error}" if error else "")
         refresh = isinstance(error, _REFRESH_ERRORS)
-        if link.endpoint.address in self._nsqd_addresses and not refresh:
+        if link.endpoint in self._direct and not refresh:
             self._reconnect_later(link.endpoint)
         elif self._topology is not None:
             self._topology.refresh_soon(self.topic)
@@ -565,6 +575,7 @@ class Consumer:
         if self._stopping:
             return
         self._meta_ext = route.extend_support
+        self._ha.route = route
         for endpoint in route.moved_away(list(self._links)):
             for link in list(self._links.get(endpoint, ())):
                 # The old leader cannot take our FINs any more; its messages in flight come back
@@ -572,7 +583,7 @@ class Consumer:
                 logger.info("partition %s of %s moved away from %s: closing that connection",
                             endpoint.partition, self.topic, endpoint.address)
                 await link.conn.close()
-        missing = [e for e in route.endpoints if e not in self._links]
+        missing = [e for e in route.endpoints if e not in self._links and self._ha.wants(e)]
         await asyncio.gather(
             *(
                 self._connect_or_retry(endpoint, direct=False)

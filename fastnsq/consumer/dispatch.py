@@ -84,6 +84,8 @@ class Dispatcher:
         self.closed_timed_out = 0
         #: Called after each answer while the consumer stops (it watches the drain).
         self.on_answer_while_stopping: Callable[[], None] | None = None
+        #: HA (``consumer.ha``): checks a message before the handler; False when it answered it.
+        self.ha_check: Callable[[Link, Any], bool] | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -133,6 +135,8 @@ class Dispatcher:
                 transport.get_extra_info("sockname") if transport else None,
                 transport.get_extra_info("peername") if transport else None,
             )
+        if self.ha_check is not None and not self.ha_check(link, message):
+            return
         if settings.max_attempts and message.attempts > settings.max_attempts:
             self._give_up(message)
             return

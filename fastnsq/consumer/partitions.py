@@ -27,6 +27,12 @@ class PartitionState:
     first time (HA, ordered or traced subscriptions carry them); ``ordering_errors``: every
     regression seen (ordered consumption); ``duplicates_dropped``: repeated deliveries of the
     head of an ordered channel that were not handed out again.
+
+    HA starts (``consume_offset``, :mod:`.positions`): ``start`` is the position asked for,
+    ``start_applied`` whether nsqd took it (False: the channel had clients already, so the
+    server ignored it; None: not known, a direct endpoint), ``start_skipped`` the messages
+    held from before the start that were finished unseen. ``decompress_errors``: bodies
+    marked as compressed that could not be decompressed (requeued).
     """
 
     partition: int | None
@@ -35,6 +41,10 @@ class PartitionState:
     last_offset: int | None = None
     ordering_errors: list[str] = field(default_factory=list)
     duplicates_dropped: int = 0
+    start: Any = None
+    start_applied: bool | None = None
+    start_skipped: int = 0
+    decompress_errors: int = 0
     # Ordered: the last message delivered, and whether it was finished (Dispatcher.repeated).
     last_delivered: Any = field(default=None, repr=False)
     last_finished: bool = field(default=False, repr=False)

@@ -86,6 +86,11 @@ class NSQDOptions:
     #: a quarter of the partitions): a partition's first channel also gets what was
     #: published since that partition's last flush.
     sync_timeout: float = 2.0
+    #: HA: the messages each partition keeps for start positions (``SUB_ADVANCED`` with a
+    #: timestamp, queue offset or count, ``/channel/setoffset``), as youzan keeps its disk
+    #: queue for its retention days; older ones are forgotten (a start before them begins
+    #: at the oldest kept).
+    retained_messages: int = 100_000
     #: Which upstream nsqd the answers follow: the released v1.3.0 or nsq master.
     emulate: Emulated = RELEASED
 
@@ -113,7 +118,7 @@ class NSQDOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        for name in ("max_rdy_count", "max_msg_size", "max_body_size", "max_output_buffer_size"):
+        for name in ("max_rdy_count", "max_msg_size", "max_body_size", "max_output_buffer_size", "retained_messages"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise InvalidValueError(f"{name} must be a positive integer, got {value!r}")

@@ -28,16 +28,23 @@ What is emulated rather than real: there is no disk queue, so a message's
 ``offset`` and ``raw_size`` are what youzan's disk queue would give (the record is
 ``u32 size`` + the message as nsqd stores it, offsets add up per partition); only the
 leader holds a partition's messages (replicas hold the topic and its channels), and
-moving the leadership moves the queues (see ``NSQCluster.move_leader``). Tags,
-``ext_filter`` and start positions other than ``special:-1`` are not implemented.
+moving the leadership moves the queues (see ``NSQCluster.move_leader``). A partition
+keeps its last ``retained_messages`` messages (youzan keeps its disk queue), so that a
+channel can be moved to a start position: ``SUB_ADVANCED`` with ``timestamp:``,
+``virtual_queue:``, ``msgcount:`` or ``special:-1`` (the first three only on a cluster
+node, as only a node with a coordinator can search its commit log), taken only from the
+channel's first client, and the leader's ``POST /channel/setoffset`` (whatever clients the
+channel has). ``ext_filter`` is not implemented.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
 import struct
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
@@ -298,16 +305,24 @@ class HAChannel(Channel):
                     return TOO_MUCH_REQUEUE
         return super().requeue(client, message_id, delay)
 
-    def skip_to_end(self) -> None:
-        """``special:-1``: the channel jumps to the end of its partition.
+    def move_reader(self, msgs: list[Msg]) -> None:
+        """The channel's reader moves to a start position: ``msgs`` are what it reads from there.
 
-        The message youzan's reader had already read and holds for dispatch (the head
-        of a non-empty queue) is still delivered: the reset only moves the reader.
+        The message youzan's reader had already read and holds for dispatch (the head of
+        a non-empty queue) is still delivered first: the reset only moves the reader
+        (youzan/nsq nsqd/channel.go: "retry delivering msg to client, regardless reset
+        result"; seen on 0.3.7-HA.1.13.0). In-flight and deferred messages stay.
         """
         head = self.queue[0] if self.queue else None
         self.queue.clear()
-        if head is not None:
+        if head is not None and not (msgs and msgs[0][0] == head[0]):
             self.queue.append(head)
+        self.queue.extend(msgs)
+        if self.ordered:
+            self._pump_ordered()
+        else:
+            for client in list(self.clients.values()):
+                self.client_may_be_ready(client)
 
     def take_state(self) -> tuple[list[Msg], list[tuple[float, Msg]]]:
         """Empty this channel for a leader move: (queued messages, in flight first), (deferred)."""
@@ -371,6 +386,10 @@ class HATopic(Topic):
         self.disable_channel_auto_create = False
         self.next_internal_id = 1
         self.next_offset = 0
+        #: The last ``retained_messages`` messages published (for start positions), and the
+        #: count of messages published before the first of them.
+        self.retained: deque[Msg] = deque()
+        self.retained_before = 0
         #: Standalone: (loop time, message) published while there was no channel.
         self._unflushed: list[tuple[float, Msg]] = []
 
@@ -438,6 +457,7 @@ class HATopic(Topic):
             next_id += 1
         self.next_internal_id = next_id
         self.next_offset = offset
+        self._retain(msgs)
         self.put(msgs, nbytes)
         return first_id, first_offset, offset - first_offset
 
@@ -460,7 +480,36 @@ class HATopic(Topic):
             next_id += 1
         self.next_internal_id = next_id
         self.next_offset = offset
+        self._retain(msgs)
         self.put(msgs, nbytes)
+
+    def _retain(self, msgs: list[Msg]) -> None:
+        retained = self.retained
+        retained.extend(msgs)
+        excess = len(retained) - self.server.options.retained_messages
+        if excess > 0:
+            self.retained_before += excess
+            for _ in range(excess):
+                retained.popleft()
+
+    def start_messages(self, kind: str, value: int) -> list[Msg]:
+        """What a channel moved to ``<kind>:<value>`` reads (youzan's SetChannelOffset searches).
+
+        ``timestamp``: from the first message published at or after second ``value``;
+        ``virtual_queue``: from the first message at or after offset ``value``;
+        ``msgcount``: from the ``value``-th message (0 and 1: the first); ``special:-1``: none.
+        A start before the oldest retained message begins there; one past the end, at the end.
+        """
+        retained = self.retained
+        if kind == "timestamp":
+            index = bisect.bisect_left(retained, value * 1_000_000_000, key=_timestamp_of)
+        elif kind == "virtual_queue":
+            index = bisect.bisect_left(retained, value, key=_offset_of)
+        elif kind == "msgcount":
+            index = min(max(value - 1, 0) - self.retained_before, len(retained))
+        else:
+            index = len(retained)
+        return list(retained)[max(index, 0):]
 
     def keep_for_restart(self, keep_messages: bool) -> None:
         for name, channel in list(self.channels.items()):
@@ -475,6 +524,9 @@ class HATopic(Topic):
         entry = super().stats(channel_name, include_clients)
         if entry is not None:
             entry["topic_partition"] = str(self.partition)
+            entry["backend_depth"] = self.next_offset  # youzan: where the partition ends
+            for channel in entry["channels"]:
+                channel["client_num"] = channel["client_count"]  # youzan's name
             entry["is_leader"] = self.leader
             entry["is_multi_ordered"] = self.ordered
             entry["is_ext"] = self.ext
@@ -698,11 +750,10 @@ class HAClientConnection(ClientConnection):
             if self.sample_rate != 0:
                 raise _fatal("E_INVALID", "order consume is not allowed while sample rate is not 0")
             channel.set_ordered(True)
-        if start is not None and len(channel.clients) <= 1:
-            kind, value = start
-            if kind != "special" or value != -1:
-                raise _fatal("E_INVALID", "Not supported while coordinator disabled")
-            channel.skip_to_end()
+        if start is not None and len(channel.clients) <= 1:  # only the channel's first client moves it
+            error = set_channel_offset(server, topic, channel, start)
+            if error is not None:
+                raise _fatal("E_INVALID", error)
         self.enable_trace = trace
         self.layout = (LAYOUT_EXT if self.extend_support and channel.ext else 0) | (
             LAYOUT_DETAIL if trace else 0
@@ -1001,16 +1052,42 @@ class HAClientConnection(ClientConnection):
         self._send_response(codec.OK)
 
 
-def _parse_start(raw: bytes) -> tuple[str, int]:
-    """SUB_ADVANCED's ``<type>:<int>`` (ConsumeOffset.FromBytes); fatal E_INVALID when bad."""
+def set_channel_offset(server: HAServer, topic: HATopic, channel: HAChannel, start: tuple[str, int]) -> str | None:
+    """Move ``channel`` to ``start`` (youzan's SetChannelOffset); the error text, or None."""
+    kind, value = start
+    if kind == "special":
+        if value != -1:
+            return "not supported offset type"
+    elif not server.ha_cluster:
+        return "Not supported while coordinator disabled"
+    elif kind == "timestamp" and value < 0:
+        return f"Invalid timestamp {value}"
+    channel.move_reader(topic.start_messages(kind, value))
+    return None
+
+
+def _timestamp_of(msg: Msg) -> int:
+    return int(msg[2])
+
+
+def _offset_of(msg: Msg) -> int:
+    return int(msg[1][4])
+
+
+def parse_start(raw: bytes) -> tuple[str, int]:
+    """The text form of :func:`_parse_start`'s checks, for HTTP (ValueError with the server's text)."""
     parts = raw.split(b":")
     if len(parts) != 2 or parts[0] not in (b"special", b"virtual_queue", b"timestamp", b"msgcount"):
-        raise _fatal("E_INVALID", f"invalid consume offset:{text(raw)}")
+        raise ValueError(f"invalid consume offset:{text(raw)}")
+    return parts[0].decode(), go_parse_int(parts[1])
+
+
+def _parse_start(raw: bytes) -> tuple[str, int]:
+    """SUB_ADVANCED's ``<type>:<int>`` (ConsumeOffset.FromBytes); fatal E_INVALID when bad."""
     try:
-        value = go_parse_int(parts[1])
+        return parse_start(raw)
     except ValueError as exc:
         raise _fatal("E_INVALID", str(exc)) from None
-    return parts[0].decode(), value
 
 
 def _only_internal_keys(header: Any) -> bool:

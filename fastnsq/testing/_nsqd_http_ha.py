@@ -4,8 +4,9 @@ A subset, enough for tests and tools: ``GET /ping``, ``GET /info`` (with
 ``ha_support``, true only on a cluster node), ``GET /stats`` (one entry per topic
 partition, with ``topic_partition`` and ``is_leader``), ``POST /pub``, ``/mpub``,
 ``/pubtrace``, ``/pub_ext`` (``topic=``, ``partition=``; ``trace_id=``; ``ext=`` plus
-``X-Nsqext-<key>`` headers) and ``POST /channel/create|delete|empty|pause|unpause|setorder``
-(``topic=``, ``partition=``, ``channel=``; ``order=true|false``).
+``X-Nsqext-<key>`` headers) and ``POST /channel/create|delete|empty|pause|unpause|setorder|setoffset``
+(``topic=``, ``partition=``, ``channel=``; ``order=true|false``; ``setoffset``'s body is a
+start position, ``<type>:<value>``, applied whatever clients the channel has).
 
 Answers follow youzan's content negotiation: with ``Accept: application/vnd.nsq;
 version=1.0`` the bare answer and ``X-Nsq-Content-Type``, otherwise the legacy
@@ -27,6 +28,7 @@ from fastnsq import codec
 
 from ._http import respond_legacy
 from ._nsqd_base import NSQDIdentity
+from ._nsqd_ha import parse_start, set_channel_offset
 from ._nsqd_http import _HTTPError, _memory_stats, _read_limited
 from ._nsqd_parse import go_atoi, go_parse_uint
 
@@ -290,6 +292,27 @@ async def _channel_setorder(nsqd: HAHTTPServer, request: web.Request) -> Any:
     return None
 
 
+async def _channel_setoffset(nsqd: HAHTTPServer, request: web.Request) -> Any:
+    """doSetChannelOffset: the channel moves to the start in the body (force: any clients)."""
+    topic, name = _channel_of(nsqd, request)
+    channel = topic.channels.get(name)
+    if channel is None:
+        raise _HTTPError(404, "CHANNEL_NOT_FOUND")
+    body = await request.read()
+    if not body:
+        raise _HTTPError(406, "MSG_EMPTY")
+    try:
+        start = parse_start(body)
+    except ValueError as exc:
+        raise _HTTPError(400, str(exc)) from None
+    if not topic.leader:
+        raise _HTTPError(400, "E_FAILED_ON_NOT_LEADER")
+    error = set_channel_offset(nsqd, topic, channel, start)  # type: ignore[arg-type]
+    if error is not None:
+        raise _HTTPError(500, error)
+    return None
+
+
 async def _stats(nsqd: HAHTTPServer, request: web.Request) -> Any:
     query = request.query
     stats = nsqd.stats(query.get("topic", ""), query.get("channel", ""), True)
@@ -337,6 +360,7 @@ def build_ha_app(nsqd: HAHTTPServer) -> web.Application:
         ("/channel/pause", _channel_pause),
         ("/channel/unpause", _channel_pause),
         ("/channel/setorder", _channel_setorder),
+        ("/channel/setoffset", _channel_setoffset),
     ):
         app.router.add_post(path, _route(nsqd, handler, v1_only=True))
     return app
