@@ -193,6 +193,7 @@ class Consumer:
         )
         self._ha = HAConsumer(
             topic, channel, s, ordered=self.ordered, has_lookupd=bool(self._lookupd_addresses),
+            max_attempts=self.max_attempts,
             partitions=self.partitions, fast_allowed=lambda: not self.ordered and not self._stopping,
         )
         self._dispatch.ha_check = self._ha.inspect

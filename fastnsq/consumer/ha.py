@@ -92,6 +92,7 @@ class HAConsumer:
         *,
         ordered: bool,
         has_lookupd: bool,
+        max_attempts: int,
         partitions: Partitions,
         fast_allowed: Callable[[], bool],
     ) -> None:
@@ -103,6 +104,7 @@ class HAConsumer:
         self.consume_ext: bool | None = consume_ext
         self.enable_trace = bool(settings["enable_trace"])
         self.decompress = not settings["disable_message_decompress"]
+        self.max_attempts = max_attempts
         starts = parse_consume_offset(settings["consume_offset"])
         if starts and ordered and not has_lookupd:
             raise InvalidValueError(
@@ -167,6 +169,8 @@ class HAConsumer:
                 bodies.decompress_message(message)
             except bodies.BodyDecompressError as exc:
                 self._partitions.state(partition).decompress_errors += 1
+                if self.max_attempts and message.attempts > self.max_attempts:
+                    return True  # given up on next, as it arrived (the give-up hook sees it)
                 logger.error("%s: %s; requeueing message %r", link.endpoint.address, exc, message)
                 message.requeue()
                 return False

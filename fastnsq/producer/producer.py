@@ -46,6 +46,7 @@ from ..errors import (
 from ..sharding import murmur3_32
 from ..stats import ProducerStats, deprecated_spelling
 from ..topology import Topology
+from .ha import HA_PRODUCER_DEFAULTS, HAProducer
 from .messages import MPUB_FRAMING, body_size, check_message_size, ext_json, mpub_chunks, second
 from .pool import ConnectionPool
 from .routing import ANY_NSQD, Router
@@ -65,6 +66,7 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "lookupd_poll_interval": 60.0,
     "lookupd_poll_jitter": 0.3,
     "hasher": None,
+    **HA_PRODUCER_DEFAULTS,
 }
 
 #: Server errors a retry cannot fix: the same bytes would be refused again.
@@ -150,6 +152,7 @@ class Producer:
                 poll_jitter=self.lookupd_poll_jitter, auth_secret=_secret_text(self.options.auth_secret),
             )
         self._router = Router(topology, self._pool, hasher if hasher is not None else murmur3_32)
+        self._ha = HAProducer(settings)
         self._max_msg_size = self.options.max_msg_size
         self._mpub_limit = self.options.max_body_size - MPUB_FRAMING
         self._mpub_max_count = (self.options.max_body_size - 4) // 5
@@ -331,6 +334,8 @@ class Producer:
         """publish() beyond its fast paths: checks, routing, retries. (A function of its own so
         that the fast paths make no closure cells for the lambdas below.)"""
         self._check_topic(topic)
+        if ext is not None and self._ha.compressing:
+            body, ext = self._ha.compress(topic, body, ext)
         size = body_size(body)
         if size == 0 or size > self._max_msg_size:
             check_message_size(size, self._max_msg_size, 0)  # raises, naming the limit
@@ -376,6 +381,8 @@ class Producer:
         header: Callable[[Any], int] | None
         body_of: Callable[[Any], Any] | None
         if exts is not None:
+            if self._ha.compressing:
+                batch, exts = self._ha.compress_batch(topic, batch, exts)
             ids = trace_ids if trace_ids is not None else [None] * len(batch)
             items = [(ext_json(e, t), b) for e, t, b in zip(exts, ids, batch)]
             header = lambda item: 2 + len(item[0])
