@@ -53,7 +53,8 @@ REAL_HA_BIN_ENV = "FASTNSQ_REAL_HA_BIN"
 #: What runs against a real HA cluster: the HA tests, the conformance tests of the
 #: embedded HA servers, and the leader-kill test (on a real cluster of its own).
 HA_TESTS = ["tests/test_ha.py", "tests/test_embedded_ha.py", "tests/test_ha_failover.py", "tests/test_ha_positions.py",
-            "tests/test_ha_bodies.py", "tests/test_youzan_interop.py"]
+            "tests/test_ha_bodies.py", "tests/test_youzan_interop.py",
+            "tests/test_ha_endpoints.py"]
 
 
 def venv_python(venv_dir: Path = VENV) -> Path:

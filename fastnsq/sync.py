@@ -20,7 +20,7 @@ import asyncio
 import concurrent.futures
 import signal
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from .consumer import Consumer as AsyncConsumer
@@ -70,8 +70,10 @@ class _LoopThread:
 class Producer:
     """A blocking :class:`fastnsq.Producer`, safe to call from many threads.
 
-    Same arguments and options as the async producer; ``publish`` and ``mpublish``
-    block until nsqd has the message(s) and return its answer.
+    Same arguments and options as the async producer (the HA ones included); ``publish``
+    and ``mpublish`` take the same keyword arguments as the async ones and block until nsqd
+    has the message(s), returning its answer; ``publish_async`` returns at once with a
+    ``concurrent.futures.Future`` of that answer (go-nsq's ``PublishAsync``).
     """
 
     def __init__(
@@ -94,13 +96,45 @@ class Producer:
     def _timeout(self, timeout: float | None) -> float:
         return (self._producer.publish_timeout if timeout is None else timeout) * (1 + self._producer.max_retries) + _RESULT_MARGIN
 
-    def publish(self, topic: str, body: Any, *, defer: float | None = None, timeout: float | None = None) -> Any:
-        """Publish one message and block until nsqd acknowledged it (or raise)."""
-        return self._thread.call(self._producer.publish(topic, body, defer=defer, timeout=timeout), self._timeout(timeout))
+    def publish(
+        self,
+        topic: str,
+        body: Any,
+        *,
+        defer: float | None = None,
+        timeout: float | None = None,
+        partition: int | None = None,
+        sharding_key: Any = None,
+        trace_id: int | None = None,
+        ext: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Publish one message and block until nsqd acknowledged it (or raise); the arguments are
+        :meth:`fastnsq.Producer.publish`'s."""
+        call = self._producer.publish(topic, body, defer=defer, timeout=timeout, partition=partition,
+                                      sharding_key=sharding_key, trace_id=trace_id, ext=ext)
+        return self._thread.call(call, self._timeout(timeout))
 
-    def mpublish(self, topic: str, bodies: Sequence[Any], *, timeout: float | None = None) -> Any:
-        """Publish a batch and block until nsqd acknowledged it (or raise)."""
-        return self._thread.call(self._producer.mpublish(topic, bodies, timeout=timeout), self._timeout(timeout))
+    def publish_async(self, topic: str, body: Any, **arguments: Any) -> concurrent.futures.Future[Any]:
+        """:meth:`publish` without waiting: a future of nsqd's answer (or of the error)."""
+        call = self._producer.publish(topic, body, **arguments)
+        return asyncio.run_coroutine_threadsafe(call, self._thread.loop)
+
+    def mpublish(
+        self,
+        topic: str,
+        bodies: Sequence[Any],
+        *,
+        timeout: float | None = None,
+        partition: int | None = None,
+        sharding_key: Any = None,
+        trace_ids: Sequence[int] | None = None,
+        exts: Sequence[Mapping[str, Any]] | None = None,
+    ) -> Any:
+        """Publish a batch and block until nsqd acknowledged it (or raise); the arguments are
+        :meth:`fastnsq.Producer.mpublish`'s."""
+        call = self._producer.mpublish(topic, bodies, timeout=timeout, partition=partition,
+                                       sharding_key=sharding_key, trace_ids=trace_ids, exts=exts)
+        return self._thread.call(call, self._timeout(timeout))
 
     def snapshot(self) -> ProducerStats:
         """The async producer's :meth:`~fastnsq.Producer.snapshot`, taken on its loop."""
@@ -253,6 +287,28 @@ class Consumer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         return self.stop()
+
+    def pause_partition(self, partition: int | None) -> None:
+        """:meth:`fastnsq.Consumer.pause_partition`, on the consumer's loop."""
+        self._on_loop(self._consumer.pause_partition, partition)
+
+    def resume_partition(self, partition: int | None) -> None:
+        self._on_loop(self._consumer.resume_partition, partition)
+
+    @property
+    def partitions(self) -> Any:
+        """The async consumer's :class:`~fastnsq.consumer.PartitionState` objects (HA: starts, positions)."""
+        return self._consumer.partitions
+
+    def _on_loop(self, method: Callable[..., Any], *args: Any) -> None:
+        if self._thread is None:
+            method(*args)
+            return
+
+        async def run() -> None:
+            method(*args)
+
+        self._thread.call(run(), 10)
 
     def snapshot(self) -> ConsumerStats:
         """The async consumer's :meth:`~fastnsq.Consumer.snapshot`, taken on its loop."""
