@@ -29,6 +29,8 @@ from .stats import ConsumerStats, ProducerStats, deprecated_spelling
 from .errors import InvalidValueError
 from .loop import new_event_loop
 from .producer import Producer as AsyncProducer
+from .producer.ha import CloseReport
+from .producer.load import NodeStats
 
 __all__ = ["Consumer", "Producer"]
 
@@ -136,19 +138,32 @@ class Producer:
                                        sharding_key=sharding_key, trace_ids=trace_ids, exts=exts)
         return self._thread.call(call, self._timeout(timeout))
 
+    def publish_and_retry_background(self, topic: str, body: Any, **arguments: Any) -> bool:
+        """:meth:`fastnsq.Producer.publish_and_retry_background`: True if nsqd has it, False if it
+        waits for a background retry (the retries run on the facade's loop)."""
+        return self._thread.call(self._producer.publish_and_retry_background(topic, body, **arguments),
+                                 self._timeout(None))
+
+    def node_stats(self) -> dict[str, NodeStats]:
+        """:meth:`fastnsq.Producer.node_stats`, taken on its loop."""
+        if self._closed:
+            return self._producer.node_stats()
+        return self._thread.call(_call_async(self._producer.node_stats), 10)
+
     def snapshot(self) -> ProducerStats:
         """The async producer's :meth:`~fastnsq.Producer.snapshot`, taken on its loop."""
         if self._closed:
             return self._producer.snapshot()
         return self._thread.call(_call_async(self._producer.snapshot), 10)
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Wait for publishes in flight (up to ``timeout``), close connections, stop the thread."""
+    def close(self, timeout: float = 5.0) -> CloseReport:
+        """Wait for publishes in flight (up to ``timeout``), close connections, stop the thread;
+        returns what was left unsent (background retries)."""
         if self._closed:
-            return
+            return CloseReport()
         self._closed = True
         try:
-            self._thread.call(self._producer.close(timeout), timeout + _RESULT_MARGIN)
+            return self._thread.call(self._producer.close(timeout), timeout + _RESULT_MARGIN)
         finally:
             self._thread.stop()
 

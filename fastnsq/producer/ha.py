@@ -7,36 +7,70 @@ and what they change:
   ``client_compress_decodec`` ("not_specified", "gzip", "snappy", "lz4"): client-side body
   compression of publishes that carry an ext header, as youzan/go-nsq compresses only its
   ``*WithJsonExt`` publishes (:mod:`fastnsq.bodies`);
-* ``pub_strategy`` and the per-node figures: :mod:`.load`;
-* ``pub_max_background_retry``, ``pub_background_buffer``: :mod:`.background`.
+* ``pub_strategy`` ("round_robin", or "dynamic_load": the less loaded of two partitions)
+  and the per-node figures of :meth:`~fastnsq.Producer.node_stats` (:mod:`.load`);
+* ``pub_max_background_retry`` (15), ``pub_background_buffer`` (1000),
+  ``background_failure_handler``: :meth:`~fastnsq.Producer.publish_and_retry_background`
+  (:mod:`.background`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..bodies import DEFAULT_MESSAGE_SIZE_FOR_COMPRESS, BodyCompressor
+from .background import BACKGROUND_DEFAULTS, BackgroundRetry, Unsent
+from .load import NodeLoads, NodeStats, pub_strategy
+from .pool import ConnectionPool
 
-__all__ = ["HA_PRODUCER_DEFAULTS", "HAProducer"]
+__all__ = ["HA_PRODUCER_DEFAULTS", "CloseReport", "HAProducer"]
 
-#: youzan/go-nsq's producer options (snake_case), with their defaults.
+#: youzan/go-nsq's producer options (snake_case), with their defaults (pub_strategy: fastnsq's).
 HA_PRODUCER_DEFAULTS: dict[str, Any] = {
     "topics_for_compress": (),
     "message_size_for_compress": DEFAULT_MESSAGE_SIZE_FOR_COMPRESS,
     "client_compress_decodec": "not_specified",
+    "pub_strategy": "round_robin",
+    **BACKGROUND_DEFAULTS,
 }
 
 
-class HAProducer:
-    """The HA side of one producer: compression of ext publishes."""
+@dataclass(frozen=True)
+class CloseReport:
+    """What ``Producer.close()`` left behind: background publishes never sent (they may be
+    retried by the caller; one cut off mid-retry may have reached nsqd)."""
 
-    def __init__(self, settings: dict[str, Any]) -> None:
+    unsent: tuple[Unsent, ...] = ()
+
+
+class HAProducer:
+    """The HA side of one producer: compression, the per-node figures, background retries."""
+
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        pool: ConnectionPool,
+        publish: Callable[..., Awaitable[Any]],
+        retryable: Callable[[BaseException], bool],
+    ) -> None:
         self.bodies = BodyCompressor(
             settings["topics_for_compress"], settings["message_size_for_compress"],
             settings["client_compress_decodec"],
         )
         self.compressing = self.bodies.active
+        self.strategy = pub_strategy(settings["pub_strategy"])
+        self._pool = pool
+        self.loads = NodeLoads(pool.pending_of)
+        self.background = BackgroundRetry(publish, settings, retryable)
+
+    @property
+    def load_aware(self) -> bool:
+        return self.strategy == "dynamic_load"
+
+    # ---- compression ---------------------------------------------------------------------
 
     def compress(self, topic: str, body: Any, ext: Mapping[str, Any]) -> tuple[Any, Mapping[str, Any]]:
         """A publish with an ext header: its body and header as they go out."""
@@ -48,3 +82,26 @@ class HAProducer:
         """:meth:`compress` for each message of an ``mpublish`` with ``exts``."""
         pairs = [self.bodies.apply(topic, body, ext) for body, ext in zip(bodies, exts)]
         return [body for body, _ in pairs], [ext for _, ext in pairs]
+
+    # ---- the per-node figures ------------------------------------------------------------
+
+    def timed(self, address: str, future: asyncio.Future[Any], loop: asyncio.AbstractEventLoop) -> None:
+        """Record the round trip of the command ``future`` answers, when it is answered."""
+        sent = loop.time()
+        future.add_done_callback(lambda done: self._answered(address, sent, loop, done))
+
+    def _answered(self, address: str, sent: float, loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            self.loads.record(address, loop.time() - sent)
+
+    def node_stats(self) -> dict[str, NodeStats]:
+        """go-nsq's ``TopicProducerMgr.Stat()``: each nsqd's pending commands and average round trip."""
+        loads = self.loads
+        return {
+            address: NodeStats(address, loads.pending(address), loads.avg_rt(address), loads.answered(address),
+                               self._pool.open_count(address))
+            for address in self._pool.addresses()
+        }
+
+    async def close(self) -> CloseReport:
+        return CloseReport(tuple(await self.background.close()))

@@ -87,6 +87,17 @@ class ConnectionPool:
     def connected_to(self, address: str | None) -> bool:
         return bool(self.open if address is None else self._open_by_address.get(address))
 
+    def pending_of(self, address: str) -> int:
+        """Commands written to ``address`` and not answered yet (its open connections)."""
+        return sum(conn.pending for conn in self._open_by_address.get(address, ()))
+
+    def addresses(self) -> list[str]:
+        """Every nsqd added, open or reconnecting."""
+        return list(self._slots)
+
+    def open_count(self, address: str) -> int:
+        return len(self._open_by_address.get(address, ()))
+
     async def connection_for(self, address: str | None, deadline: float) -> Connection:
         """An open connection (to ``address`` if given), waiting for one until ``deadline``."""
         conn = self.pick(address)

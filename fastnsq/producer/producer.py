@@ -46,7 +46,8 @@ from ..errors import (
 from ..sharding import murmur3_32
 from ..stats import ProducerStats, deprecated_spelling
 from ..topology import Topology
-from .ha import HA_PRODUCER_DEFAULTS, HAProducer
+from .ha import HA_PRODUCER_DEFAULTS, CloseReport, HAProducer
+from .load import NodeStats
 from .messages import MPUB_FRAMING, body_size, check_message_size, ext_json, mpub_chunks, second
 from .pool import ConnectionPool
 from .routing import ANY_NSQD, Router
@@ -151,8 +152,9 @@ class Producer:
                 self._lookupd_addresses, access="w", poll_interval=self.lookupd_poll_interval,
                 poll_jitter=self.lookupd_poll_jitter, auth_secret=_secret_text(self.options.auth_secret),
             )
-        self._router = Router(topology, self._pool, hasher if hasher is not None else murmur3_32)
-        self._ha = HAProducer(settings)
+        self._ha = HAProducer(settings, self._pool, self.publish, _retryable)
+        self._router = Router(topology, self._pool, hasher if hasher is not None else murmur3_32,
+                              self._ha.loads if self._ha.load_aware else None)
         self._max_msg_size = self.options.max_msg_size
         self._mpub_limit = self.options.max_body_size - MPUB_FRAMING
         self._mpub_max_count = (self.options.max_body_size - 4) // 5
@@ -193,10 +195,15 @@ class Producer:
             await self.close(timeout=0)
             raise NoConnectionError(f"no nsqd could be reached ({errors or 'no connection opened'})")
 
-    async def close(self, timeout: float | None = 5.0) -> None:
-        """Stop accepting publishes, wait for those in flight (up to ``timeout``), then close."""
+    async def close(self, timeout: float | None = 5.0) -> CloseReport:
+        """Stop accepting publishes, wait for those in flight (up to ``timeout``), then close.
+
+        Returns what was left unsent: the publishes still waiting for a background retry
+        (:meth:`publish_and_retry_background`).
+        """
         if self._closing:
-            return
+            return CloseReport()
+        report = await self._ha.close()
         self._closing = True
         self._ready_topics.clear()
         if timeout and self._loop is not None and self._waiting():
@@ -210,6 +217,7 @@ class Producer:
         if self._router.topology is not None:
             await self._router.topology.close()
         await self._pool.close()
+        return report
 
     async def __aenter__(self) -> Producer:
         await self.start()
@@ -248,6 +256,30 @@ class Producer:
     def connections(self) -> list[Connection]:
         """The open connections (for stats and tests)."""
         return list(self._pool.open)
+
+    def node_stats(self) -> dict[str, NodeStats]:
+        """Per nsqd: publish commands pending, their average round trip (go-nsq's ``Stat()``)."""
+        return self._ha.node_stats()
+
+    async def publish_and_retry_background(
+        self,
+        topic: str,
+        body: Any,
+        *,
+        partition: int | None = None,
+        sharding_key: Any = None,
+        ext: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Publish; if that fails, keep it for background retries (go-nsq's PublishAndRetryBackground).
+
+        True: nsqd has it. False: it waits in the retry buffer (``pub_background_buffer``)
+        and is retried up to ``pub_max_background_retry`` times; one that runs out goes to
+        ``background_failure_handler``, and :meth:`close` returns those still waiting. A full
+        buffer raises ``BackgroundBufferFullError``; an error no retry can fix raises at once.
+        """
+        arguments = {name: value for name, value in
+                     (("partition", partition), ("sharding_key", sharding_key), ("ext", ext)) if value is not None}
+        return await self._ha.background.publish(topic, body, arguments)
 
     # ---- publishing -------------------------------------------------------------------
 
@@ -467,6 +499,7 @@ class Producer:
                     else:
                         conn = await self._pool.connection_for(target[0], deadline)
                         future = send(conn, target[1])
+                        self._ha.timed(conn.address, future, self._loop)
                     result = await self._await_answer(future, deadline, timeout is not None)
                     if send is not None:
                         self.published += messages
@@ -507,6 +540,8 @@ class Producer:
     def _flush_batches(self, batches: dict[Any, Any]) -> None:
         """Once per loop pass (called by the coalescer): one PUB or MPUB per batch."""
         self._router.new_pass()  # the next pass takes the next partition
+        ha, loop = self._ha, self._loop
+        assert loop is not None
         for key, batch in batches.items():
             if type(key) is str:
                 topic, address, pid = key, None, None
@@ -531,6 +566,7 @@ class Producer:
                         unsent.fail(exc)
                     break
                 sent.add_done_callback(part.resolve)
+                ha.timed(conn.address, sent, loop)
             if len(batch) >= _FLUSH_AT or batch.nbytes >= _FLUSH_BYTES:
                 conn.flush()  # a full batch: let nsqd start on it while this pass goes on
 

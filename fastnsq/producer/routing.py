@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import InvalidValueError, NoConnectionError, PublishTimeoutError
 from ..sharding import Hasher, RoundRobin, key_bytes
 from ..topology import Topology
+from .load import LoadAware, NodeLoads
 from .pool import ConnectionPool
 
 __all__ = ["ANY_NSQD", "Router", "Target"]
@@ -24,11 +25,14 @@ ANY_NSQD: Target = (None, None)
 class Router:
     """Targets for a producer's publishes, from its topology (None without lookupd)."""
 
-    def __init__(self, topology: Topology | None, pool: ConnectionPool, hasher: Hasher) -> None:
+    def __init__(
+        self, topology: Topology | None, pool: ConnectionPool, hasher: Hasher, loads: NodeLoads | None = None
+    ) -> None:
         self.topology = topology
         self._pool = pool
         self._hasher = hasher
-        self._turns: dict[str, RoundRobin] = {}
+        self._loads = loads  # pub_strategy="dynamic_load" (.load); None: round robin
+        self._turns: dict[str, Any] = {}
         self._pass_keys: dict[str, Any] = {}  # topic -> coalescing key of this loop pass
 
     def target_now(self, topic: str, partition: int | None, sharding_key: Any) -> Target | None:
@@ -57,8 +61,10 @@ class Router:
             pid = self._hasher(key_bytes(sharding_key)) % count
             if pid not in route.partitions:
                 return None  # its leader is not known: look it up again
-        else:
+        elif self._loads is None:
             pid = self._turns.setdefault(topic, RoundRobin()).next_of(route.pids)
+        else:
+            pid = self._turns.setdefault(topic, LoadAware(self._loads)).next_of(route.pids, route.partitions)
         return (route.partitions[pid], pid)
 
     async def target(self, topic: str, partition: int | None, sharding_key: Any, deadline: float) -> Target:
