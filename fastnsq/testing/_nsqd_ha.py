@@ -121,6 +121,7 @@ EXT_JSON_HEADER = 4
 DEFAULT_OUTPUT_BUFFER_SIZE = 100
 SUBSCRIBED_OUTPUT_BUFFER_SIZE = 4096
 TRACE_ID_KEY = "##trace_id"
+DISPATCH_TAG_KEY = "##client_dispatch_tag"
 
 NOT_LEADER = "E_FAILED_ON_NOT_LEADER"
 NOT_WRITABLE = "E_FAILED_ON_NOT_WRITABLE"
@@ -183,6 +184,13 @@ class HAChannel(Channel):
     with ``payload = (body, wire id (16 bytes), ext_version, ext, offset, raw_size)``;
     the 8-byte internal id is the in-flight key, as youzan finds messages by it
     (the trace-id half of a FIN's id is not looked at).
+
+    Tags (youzan/nsq nsqd/channel.go messagePump, tagMsgChans): on an ext channel with a
+    client whose IDENTIFY had a ``desired_tag``, a message whose JSON header has
+    ``##client_dispatch_tag`` X goes only to the clients tagged X while one is
+    subscribed, and to the untagged clients otherwise; tagged clients get nothing else.
+    The channel dispatches in order and waits on a message no client may take yet (youzan's
+    pump blocks on it), on first delivery and on requeue alike.
     """
 
     NOT_IN_FLIGHT = "Message ID not in flight"
@@ -192,6 +200,9 @@ class HAChannel(Channel):
         self.ext = topic.ext
         self.ordered = topic.ordered
         self._replay_head = False
+        #: Subscribed clients per desired tag (ext channels): while any, dispatch goes by tag.
+        self.tags: dict[str, int] = {}
+        self._tag_turn = 0
 
     def _not_owner(self, owner: Subscriber, client: Subscriber) -> str:
         return f"client does not own message : {owner.id} vs {client.id}"
@@ -235,11 +246,66 @@ class HAChannel(Channel):
         while queue and client.rdy > client.in_flight:
             self._deliver(client, queue.popleft(), now)
 
+    # -- tags: a tagged client takes only its tag's messages ------------------------------
+
+    def add_client(self, client: Subscriber) -> bool:
+        if not super().add_client(client):
+            return False
+        tag = getattr(client, "desired_tag", "")
+        if tag and self.ext:
+            if not self.tags:
+                self._ready.clear()  # dispatch goes through _pump_tagged from now on
+                for other in self.clients.values():
+                    other.in_ready = False
+            self.tags[tag] = self.tags.get(tag, 0) + 1
+        return True
+
+    def remove_client(self, client: Subscriber) -> None:
+        known = client.id in self.clients
+        super().remove_client(client)
+        tag = getattr(client, "desired_tag", "")
+        if known and tag in self.tags:
+            self.tags[tag] -= 1
+            if not self.tags[tag]:
+                del self.tags[tag]
+            for other in list(self.clients.values()):  # its tag's messages may go elsewhere now
+                self.client_may_be_ready(other)
+
+    def _pump_tagged(self) -> None:
+        """Hand out the queue in order, each message to a client that may take it (see the class)."""
+        if self.paused:
+            return
+        queue = self.queue
+        now = self.server.loop.time()
+        written = []
+        while queue:
+            client = self._tag_target(queue[0])
+            if client is None:
+                break  # youzan's pump waits on this message
+            self._deliver(client, queue.popleft(), now)
+            written.append(client)
+        for client in dict.fromkeys(written):
+            client.flush_messages()
+
+    def _tag_target(self, msg: Msg) -> Any:
+        tag = _dispatch_tag(msg)
+        wanted = tag if tag in self.tags else ""
+        candidates = [
+            c for c in self.clients.values()
+            if getattr(c, "desired_tag", "") == wanted and c.state == STATE_SUBSCRIBED and c.rdy > c.in_flight
+        ]
+        if not candidates:
+            return None
+        self._tag_turn += 1
+        return candidates[self._tag_turn % len(candidates)]
+
     # -- ordered channels: one message in flight for the whole partition -------------
 
     def client_may_be_ready(self, client: Any) -> None:
         if self.ordered:
             self._pump_ordered()
+        elif self.tags:
+            self._pump_tagged()
         else:
             super().client_may_be_ready(client)
 
@@ -247,22 +313,25 @@ class HAChannel(Channel):
         if self.ordered:
             self.queue.append(msg)
             self._pump_ordered()
+        elif self.tags:
+            self.queue.append(msg)
+            self._pump_tagged()
         else:
             super().put(msg)
 
     def put_from_topic(self, msgs: list[Msg], deferrable: bool) -> None:
-        if self.ordered:
+        if self.ordered or self.tags:
             self.message_count += len(msgs)
             self.queue.extend(msgs)
-            self._pump_ordered()
+            self._pump_ordered() if self.ordered else self._pump_tagged()
         else:
             super().put_from_topic(msgs, deferrable)
 
     def _put_back(self, msg: Msg) -> None:
         # youzan's requeued messages go out before the rest of the queue.
-        if self.ordered:
+        if self.ordered or self.tags:
             self.queue.appendleft(msg)
-            self._pump_ordered()
+            self._pump_ordered() if self.ordered else self._pump_tagged()
             return
         ready = self._ready
         while ready and not self.paused:
@@ -1064,6 +1133,19 @@ def set_channel_offset(server: HAServer, topic: HATopic, channel: HAChannel, sta
         return f"Invalid timestamp {value}"
     channel.move_reader(topic.start_messages(kind, value))
     return None
+
+
+def _dispatch_tag(msg: Msg) -> str:
+    """The ``##client_dispatch_tag`` of a queued message's JSON header ("" without one)."""
+    payload = msg[1]
+    if payload[2] != EXT_JSON_HEADER or not payload[3] or DISPATCH_TAG_KEY.encode() not in payload[3]:
+        return ""
+    try:
+        header = json.loads(payload[3])
+    except ValueError:
+        return ""
+    tag = header.get(DISPATCH_TAG_KEY) if isinstance(header, dict) else None
+    return tag if isinstance(tag, str) else ""
 
 
 def _timestamp_of(msg: Msg) -> int:
