@@ -143,6 +143,9 @@ class Connection(asyncio.BufferedProtocol):
         self._write_paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._established = False  # on_close is only reported for connections that were up
+        #: Called with the seconds from a write to the answer of its last command (one call per
+        #: write, not per command: the commands of one write are answered together); metrics set it.
+        self.round_trip_observer: Callable[[float], object] | None = None
 
     def __repr__(self) -> str:
         return f"<Connection {self.address} {self.state}{' HA' if self.is_ha else ''}>"
@@ -502,6 +505,8 @@ class Connection(asyncio.BufferedProtocol):
             self._answered += 1
             if not future.done():
                 future.set_result(data)
+            if self.round_trip_observer is not None:
+                self._observe_round_trip()
             return
         if data is HEARTBEAT or data == HEARTBEAT:
             self._answer_heartbeat()
@@ -515,6 +520,8 @@ class Connection(asyncio.BufferedProtocol):
             self._reader.pause()  # what follows may belong to a TLS or compressed stream
         if not future.done():
             future.set_result(data)
+        if self.round_trip_observer is not None:
+            self._observe_round_trip()
 
     def _on_error_frame(self, code: str, description: str) -> None:
         head_kind = self._pending[0][1] if self._pending else None
@@ -608,6 +615,13 @@ class Connection(asyncio.BufferedProtocol):
             while marks and marks[0][0] <= self._answered:
                 marks.popleft()  # everything written up to it has been answered
             marks.append((expected, self._loop.time()))
+
+    def _observe_round_trip(self) -> None:
+        marks = self._write_marks
+        if marks and marks[0][0] <= self._answered and self.round_trip_observer is not None:
+            written = marks.popleft()[1]
+            assert self._loop is not None
+            self.round_trip_observer(self._loop.time() - written)
 
     def expire_pending(self, written_before: float, error: Callable[[], BaseException]) -> int:
         """Fail (with ``error()``) the commands written before loop time ``written_before`` that

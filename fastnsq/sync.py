@@ -25,10 +25,10 @@ from typing import Any, TypeVar
 
 from .consumer import Consumer as AsyncConsumer
 from .consumer import StopReport
-from .stats import ConsumerStats, ProducerStats, deprecated_spelling
 from .errors import InvalidValueError
 from .loop import new_event_loop
 from .producer import Producer as AsyncProducer
+from .stats import ConsumerStats, ProducerStats, deprecated_spelling
 
 __all__ = ["Consumer", "Producer"]
 

@@ -196,9 +196,10 @@ class Topology:
         clients started together spread out), until :meth:`close`."""
         entry = self._entry(topic)
         if entry.watch_task is None:
-            entry.watch_task = asyncio.get_running_loop().create_task(
-                entry.poller.run(lambda discovery: self._arrived(topic, entry, discovery))
-            )
+            async def arrived(discovery: Discovery) -> None:
+                await self._arrived(topic, entry, discovery)
+
+            entry.watch_task = asyncio.get_running_loop().create_task(entry.poller.run(arrived))
 
     def refresh_soon(self, topic: str) -> None:
         """One poll of a watched topic within :data:`REFRESH_DELAY`; requests while one is
@@ -237,7 +238,9 @@ class Topology:
     async def close(self) -> None:
         """Stop every poll and close the HTTP client."""
         self._closed = True
-        tasks = [t for t in (self._node_task, *(e.watch_task for e in self._topics.values())) if t is not None]
+        tasks: list[asyncio.Task[Any]] = [
+            t for t in (self._node_task, *(e.watch_task for e in self._topics.values())) if t is not None
+        ]
         for entry in self._topics.values():
             if entry.refresh_timer is not None:
                 entry.refresh_timer.cancel()

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,12 +31,19 @@ from typing import Any
 from .. import codec
 from ..config import ConnectionOptions, Endpoint, check_range, parse_address, split_options
 from ..conn import Connection
-from ..errors import InvalidValueError, NotLeaderError, NotWritableError, NSQError, ServerError, TopicNotExistError
+from ..errors import (
+    InvalidValueError,
+    NotLeaderError,
+    NotWritableError,
+    NSQError,
+    ServerError,
+    TopicNotExistError,
+)
 from ..rdy import RdyController, RdyUpdate
 from ..stats import ConnectionStats, ConsumerStats, deprecated_spelling
 from ..topology import TopicRoute, Topology
 from .batch import Batch
-from .dispatch import DispatchSettings, Dispatcher, Link
+from .dispatch import Dispatcher, DispatchSettings, Link
 from .partitions import Partitions
 
 __all__ = ["CONSUMER_DEFAULTS", "ConnectionStats", "Consumer", "StopReport"]
@@ -202,6 +209,10 @@ class Consumer:
         self._running = False
         self._stopping = False
         self._drained: asyncio.Event | None = None
+        self._ever_connected: set[Endpoint] = set()
+        #: Connections opened again to an endpoint connected before (after a loss, a leader move...).
+        self.reconnects = 0
+        self._errors: Counter[str] = Counter()  # nsqd's error frames, by code
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -440,6 +451,8 @@ class Consumer:
             max_in_flight=self._rdy.max_in_flight,
             backoff_level=self._rdy.backoff_level,
             duplicates_dropped=self.duplicates_dropped,
+            reconnects=self.reconnects,
+            errors=dict(self._errors),
             connections=tuple(self._connection_stats(link) for link in links),
         )
 
@@ -505,6 +518,9 @@ class Consumer:
             await conn.close()
             raise NSQError("the consumer is stopping")
         self._links.setdefault(endpoint, []).append(link)
+        if endpoint in self._ever_connected:
+            self.reconnects += 1
+        self._ever_connected.add(endpoint)
         self.partitions.state(endpoint.partition)  # a partition's state exists from its first SUB
         updates = self._rdy.add_connection(link, conn.max_rdy_count, endpoint.partition)
         link.rdy_state = self._rdy.record(link)
@@ -525,6 +541,8 @@ class Consumer:
                 del self._links[link.endpoint]
             self._dispatch.link_closed(link)
         self._apply(self._rdy.remove_connection(link))
+        if isinstance(error, ServerError):
+            self._errors[error.code] += 1
         if self._stopping or not self._running:
             return
         logger.warning("connection to %s closed%s", link.endpoint.address, f": {error}" if error else "")
@@ -535,6 +553,7 @@ class Consumer:
             self._topology.refresh_soon(self.topic)
 
     def _on_server_error(self, link: Link, error: ServerError) -> None:
+        self._errors[error.code] += 1
         logger.warning("%s: %s", link.endpoint.address, error)
 
     def _reconnect_later(self, endpoint: Endpoint) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 import random
+from collections.abc import Callable
 
 from ..config import ConnectionOptions
 from ..conn import Connection
@@ -61,6 +62,13 @@ class ConnectionPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connected: asyncio.Event | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        self._round_trip_observer: Callable[[float], object] | None = None
+
+    def set_round_trip_observer(self, observer: Callable[[float], object] | None) -> None:
+        """Give every connection, open and future, this ``Connection.round_trip_observer``."""
+        self._round_trip_observer = observer
+        for conn in self.open:
+            conn.round_trip_observer = observer
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -142,6 +150,7 @@ class ConnectionPool:
 
     async def _open_slot(self, slot: _Slot) -> None:
         conn = Connection(slot.address, self.options, on_close=functools.partial(self._on_close, slot))
+        conn.round_trip_observer = self._round_trip_observer
         await conn.connect()
         slot.conn = conn
         slot.failures = 0

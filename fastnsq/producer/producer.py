@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -163,6 +164,7 @@ class Producer:
         self.published = 0
         self.failed = 0
         self.retried = 0
+        self._errors: Counter[str] = Counter()  # messages refused by nsqd, by error code
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -233,6 +235,7 @@ class Producer:
             reconnects=self.reconnects,
             waiting=self._waiting(),
             connections=len(self._pool.open),
+            errors=dict(self._errors),
         )
 
     @property
@@ -240,6 +243,12 @@ class Producer:
         """Deprecated: :meth:`snapshot` (the same figures, typed)."""
         deprecated_spelling("Producer.stats", "Producer.snapshot()")
         return self.snapshot().as_dict()
+
+    def set_round_trip_observer(self, observer: Callable[[float], object] | None) -> None:
+        """Call ``observer`` with each publish round trip in seconds (from a write to nsqd to the
+        answer of its last command: one call per write, however many publishes it carried);
+        None stops. :class:`fastnsq.metrics.NSQMetrics` uses it for its histogram."""
+        self._pool.set_round_trip_observer(observer)
 
     @property
     def connections(self) -> list[Connection]:
@@ -289,6 +298,7 @@ class Producer:
                     try:
                         return await self._coalescer.add(key, body)
                     except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+                        self._note_error(exc, 1)
                         if not _retryable(exc):
                             self.failed += 1
                             raise
@@ -304,6 +314,7 @@ class Producer:
                 try:
                     result = await future
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+                    self._note_error(exc, 1)
                     if not _retryable(exc):
                         self.failed += 1
                         raise
@@ -470,6 +481,7 @@ class Producer:
                     self.failed += messages  # it may still arrive: a retry could publish it twice
                     raise
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+                    self._note_error(exc, messages)
                     if not _retryable(exc):
                         self.failed += messages
                         raise
@@ -526,6 +538,10 @@ class Producer:
                 sent.add_done_callback(part.resolve)
             if len(batch) >= _FLUSH_AT or batch.nbytes >= _FLUSH_BYTES:
                 conn.flush()  # a full batch: let nsqd start on it while this pass goes on
+
+    def _note_error(self, exc: BaseException, messages: int) -> None:
+        if isinstance(exc, ServerError):
+            self._errors[exc.code] += messages
 
     def _forget_route(self, topic: str, exc: BaseException) -> None:
         """A failed publish: the next goes elsewhere; a moved leader: look the topic up again."""
