@@ -191,7 +191,7 @@ class Consumer:
         self.partitions = Partitions(self._rdy)
         self._dispatch = Dispatcher(
             DispatchSettings(
-                topic=topic, handler=handler, max_attempts=self.max_attempts,
+                topic=topic, channel=channel, handler=handler, max_attempts=self.max_attempts,
                 default_requeue_delay=self.default_requeue_delay, max_requeue_delay=self.max_requeue_delay,
                 ordered=self.ordered, ordered_give_up=self.ordered_give_up,
                 give_up_handler=s["give_up_handler"],

@@ -38,6 +38,7 @@ class DispatchSettings:
     """The consumer's options that decide what happens to a message."""
 
     topic: str
+    channel: str
     handler: Callable[[Any], Any] | None
     max_attempts: int
     default_requeue_delay: float
@@ -126,7 +127,7 @@ class Dispatcher:
             self._apply(updates)
         if settings.ordered:
             self._partitions.state(link.endpoint.partition).check_order(message)
-        if tracing.ENABLED:
+        if tracing.LOG_ENABLED:
             transport = link.conn._transport
             tracing.consumed(
                 settings.topic, link.endpoint.partition, message,
@@ -140,14 +141,30 @@ class Dispatcher:
         if handler is None:
             self._inbox.push(message)
         elif self._handler_is_async:
-            self.run_async_handler(handler, message)
+            if tracing.HOOKED:
+                # A task from the start: the hooks' context is entered and left in the task's own
+                # context (the inline first step would enter it in the caller's).
+                assert self._loop is not None
+                self._watch_task(self._loop.create_task(self._traced_async(message)), message)
+            else:
+                self.run_async_handler(handler, message)
         else:
             try:
-                handler(message)
+                if tracing.HOOKED:
+                    with tracing.handling(settings.topic, settings.channel, message):
+                        handler(message)
+                else:
+                    handler(message)
             except Exception:  # noqa: BLE001 - a user handler; on_handler_failed logs the traceback
                 self.on_handler_failed(message)
             else:
                 self._auto_answer(message, failed=False)
+
+    async def _traced_async(self, message: Any) -> Any:
+        """The async handler inside the tracing hooks' context (their spans cover its awaits)."""
+        assert self._handler is not None
+        with tracing.handling(self.settings.topic, self.settings.channel, message):
+            return await self._handler(message)
 
     def on_handler_failed(self, message: Any) -> None:
         """A sync handler raised (call it in the except block: the traceback is logged)."""
@@ -248,8 +265,7 @@ class Dispatcher:
             if task.done():
                 self._async_done(message, task)
             else:
-                self.tasks.add(task)
-                task.add_done_callback(lambda t: self._async_finished(message, t))
+                self._watch_task(task, message)
             return
         try:
             yielded = coro.send(None)
@@ -261,7 +277,9 @@ class Dispatcher:
             self._auto_answer(message, failed=True)
             return
         assert self._loop is not None
-        task = self._loop.create_task(resume(coro, yielded))
+        self._watch_task(self._loop.create_task(resume(coro, yielded)), message)
+
+    def _watch_task(self, task: asyncio.Task[Any], message: Any) -> None:
         self.tasks.add(task)
         task.add_done_callback(lambda t: self._async_finished(message, t))
 

@@ -289,6 +289,7 @@ class Producer:
             and sharding_key is None
             and trace_id is None
             and ext is None
+            and not tracing.ENABLED
         ):
             if self.coalesce:
                 # The fast path: the C coalescer checks the body, batches it with the other
@@ -326,6 +327,14 @@ class Producer:
                     self._active -= 1
                     if not self._active and self._idle_waiter is not None:
                         _resolve(self._idle_waiter)
+        if tracing.HOOKED:
+            call = tracing.PublishCall(topic, partition, None if ext is None else [dict(ext)], 1)
+            with tracing.publishing(call):
+                call.answer = await self._publish_slow(
+                    topic, body, defer, timeout, partition, sharding_key, trace_id,
+                    None if call.exts is None else call.exts[0],
+                )
+                return call.answer
         return await self._publish_slow(topic, body, defer, timeout, partition, sharding_key, trace_id, ext)
 
     async def _publish_slow(
@@ -377,6 +386,25 @@ class Producer:
         On HA: ``partition`` / ``sharding_key`` as for :meth:`publish`; ``trace_ids``
         (one per body) uses MPUB_TRACE, ``exts`` (one JSON object per body) MPUB_EXT.
         """
+        if tracing.HOOKED:
+            call = tracing.PublishCall(topic, partition, None if exts is None else [dict(e) for e in exts],
+                                       len(bodies))
+            with tracing.publishing(call):
+                call.answer = await self._mpublish(topic, bodies, timeout, partition, sharding_key, trace_ids,
+                                                   call.exts)
+                return call.answer
+        return await self._mpublish(topic, bodies, timeout, partition, sharding_key, trace_ids, exts)
+
+    async def _mpublish(
+        self,
+        topic: str,
+        bodies: Sequence[Any],
+        timeout: float | None,
+        partition: int | None,
+        sharding_key: Any,
+        trace_ids: Sequence[int] | None,
+        exts: Sequence[Mapping[str, Any]] | None,
+    ) -> Any:
         self._check_topic(topic)
         batch = list(bodies)
         if not batch:
@@ -474,7 +502,7 @@ class Producer:
                     result = await self._await_answer(future, deadline, timeout is not None)
                     if send is not None:
                         self.published += messages
-                    if traced and tracing.ENABLED:
+                    if traced and tracing.LOG_ENABLED:
                         tracing.published(topic, target[1], result, target[0] or "")
                     return result
                 except PublishTimeoutError:
