@@ -12,14 +12,14 @@ import pytest
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="metrics need the 'metrics' extra")
 
-from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
-from fastnsq import Consumer, Producer  # noqa: E402
-from fastnsq.metrics import NSQMetrics  # noqa: E402
-from fastnsq.testing.proxy import FaultProxy  # noqa: E402
+from fastnsq import Consumer, Producer
+from fastnsq.metrics import NSQMetrics
+from fastnsq.testing.proxy import FaultProxy
 
-from .helpers import eventually, stats_json, topic_entry, unique  # noqa: E402
+from .helpers import eventually, stats_json, topic_entry, unique
 
 MESSAGES = 100_000
 

@@ -9,16 +9,16 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk", reason="the tests need opentelemetry-sdk (the 'test' extra)")
 
-from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from opentelemetry.trace import SpanKind  # noqa: E402
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
-import fastnsq.otel  # noqa: E402
-from fastnsq import Consumer, Producer, tracing  # noqa: E402
+import fastnsq.otel
+from fastnsq import Consumer, Producer, tracing
 
-from .helpers import eventually, unique  # noqa: E402
-from .test_ha import consumer_on, ha_topic  # noqa: E402
+from .helpers import eventually, unique
+from .test_ha import consumer_on, ha_topic
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import codec, tracing
+from ..config import LoggerLike
 from ..errors import InvalidValueError
 from ..rdy import Outcome, RdyController, RdyUpdate
 from .partitions import Partitions
@@ -46,6 +47,7 @@ class DispatchSettings:
     ordered: bool
     ordered_give_up: str
     give_up_handler: Callable[[Any], Any] | None
+    log: LoggerLike = logger
 
     @property
     def handler_is_async(self) -> bool:
@@ -70,6 +72,7 @@ class Dispatcher:
         pause: Callable[[], None],
     ) -> None:
         self.settings = settings
+        self._log = settings.log
         self._handler = settings.handler
         self._handler_is_async = settings.handler_is_async
         self._rdy = rdy
@@ -126,7 +129,9 @@ class Dispatcher:
         if updates:
             self._apply(updates)
         if settings.ordered:
-            self._partitions.state(link.endpoint.partition).check_order(message)
+            problem = self._partitions.state(link.endpoint.partition).check_order(message)
+            if problem is not None:
+                self._log.error("ordering regression: %s", problem)
         if tracing.LOG_ENABLED:
             transport = link.conn._transport
             tracing.consumed(
@@ -168,7 +173,7 @@ class Dispatcher:
 
     def on_handler_failed(self, message: Any) -> None:
         """A sync handler raised (call it in the except block: the traceback is logged)."""
-        logger.exception("handler failed for message %r; requeueing", message)
+        self._log.exception("handler failed for message %r; requeueing", message)
         self._auto_answer(message, failed=True)
 
     def on_finish(self, link: Link, message: Any) -> None:
@@ -233,7 +238,7 @@ class Dispatcher:
         """
         state = self._partitions.state(link.endpoint.partition)
         state.duplicates_dropped += 1
-        logger.debug("%s: the repeated delivery of %r", link.endpoint.address, copy)
+        self._log.debug("%s: the repeated delivery of %r", link.endpoint.address, copy)
         if first.has_responded and state.last_finished and not link.closed:
             link.conn.fin(copy)
 
@@ -273,7 +278,7 @@ class Dispatcher:
             self._auto_answer(message, failed=False)
             return
         except Exception:
-            logger.exception("handler failed for message %r; requeueing", message)
+            self._log.exception("handler failed for message %r; requeueing", message)
             self._auto_answer(message, failed=True)
             return
         assert self._loop is not None
@@ -294,7 +299,7 @@ class Dispatcher:
             return
         error = task.exception()
         if error is not None:
-            logger.error("handler failed for message %r; requeueing", message, exc_info=error)
+            self._log.error("handler failed for message %r; requeueing", message, exc_info=error)
         self._auto_answer(message, failed=error is not None)
 
     def cancel_tasks(self) -> None:
@@ -310,14 +315,14 @@ class Dispatcher:
         if settings.ordered and settings.ordered_give_up == "requeue":
             message.requeue(0, backoff=True)
         elif settings.ordered and settings.ordered_give_up == "stop":
-            logger.error("ordered message %r is past max_attempts; pausing the consumer", message)
+            self._log.error("ordered message %r is past max_attempts; pausing the consumer", message)
             message.requeue(0, backoff=False)
             self._pause()
         else:
             message.finish()
         hook = settings.give_up_handler
         if hook is None:
-            logger.warning("giving up on message %r after %d attempts (max_attempts=%d)",
+            self._log.warning("giving up on message %r after %d attempts (max_attempts=%d)",
                            message, message.attempts, settings.max_attempts)
             return
         try:
@@ -327,7 +332,7 @@ class Dispatcher:
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
         except Exception:
-            logger.exception("give_up_handler failed for message %r", message)
+            self._log.exception("give_up_handler failed for message %r", message)
 
 
 async def resume(coro: Any, yielded: Any) -> Any:

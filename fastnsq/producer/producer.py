@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import codec, tracing
-from ..config import ConnectionOptions, check_range, parse_address, split_options
+from ..config import ConnectionOptions, check_logger, check_range, parse_address, split_options
 from ..conn import Connection
 from ..errors import (
     BadBodyError,
@@ -66,6 +66,8 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "lookupd_poll_interval": 60.0,
     "lookupd_poll_jitter": 0.3,
     "hasher": None,
+    "lookupd_poll_timeout": 60.0,
+    "logger": None,
 }
 
 #: Server errors a retry cannot fix: the same bytes would be refused again.
@@ -140,15 +142,18 @@ class Producer:
         hasher = settings["hasher"]
         if hasher is not None and not callable(hasher):
             raise InvalidValueError("hasher must be a callable taking bytes and returning an int")
+        self.lookupd_poll_timeout = check_range("lookupd_poll_timeout", settings["lookupd_poll_timeout"], 0.001, 3600)
+        self._log = check_logger(settings["logger"], logger)
         self._pool = ConnectionPool(
             connection_options, pool_size=self.pool_size, publish_timeout=self.publish_timeout,
-            reconnect_delay=self.reconnect_delay, max_reconnect_delay=self.max_reconnect_delay,
+            reconnect_delay=self.reconnect_delay, max_reconnect_delay=self.max_reconnect_delay, log=self._log,
         )
         topology = None
         if self._lookupd_addresses:
             topology = Topology(
                 self._lookupd_addresses, access="w", poll_interval=self.lookupd_poll_interval,
                 poll_jitter=self.lookupd_poll_jitter, auth_secret=_secret_text(self.options.auth_secret),
+                poll_timeout=self.lookupd_poll_timeout, log=self._log,
             )
         self._router = Router(topology, self._pool, hasher if hasher is not None else murmur3_32)
         self._max_msg_size = self.options.max_msg_size
@@ -205,7 +210,7 @@ class Producer:
             while self._waiting() and self._loop.time() < deadline:
                 await asyncio.sleep(0.005)
             if self._waiting():
-                logger.warning("closing with %d publishes still waiting for nsqd", self._waiting())
+                self._log.warning("closing with %d publishes still waiting for nsqd", self._waiting())
         if self._router.topology is not None:
             await self._router.topology.close()
         await self._pool.close()
@@ -243,6 +248,24 @@ class Producer:
         """Deprecated: :meth:`snapshot` (the same figures, typed)."""
         deprecated_spelling("Producer.stats", "Producer.snapshot()")
         return self.snapshot().as_dict()
+
+    async def connect_to_nsqd(self, address: str) -> None:
+        """Publish to the nsqd at ``address`` too (``pool_size`` connections, reconnecting);
+        raises if none of them opens (they keep trying in the background)."""
+        parse_address(address)
+        if address in self._nsqd_addresses:
+            raise InvalidValueError(f"already publishing to nsqd {address}")
+        self._nsqd_addresses.append(address)
+        await self._pool.add_node(address)
+
+    async def disconnect_from_nsqd(self, address: str) -> None:
+        """Stop publishing to the nsqd at ``address``; publishes waiting for its answer are
+        retried on the other connections (within ``max_retries``)."""
+        if address not in self._nsqd_addresses and not self._pool.has_node(address):
+            raise InvalidValueError(f"not publishing to nsqd {address}")
+        if address in self._nsqd_addresses:
+            self._nsqd_addresses.remove(address)
+        await self._pool.remove_node(address)
 
     def set_round_trip_observer(self, observer: Callable[[float], object] | None) -> None:
         """Call ``observer`` with each publish round trip in seconds (from a write to nsqd to the
@@ -520,7 +543,7 @@ class Producer:
                         raise
                     self.retried += 1
                     delay = min(self.retry_delay * (2 ** (attempt - 1)), max(0.0, deadline - self._loop.time()))
-                    logger.debug("publish failed (%s); retry %d in %.3f s", exc, attempt, delay)
+                    self._log.debug("publish failed (%s); retry %d in %.3f s", exc, attempt, delay)
                     await asyncio.sleep(delay)
         finally:
             self._active -= 1
