@@ -5,6 +5,8 @@
     python3 dev.py test     # venv + install + the test suite, with both codec implementations
     python3 dev.py bench    # venv + install + the benchmark report in bench/
     python3 dev.py bench --real ~/nsq-real/bin   # the same against a real nsqd, with go-nsq's tools
+    python3 dev.py docs     # venv + install + the documentation site, built strictly into docs/_build/html
+    python3 dev.py docs --serve [PORT]      # ... then served on http://127.0.0.1:PORT/ (8000)
 
     python3 dev.py test --real BIN_DIR      # the suite against real nsqd/nsqlookupd from BIN_DIR
     python3 dev.py test --real-ha BIN_DIR   # the HA tests against a real youzan cluster (etcd from PATH)
@@ -35,16 +37,17 @@ BUILD_INPUTS = [
     "pyproject.toml", "setup.py", "fastnsq/_frame.pyx", "fastnsq/_frame.pxd", "fastnsq/_coalesce.pyx",
     "fastnsq/_delivery.pyx",
 ]
-EXTRAS = "test,testing,bench,spark"
+EXTRAS = "test,testing,bench,spark,docs"
 EXTENSIONS = ("_frame", "_coalesce", "_delivery")
 #: Every Python the package claims (pyproject's requires-python and classifiers). The full
 #: suite runs on the interpreter that runs dev.py; the others get the smoke pass below.
 SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 SMOKE_EXTRAS = "test,testing"
-#: The smoke pass on the other Pythons: the README's examples, the codec both ways,
-#: fastnsq.run, the connection, consumer and producer, and the fault scenarios.
+#: The smoke pass on the other Pythons: the README's and the documentation's examples, the
+#: codec both ways, fastnsq.run, the connection, consumer and producer, and the fault scenarios.
 SMOKE_TESTS = [
-    "tests/test_loop.py", "tests/test_readme.py", "tests/test_codec.py", "tests/test_codec_properties.py",
+    "tests/test_loop.py", "tests/test_readme.py", "tests/test_docs_examples.py", "tests/test_codec.py",
+    "tests/test_codec_properties.py",
     "tests/test_conn.py", "tests/test_consumer.py", "tests/test_producer.py", "tests/test_faults.py",
     "tests/test_rdy.py", "tests/test_hostile.py",
 ]
@@ -125,7 +128,8 @@ def pytest_passes(python: Path, args: list[str], prefix: list[object]) -> None:
     """The suite with the C codec, then the integration tests again on the Python twin."""
     run(*prefix, python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args)
     env = dict(os.environ, FASTNSQ_NO_EXTENSIONS="1")
-    run(*prefix, python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not spark and not slow", *args, env=env)
+    twin_pass = "not spark and not slow and not docs"  # the docs are built once, in the first pass
+    run(*prefix, python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", twin_pass, *args, env=env)
 
 
 def test(python: Path, args: list[str]) -> None:
@@ -247,7 +251,33 @@ def bench(python: Path, args: list[str]) -> None:
     run(python, "bench/run_all.py", *args)
 
 
-COMMANDS = {"demo": demo, "test": test, "bench": bench, "captures": captures}
+DOCS_OUT = ROOT / "docs" / "_build" / "html"
+
+
+def docs(python: Path, args: list[str]) -> None:
+    """Build the documentation site as the tests do (tests/test_docs.py): any warning fails it.
+
+    ``--serve [PORT]`` then serves it on 127.0.0.1 (port 8000 by default) until Ctrl-C.
+    """
+    rest = list(args)
+    serve = "--serve" in rest
+    port = "8000"
+    if serve:
+        at = rest.index("--serve")
+        if at + 1 < len(rest) and rest[at + 1].isdigit():
+            port = rest.pop(at + 1)
+        rest.pop(at)
+    run(python, "-m", "sphinx", "-W", "--keep-going", "-E", "-b", "html", *rest, ROOT / "docs", DOCS_OUT)
+    print(f"built: {DOCS_OUT / 'index.html'}", flush=True)
+    if serve:
+        print(f"serving http://127.0.0.1:{port}/ (Ctrl-C stops)", flush=True)
+        try:
+            run(python, "-m", "http.server", port, "--bind", "127.0.0.1", "--directory", DOCS_OUT)
+        except KeyboardInterrupt:
+            pass
+
+
+COMMANDS = {"demo": demo, "test": test, "bench": bench, "captures": captures, "docs": docs}
 
 
 def main() -> int:

@@ -81,6 +81,7 @@ class Subscriber:
     def __init__(self, binary: Path, topic: str, *flags: str) -> None:
         self.argv = [str(binary), "-mode=sub", f"-topic={topic}", *flags]
         self.process: asyncio.subprocess.Process | None = None
+        self._early: list[bytes] = []
 
     async def start(self, timeout: float = 30.0) -> None:
         """Start it and wait until it has connected (its first line)."""
@@ -88,10 +89,14 @@ class Subscriber:
             *self.argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         assert self.process.stdout is not None
-        line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
-        if not line:
-            err = await self.process.stderr.read() if self.process.stderr else b""
-            raise RuntimeError(f"yz_driver sub did not start: {err.decode()[-2000:]}")
+        while True:  # messages may come before the line that says it connected: keep them
+            line = await asyncio.wait_for(self.process.stdout.readline(), timeout)
+            if not line:
+                err = await self.process.stderr.read() if self.process.stderr else b""
+                raise RuntimeError(f"yz_driver sub did not start: {err.decode()[-2000:]}")
+            if b'"ready"' in line:
+                return
+            self._early.append(line)
 
     async def messages(self, timeout: float = 120.0) -> list[dict[str, Any]]:
         """Every message it consumed (body and ext decoded), once it stopped by itself."""
@@ -100,7 +105,7 @@ class Subscriber:
         if self.process.returncode != 0:
             raise RuntimeError(f"yz_driver sub exited {self.process.returncode}: {err.decode()[-2000:]}")
         found = []
-        for line in out.splitlines():
+        for line in [*self._early, *out.splitlines()]:
             record = json.loads(line)
             if "body" in record:
                 record["body"] = base64.b64decode(record["body"])

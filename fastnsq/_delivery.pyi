@@ -49,15 +49,16 @@ class LinkOwner(Protocol):
     by the consumer itself: the fast lane knows nothing else of its owner.
     """
 
-    def on_message(self, link: Link, message: Any) -> None:
+    # ``link`` is the calling link, of either twin (the C one or ``_delivery_py``'s).
+    def on_message(self, link: Any, message: Any) -> None:
         """A message the fast lane did not take (backoff, refill, give-up, ordered, traced, ...)."""
     def on_handler_failed(self, message: Any) -> None:
         """A sync handler run inline raised; called inside the ``except`` block."""
-    def on_finish(self, link: Link, message: Any) -> None:
+    def on_finish(self, link: Any, message: Any) -> None:
         """``message.finish()`` the fast lane did not take."""
-    def on_requeue(self, link: Link, message: Any, delay: float | None, backoff: bool) -> None:
+    def on_requeue(self, link: Any, message: Any, delay: float | None, backoff: bool) -> None:
         """``message.requeue()`` (always here)."""
-    def on_touch(self, link: Link, message: Any) -> None:
+    def on_touch(self, link: Any, message: Any) -> None:
         """``message.touch()`` (always here)."""
 
 class Link:

@@ -241,7 +241,37 @@ def decode_traced_response(data):
 @cython.freelist(512)
 @cython.final
 cdef class Message:
-    """One message from nsqd (see ``_frame.pyi``)."""
+    """One message from nsqd, as a handler, ``async for`` or a batch gets it.
+
+    Keep it as long as you need it: the body is a copy. Answer it once, with
+    :meth:`finish` or :meth:`requeue` (:meth:`touch` any number of times before
+    that); a second answer raises ``RuntimeError``. A handler's return finishes it
+    and its exception requeues it, unless the handler called
+    :meth:`disable_auto_response`. The declarations with their types are in
+    ``fastnsq/_frame.pyi``.
+
+    ``id``
+        the 16 bytes nsqd sent (hex digits from upstream nsqd; the internal id and the
+        trace id on HA), echoed verbatim in FIN/REQ/TOUCH. A redelivery keeps it: it is
+        the key to deduplicate on.
+    ``body``
+        the payload (``bytes``).
+    ``attempts``
+        how many times nsqd delivered it, this time included.
+    ``timestamp``
+        when nsqd received it, in nanoseconds since the epoch.
+    ``address``
+        the nsqd (``host:port``) whose connection received it.
+    ``partition``, ``internal_id``, ``trace_id``
+        HA nsqd only (None upstream): the partition of the connection and the two
+        halves of the binary id.
+    ``offset``, ``raw_size``
+        HA ordered subscriptions only: the message's place in the partition's queue.
+    ``ext``, ``ext_bytes``, ``ext_version``
+        HA ext topics: the JSON header parsed, as received, and its version (0: none).
+    ``has_responded``, ``auto_response``
+        whether it was answered; whether the consumer answers it when the handler returns.
+    """
 
     def __init__(self, int64_t timestamp, uint16_t attempts, id, bytes body, *, bint ha=False,
                  int ext_version=0, ext_bytes=None, offset=None, raw_size=None, partition=None,

@@ -80,7 +80,7 @@ class BackoffPolicy:
             return min(self.multiplier * 2.0**level, self.max_backoff_duration)
         if self.strategy == "full_jitter":
             return self.rng.uniform(0.0, min(self.multiplier * 2.0**level, self.max_backoff_duration))
-        return self._clamp(self.strategy(level))  # type: ignore[operator]
+        return self._clamp(self.strategy(level))
 
     def can_deepen(self, level: int) -> bool:
         """Stop deepening once the wait has reached max_backoff_duration: one success then shortens it."""

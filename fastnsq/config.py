@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import socket
 import ssl
 from collections.abc import Mapping
@@ -20,7 +21,19 @@ from ._protocol import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_MSG_SIZE
 from ._version import __version__
 from .errors import InvalidValueError
 
-__all__ = ["ConnectionOptions", "Endpoint", "check_range", "parse_address", "split_options"]
+__all__ = ["ConnectionOptions", "Endpoint", "LoggerLike", "check_logger", "check_range", "parse_address", "split_options"]
+
+#: What the ``logger`` option of a Consumer or Producer takes.
+LoggerLike = logging.Logger | logging.LoggerAdapter
+
+
+def check_logger(value: Any, default: logging.Logger) -> LoggerLike:
+    """The ``logger`` option: a logging.Logger or LoggerAdapter (None: ``default``, the module's)."""
+    if value is None:
+        return default
+    if not isinstance(value, (logging.Logger, logging.LoggerAdapter)):
+        raise InvalidValueError(f"logger must be a logging.Logger or logging.LoggerAdapter, got {value!r}")
+    return value
 
 _TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 
@@ -95,6 +108,13 @@ class ConnectionOptions:
     hostname: str = field(default_factory=socket.gethostname)
     user_agent: str = f"fastnsq/{__version__}"
     dial_timeout: float = 1.0
+    # A connection silent this long is dead (None: two heartbeat intervals, 60 s by default,
+    # as go-nsq's ReadTimeout); with heartbeats off, None never times out.
+    read_timeout: float | None = None
+    # Writes buffered for nsqd that make no progress this long mean it stopped reading: the
+    # connection is closed (go-nsq's WriteTimeout, 1 s; None waits for ever).
+    write_timeout: float | None = 1.0
+    local_addr: str | None = None  # the local "host" or "host:port" to connect from (go-nsq's LocalAddr)
     heartbeat_interval: float | None = 30.0  # None (or -1) disables heartbeats; consumers need them
     output_buffer_size: int = 16384  # -1 disables nsqd's output buffering
     output_buffer_timeout: float = 0.25  # -1 disables
@@ -128,6 +148,17 @@ class ConnectionOptions:
             object.__setattr__(self, "heartbeat_interval", None)
         if self.heartbeat_interval is not None:
             check_range("heartbeat_interval", self.heartbeat_interval, 1.0, 60.0)
+        if self.read_timeout is not None:
+            check_range("read_timeout", self.read_timeout, 0.1, 3600)
+            if self.heartbeat_interval is not None and self.read_timeout <= self.heartbeat_interval:
+                raise InvalidValueError(
+                    f"read_timeout={self.read_timeout!r} must be above heartbeat_interval={self.heartbeat_interval!r}"
+                    " (nsqd is silent between heartbeats)"
+                )
+        if self.write_timeout is not None:
+            check_range("write_timeout", self.write_timeout, 0.001, 3600)
+        if self.local_addr is not None:
+            parse_address(self.local_addr, default_port=0)
         if self.output_buffer_size != -1:
             check_range("output_buffer_size", self.output_buffer_size, 64, 65536, integer=True)
         if self.output_buffer_timeout != -1:
@@ -159,6 +190,13 @@ class ConnectionOptions:
                 json.dumps(dict(self.ext_filter))
             except (TypeError, ValueError) as exc:
                 raise InvalidValueError(f"ext_filter must be a JSON object: {exc}") from None
+
+    @property
+    def dead_after(self) -> float | None:
+        """Seconds of silence after which a connection is taken for dead (None: never)."""
+        if self.read_timeout is not None:
+            return self.read_timeout
+        return None if self.heartbeat_interval is None else 2 * self.heartbeat_interval
 
     @property
     def tls_enabled(self) -> bool:

@@ -141,8 +141,12 @@ class Connection(asyncio.BufferedProtocol):
         self._closed_waiter: asyncio.Future[None] | None = None
         self._heartbeat_timer: asyncio.TimerHandle | None = None
         self._write_paused = False
+        self._write_timer: asyncio.TimerHandle | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._established = False  # on_close is only reported for connections that were up
+        #: Called with the seconds from a write to the answer of its last command (one call per
+        #: write, not per command: the commands of one write are answered together); metrics set it.
+        self.round_trip_observer: Callable[[float], object] | None = None
 
     def __repr__(self) -> str:
         return f"<Connection {self.address} {self.state}{' HA' if self.is_ha else ''}>"
@@ -176,8 +180,12 @@ class Connection(asyncio.BufferedProtocol):
         self._loop = loop = asyncio.get_running_loop()
         self._closed_waiter = loop.create_future()
         try:
+            local = self.options.local_addr
             await asyncio.wait_for(
-                loop.create_connection(lambda: self, self.host, self.port),
+                loop.create_connection(
+                    lambda: self, self.host, self.port,
+                    local_addr=None if local is None else parse_address(local, default_port=0),
+                ),
                 self.options.dial_timeout,
             )
             await asyncio.wait_for(self._handshake(), HANDSHAKE_TIMEOUT)
@@ -471,9 +479,10 @@ class Connection(asyncio.BufferedProtocol):
         was = self.state
         self.state = STATE_CLOSED
         self._transport = None
-        if self._heartbeat_timer is not None:
-            self._heartbeat_timer.cancel()
-            self._heartbeat_timer = None
+        for timer in (self._heartbeat_timer, self._write_timer):
+            if timer is not None:
+                timer.cancel()
+        self._heartbeat_timer = self._write_timer = None
         error = self.close_error or exc
         closed = ConnectionClosedError(f"connection to {self.address} closed" + (f": {error}" if error else ""))
         if error is not None:
@@ -487,10 +496,34 @@ class Connection(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        timeout = self.options.write_timeout
+        if timeout is not None and self._write_timer is None and self._loop is not None:
+            self._write_timer = self._loop.call_later(timeout, self._check_writing, self._buffered())
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
         self._release_drain_waiters()
+
+    def _buffered(self) -> int:
+        return self._transport.get_write_buffer_size() if self._transport is not None else 0
+
+    def _check_writing(self, buffered_before: int) -> None:
+        """write_timeout: while writing is paused, nsqd must take some of what is buffered."""
+        self._write_timer = None
+        if not self._write_paused or self._transport is None:
+            return
+        buffered = self._buffered()
+        if buffered >= buffered_before:
+            self._abort(ConnectionClosedError(
+                f"{self.address} took none of {buffered} buffered bytes within write_timeout="
+                f"{self.options.write_timeout} s: it stopped reading"
+            ))
+            return
+        assert self._loop is not None and self.options.write_timeout is not None
+        self._write_timer = self._loop.call_later(self.options.write_timeout, self._check_writing, buffered)
 
     # ---- frames from the codec --------------------------------------------------------
 
@@ -502,6 +535,8 @@ class Connection(asyncio.BufferedProtocol):
             self._answered += 1
             if not future.done():
                 future.set_result(data)
+            if self.round_trip_observer is not None:
+                self._observe_round_trip()
             return
         if data is HEARTBEAT or data == HEARTBEAT:
             self._answer_heartbeat()
@@ -515,6 +550,8 @@ class Connection(asyncio.BufferedProtocol):
             self._reader.pause()  # what follows may belong to a TLS or compressed stream
         if not future.done():
             future.set_result(data)
+        if self.round_trip_observer is not None:
+            self._observe_round_trip()
 
     def _on_error_frame(self, code: str, description: str) -> None:
         head_kind = self._pending[0][1] if self._pending else None
@@ -609,6 +646,13 @@ class Connection(asyncio.BufferedProtocol):
                 marks.popleft()  # everything written up to it has been answered
             marks.append((expected, self._loop.time()))
 
+    def _observe_round_trip(self) -> None:
+        marks = self._write_marks
+        if marks and marks[0][0] <= self._answered and self.round_trip_observer is not None:
+            written = marks.popleft()[1]
+            assert self._loop is not None
+            self.round_trip_observer(self._loop.time() - written)
+
     def expire_pending(self, written_before: float, error: Callable[[], BaseException]) -> int:
         """Fail (with ``error()``) the commands written before loop time ``written_before`` that
         nsqd has not answered; returns how many. Their answers, if they still come, are ignored.
@@ -636,22 +680,20 @@ class Connection(asyncio.BufferedProtocol):
             self._schedule_flush()
 
     def _start_heartbeat_watch(self) -> None:
-        interval = self.options.heartbeat_interval
-        if interval is None or self._loop is None:
+        dead_after = self.options.dead_after
+        if dead_after is None or self._loop is None:
             return
-        self._heartbeat_timer = self._loop.call_later(interval, self._check_alive, interval)
+        interval = min(self.options.heartbeat_interval or dead_after, dead_after / 2)
+        self._heartbeat_timer = self._loop.call_later(interval, self._check_alive, interval, dead_after)
 
-    def _check_alive(self, interval: float) -> None:
+    def _check_alive(self, interval: float, dead_after: float) -> None:
         assert self._loop is not None
         silent = self._loop.time() - self.last_read
-        if silent > 2 * interval:
-            self._abort(
-                ConnectionClosedError(
-                    f"{self.address} sent nothing for {silent:.1f} s (two heartbeat intervals): connection dead"
-                )
-            )
+        if silent > dead_after:
+            why = "read_timeout" if self.options.read_timeout is not None else "two heartbeat intervals"
+            self._abort(ConnectionClosedError(f"{self.address} sent nothing for {silent:.1f} s ({why}): connection dead"))
             return
-        self._heartbeat_timer = self._loop.call_later(interval, self._check_alive, interval)
+        self._heartbeat_timer = self._loop.call_later(interval, self._check_alive, interval, dead_after)
 
     def _fail_pending(self, error: BaseException) -> None:
         self._write_marks.clear()

@@ -194,7 +194,7 @@ class InvalidJsonHeaderError(ServerError):
 
 
 class InvalidTraceIdError(ServerError):
-    """HA: INVALID_TRACE_ID (sent without the E_ prefix)."""
+    """HA: INVALID_TRACE_ID (sent without the ``E_`` prefix)."""
 
 
 class PubTooMuchWaitingError(ServerError):
@@ -206,7 +206,7 @@ class CreateTopicFailedError(ServerError):
 
 
 class TooManyConnectionsError(ServerError):
-    """HA: "too much client connections" (sent without an E_ code)."""
+    """HA: "too much client connections" (sent without an ``E_`` code)."""
 
 
 _CLASS_BY_CODE: dict[str, type[ServerError]] = {

@@ -527,7 +527,7 @@ class RdyController:
         """The probe connection of a scope, chosen at random (preferring idle ones) if there is none."""
         if scope.probe is not None:
             if self._key_of[scope.probe.conn_id] not in self._paused:
-                return scope.probe  # type: ignore[no-any-return]
+                return scope.probe
             scope.drop_probe(scope.probe)  # paused since it was chosen
         eligible = self._probe_candidates(scope_key)
         if not eligible:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["ConnectionStats", "ConsumerStats", "ProducerStats", "deprecated_spelling"]
@@ -38,7 +38,8 @@ class ConsumerStats:
 
     ``timed_out``: messages answered after ``msg_timeout`` (nsqd had given them to someone
     else already); ``given_up``: past ``max_attempts``; ``duplicates_dropped``: repeated
-    heads of an ordered HA channel not handed out again.
+    heads of an ordered HA channel not handed out again; ``reconnects``: connections opened
+    again to an nsqd (and partition) connected before.
     """
 
     topic: str
@@ -52,6 +53,9 @@ class ConsumerStats:
     max_in_flight: int = 0
     backoff_level: int = 0
     duplicates_dropped: int = 0
+    reconnects: int = 0
+    #: nsqd's error frames by code (``E_FIN_FAILED``...), fatal or not.
+    errors: dict[str, int] = field(default_factory=dict)
     connections: tuple[ConnectionStats, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
@@ -70,6 +74,8 @@ class ProducerStats:
     reconnects: int = 0
     waiting: int = 0
     connections: int = 0
+    #: nsqd's refusals of publishes by error code (``E_BAD_TOPIC``, ``E_PUB_FAILED``...).
+    errors: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return _shallow_dict(self)

@@ -25,12 +25,12 @@ from typing import Any, TypeVar
 
 from .consumer import Consumer as AsyncConsumer
 from .consumer import StopReport
-from .stats import ConsumerStats, ProducerStats, deprecated_spelling
 from .errors import InvalidValueError
 from .loop import new_event_loop
 from .producer import Producer as AsyncProducer
 from .producer.ha import CloseReport
 from .producer.load import NodeStats
+from .stats import ConsumerStats, ProducerStats, deprecated_spelling
 
 __all__ = ["Consumer", "Producer"]
 

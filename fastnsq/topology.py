@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .config import Endpoint
+from .config import Endpoint, LoggerLike
+from .errors import InvalidValueError, NSQError
 
 if TYPE_CHECKING:
     from .lookupd import Discovery, LookupdClient, LookupdPoller, NodeInfo
@@ -121,7 +122,8 @@ class Topology:
     ``access`` is HA's lookup mode: ``"r"`` (a consumer: every partition's readable
     node) or ``"w"`` (a producer: each partition's leader); upstream ignores it.
     ``auth_secret`` goes to the lookupds as ``Authorization: Bearer`` (go-nsq's
-    ``LookupdAuthorization``). A route is fresh for ``poll_interval`` seconds.
+    ``LookupdAuthorization``). A route is fresh for ``poll_interval`` seconds; a lookupd
+    that does not answer within ``poll_timeout`` counts as failed for that poll.
 
     Example::
 
@@ -139,9 +141,13 @@ class Topology:
         poll_interval: float = 60.0,
         poll_jitter: float = 0.3,
         auth_secret: str | None = None,
+        poll_timeout: float = 60.0,
         client: LookupdClient | None = None,
+        log: LoggerLike = logger,
     ) -> None:
         self.lookupd_http_addresses = list(lookupd_http_addresses)
+        self.poll_timeout = poll_timeout
+        self._log = log
         self.access = access
         self.poll_interval = poll_interval
         self.poll_jitter = poll_jitter
@@ -182,7 +188,7 @@ class Topology:
         """Drop the route of ``topic`` (its leader moved): the next :meth:`route` looks it up."""
         entry = self._topics.get(topic)
         if entry is not None and entry.route is not None:
-            logger.info("forgetting the route of topic %s: the next publish looks it up again", topic)
+            self._log.info("forgetting the route of topic %s: the next publish looks it up again", topic)
             entry.route = None
 
     # ---- watching -----------------------------------------------------------------------
@@ -196,9 +202,10 @@ class Topology:
         clients started together spread out), until :meth:`close`."""
         entry = self._entry(topic)
         if entry.watch_task is None:
-            entry.watch_task = asyncio.get_running_loop().create_task(
-                entry.poller.run(lambda discovery: self._arrived(topic, entry, discovery))
-            )
+            async def arrived(discovery: Discovery) -> None:
+                await self._arrived(topic, entry, discovery)
+
+            entry.watch_task = asyncio.get_running_loop().create_task(entry.poller.run(arrived))
 
     def refresh_soon(self, topic: str) -> None:
         """One poll of a watched topic within :data:`REFRESH_DELAY`; requests while one is
@@ -210,6 +217,16 @@ class Topology:
             REFRESH_DELAY * random.uniform(0.5, 1.0), self._refresh_now, entry
         )
 
+    def set_lookupds(self, lookupd_http_addresses: Sequence[str]) -> None:
+        """Ask these lookupds from now on (adding or removing one at run time); at least one."""
+        addresses = list(dict.fromkeys(lookupd_http_addresses))
+        if not addresses:
+            raise InvalidValueError("a topology needs at least one lookupd")
+        self.lookupd_http_addresses = addresses
+        for entry in self._topics.values():
+            entry.poller.set_lookupds(addresses)
+            entry.poller.trigger()
+
     # ---- nodes --------------------------------------------------------------------------
 
     async def nodes(self) -> list[str]:
@@ -217,8 +234,6 @@ class Topology:
 
         A lookupd that fails is logged and left out of this answer.
         """
-        from .errors import NSQError
-
         client = self._ensure_client()
         found: dict[str, None] = {}
         for address in self.lookupd_http_addresses:
@@ -226,7 +241,7 @@ class Topology:
                 for node in await client.nodes(address):
                     found[node.address] = None
             except NSQError as exc:
-                logger.warning("lookupd %s: %s", address, exc)
+                self._log.warning("lookupd %s: %s", address, exc)
         return list(found)
 
     def watch_nodes(self, listener: Callable[[list[str]], Awaitable[None]]) -> None:
@@ -237,7 +252,9 @@ class Topology:
     async def close(self) -> None:
         """Stop every poll and close the HTTP client."""
         self._closed = True
-        tasks = [t for t in (self._node_task, *(e.watch_task for e in self._topics.values())) if t is not None]
+        tasks: list[asyncio.Task[Any]] = [
+            t for t in (self._node_task, *(e.watch_task for e in self._topics.values())) if t is not None
+        ]
         for entry in self._topics.values():
             if entry.refresh_timer is not None:
                 entry.refresh_timer.cancel()
@@ -255,7 +272,7 @@ class Topology:
         if self._client is None:
             from .lookupd import LookupdClient  # imported only when used: it brings aiohttp
 
-            self._client = LookupdClient(auth_secret=self._auth_secret)
+            self._client = LookupdClient(timeout=self.poll_timeout, auth_secret=self._auth_secret)
         return self._client
 
     def _entry(self, topic: str) -> _Topic:

@@ -154,3 +154,20 @@ def is_tls_failure(exc: BaseException) -> bool:
             return True
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return False
+
+
+async def stats_json(http_address: str, topic: str) -> dict:
+    """nsqd's ``/stats`` for one topic (either envelope)."""
+    import json
+
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        url = f"http://{http_address}/stats?format=json&topic={topic}"
+        async with session.get(url) as response:
+            data = json.loads(await response.read())
+    return data.get("data", data)
+
+
+def topic_entry(stats: dict, topic: str) -> dict:
+    return next(t for t in stats["topics"] or [] if t["topic_name"] == topic)

@@ -31,7 +31,7 @@ from fastnsq.benchmark import SCENARIOS
 from fastnsq.codec import Message
 from fastnsq.testing import EMBEDDED_HA_AVAILABLE, NSQD, AuthServer, authorization
 
-from .helpers import skip_unless_without_tls, tls_files, unique
+from .helpers import skip_unless_without_tls, stats_json, tls_files, topic_entry, unique
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
@@ -79,18 +79,6 @@ def free_port() -> int:
 def assert_ok(outcome: Outcome) -> None:
     assert outcome.returncode == 0, outcome.stderr
     assert "Traceback" not in outcome.stderr
-
-
-async def stats_json(http_address: str, topic: str) -> dict:
-    async with aiohttp.ClientSession() as session:
-        url = f"http://{http_address}/stats?format=json&topic={topic}"
-        async with session.get(url) as response:
-            data = json.loads(await response.read())
-    return data.get("data", data)
-
-
-def topic_entry(stats: dict, topic: str) -> dict:
-    return next(t for t in stats["topics"] or [] if t["topic_name"] == topic)
 
 
 # ---- help -------------------------------------------------------------------------------------

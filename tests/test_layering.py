@@ -107,7 +107,7 @@ def test_fastnsq_has_no_import_cycle() -> None:
 
 #: The rooms that face the user; nothing below them may import them.
 TOP = ("fastnsq.consumer", "fastnsq.producer", "fastnsq.sync", "fastnsq.cli", "fastnsq.spark", "fastnsq.demo",
-       "fastnsq.benchmark", "fastnsq.testing")
+       "fastnsq.benchmark", "fastnsq.testing", "fastnsq.metrics", "fastnsq.otel", "fastnsq.options")
 #: Below the clients: the wire, one connection, discovery, RDY and backoff, the shared figures.
 BELOW_THE_CLIENTS = ("fastnsq.codec", "fastnsq._frame_py", "fastnsq._delivery_py", "fastnsq._coalesce_py",
                      "fastnsq.conn", "fastnsq.compression", "fastnsq.config", "fastnsq.errors",

@@ -12,10 +12,11 @@ import time
 
 import pytest
 
-from fastnsq import Consumer, Producer
+from fastnsq import Consumer, Producer, ServerError
 from fastnsq.stats import ConnectionStats, ConsumerStats, ProducerStats
 from fastnsq.sync import Consumer as BlockingConsumer
 from fastnsq.sync import Producer as BlockingProducer
+from fastnsq.testing.proxy import FaultProxy
 
 from .helpers import eventually, unique
 
@@ -73,7 +74,7 @@ def test_a_snapshot_is_a_frozen_copy() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.published = 2  # type: ignore[misc]
     assert stats.as_dict() == {"published": 1, "failed": 0, "retried": 0, "reconnects": 0, "waiting": 0,
-                               "connections": 0}
+                               "connections": 0, "errors": {}}
 
 
 async def test_the_old_spellings_warn_and_give_the_same_figures(nsqd) -> None:
@@ -112,3 +113,49 @@ async def test_the_blocking_facade_takes_snapshots_too(nsqd) -> None:
                 assert consumer.stats()["finished"] == 1
 
     await asyncio.get_running_loop().run_in_executor(None, blocking)
+
+
+async def test_errors_are_counted_by_code(nsqd) -> None:
+    """A publish nsqd refuses (a body over its max-msg-size, 1 MiB by default: E_BAD_MESSAGE) and a
+    FIN nsqd refuses (of a message it has timed out and sent again: E_FIN_FAILED)."""
+    topic = unique("errors")
+    async with Producer([nsqd.tcp_address], max_msg_size=2 * 1024 * 1024, max_retries=0) as producer:
+        with pytest.raises(ServerError, match="E_BAD_MESSAGE"):
+            await producer.publish(topic, b"x" * (1024 * 1024 + 1), timeout=10)
+        assert producer.snapshot().errors == {"E_BAD_MESSAGE": 1}
+        assert producer.snapshot().failed == 1
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(topic, b"late")
+    redelivered = asyncio.Event()
+    first: list = []
+
+    async def handle(message):
+        if message.attempts == 1:
+            first.append(message)
+            message.disable_auto_response()
+            return
+        redelivered.set()  # the first delivery timed out: nsqd gave it out again
+
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=2,
+                        msg_timeout=1.0)
+    await consumer.start()
+    try:
+        await asyncio.wait_for(redelivered.wait(), 30)
+        first[0].finish()  # no longer in flight at nsqd
+        await eventually(lambda: consumer.snapshot().errors.get("E_FIN_FAILED") == 1, what="E_FIN_FAILED counted")
+    finally:
+        await consumer.stop()
+
+
+async def test_reconnects_are_counted(nsqd) -> None:
+    async with FaultProxy(nsqd.tcp_address) as proxy:
+        consumer = Consumer(unique("reconnect"), "ch", nsqd_tcp_addresses=[proxy.address], handler=lambda m: None,
+                            reconnect_delay=0.05)
+        await consumer.start()
+        try:
+            assert consumer.snapshot().reconnects == 0
+            proxy.cut()
+            await eventually(lambda: consumer.snapshot().reconnects == 1 and consumer.snapshot().connections,
+                             what="one reconnect")
+        finally:
+            await consumer.stop()

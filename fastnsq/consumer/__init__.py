@@ -7,8 +7,8 @@ message is its dispatcher's (``dispatch``); what it knows of each partition is i
 decisions live in :mod:`fastnsq.rdy` and :mod:`fastnsq.backoff`, pure state machines.
 """
 
-from .batch import Batch
 from ..stats import ConnectionStats, ConsumerStats
+from .batch import Batch
 from .consumer import CONSUMER_DEFAULTS, Consumer, StopReport
 from .partitions import PartitionState
 

@@ -23,20 +23,27 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import codec
-from ..config import ConnectionOptions, Endpoint, check_range, split_options
+from ..config import ConnectionOptions, Endpoint, check_logger, check_range, split_options
 from ..conn import Connection
-from ..errors import InvalidValueError, NotLeaderError, NotWritableError, NSQError, ServerError, TopicNotExistError
+from ..errors import (
+    InvalidValueError,
+    NotLeaderError,
+    NotWritableError,
+    NSQError,
+    ServerError,
+    TopicNotExistError,
+)
 from ..rdy import RdyController, RdyUpdate
 from ..stats import ConnectionStats, ConsumerStats, deprecated_spelling
 from ..topology import TopicRoute, Topology
 from .batch import Batch
-from .dispatch import DispatchSettings, Dispatcher, Link
+from .dispatch import Dispatcher, DispatchSettings, Link
 from .ha import HA_CONSUMER_DEFAULTS, HAConsumer, direct_endpoints
 from .partitions import Partitions
 
@@ -66,6 +73,9 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "give_up_handler": None,
     "ordered": False,
     "ordered_give_up": "finish",
+    "lookupd_poll_timeout": 60.0,
+    "discovery_filter": None,
+    "logger": None,
     **HA_CONSUMER_DEFAULTS,
 }
 
@@ -161,6 +171,11 @@ class Consumer:
         self.backoff_scope = s["backoff_scope"]
         if s["give_up_handler"] is not None and not callable(s["give_up_handler"]):
             raise InvalidValueError("give_up_handler must be callable")
+        self.lookupd_poll_timeout = check_range("lookupd_poll_timeout", s["lookupd_poll_timeout"], 0.001, 3600)
+        if s["discovery_filter"] is not None and not callable(s["discovery_filter"]):
+            raise InvalidValueError("discovery_filter must be callable: nsqd addresses in, those to use out")
+        self._discovery_filter: Callable[[list[str]], Any] | None = s["discovery_filter"]
+        self._log = check_logger(s["logger"], logger)
         self._rdy = RdyController(
             s["max_in_flight"],
             low_rdy_idle_timeout=s["low_rdy_idle_timeout"],
@@ -184,10 +199,10 @@ class Consumer:
         self.partitions = Partitions(self._rdy)
         self._dispatch = Dispatcher(
             DispatchSettings(
-                topic=topic, handler=handler, max_attempts=self.max_attempts,
+                topic=topic, channel=channel, handler=handler, max_attempts=self.max_attempts,
                 default_requeue_delay=self.default_requeue_delay, max_requeue_delay=self.max_requeue_delay,
                 ordered=self.ordered, ordered_give_up=self.ordered_give_up,
-                give_up_handler=s["give_up_handler"],
+                give_up_handler=s["give_up_handler"], log=self._log,
             ),
             self._rdy, self.partitions, self._inbox, self._apply, lambda: self.set_max_in_flight(0),
         )
@@ -208,6 +223,11 @@ class Consumer:
         self._running = False
         self._stopping = False
         self._drained: asyncio.Event | None = None
+        self._ever_connected: set[Endpoint] = set()
+        self._retiring: set[Link] = set()
+        #: Connections opened again to an endpoint connected before (after a loss, a leader move...).
+        self.reconnects = 0
+        self._errors: Counter[str] = Counter()  # nsqd's error frames, by code
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -227,18 +247,22 @@ class Consumer:
             )
         )
         if self._lookupd_addresses:
-            self._topology = Topology(
-                self._lookupd_addresses, access="r", poll_interval=self.lookupd_poll_interval,
-                poll_jitter=self.lookupd_poll_jitter, auth_secret=_secret_text(self.options.auth_secret),
-            )
-            self._topology.add_listener(self.topic, self._on_route)
-            try:
-                await self._topology.refresh(self.topic)
-            except NSQError as exc:
-                logger.warning("first lookupd poll failed: %s", exc)
-            self._topology.watch(self.topic)
+            await self._start_topology()
         if self.auto_touch:
             self._schedule_touch()
+
+    async def _start_topology(self) -> None:
+        self._topology = Topology(
+            self._lookupd_addresses, access="r", poll_interval=self.lookupd_poll_interval,
+            poll_jitter=self.lookupd_poll_jitter, auth_secret=_secret_text(self.options.auth_secret),
+            poll_timeout=self.lookupd_poll_timeout, log=self._log,
+        )
+        self._topology.add_listener(self.topic, self._on_route)
+        try:
+            await self._topology.refresh(self.topic)
+        except NSQError as exc:
+            self._log.warning("first lookupd poll failed: %s", exc)
+        self._topology.watch(self.topic)
 
     async def __aenter__(self) -> Consumer:
         await self.start()
@@ -309,7 +333,7 @@ class Consumer:
             try:
                 await asyncio.wait_for(link.conn.cls(), 5.0)
             except (NSQError, asyncio.TimeoutError, OSError) as exc:
-                logger.debug("CLS on %s: %s", link, exc)
+                self._log.debug("CLS on %s: %s", link, exc)
 
     # ---- consuming without a handler ----------------------------------------------------
 
@@ -447,6 +471,8 @@ class Consumer:
             max_in_flight=self._rdy.max_in_flight,
             backoff_level=self._rdy.backoff_level,
             duplicates_dropped=self.duplicates_dropped,
+            reconnects=self.reconnects,
+            errors=dict(self._errors),
             connections=tuple(self._connection_stats(link) for link in links),
         )
 
@@ -476,7 +502,7 @@ class Consumer:
         try:
             await self._connect(endpoint)
         except (OSError, asyncio.TimeoutError, NSQError) as exc:
-            logger.warning("cannot consume from %s: %s", endpoint.address, exc)
+            self._log.warning("cannot consume from %s: %s", endpoint.address, exc)
             if isinstance(exc, _REFRESH_ERRORS) and self._topology is not None:
                 self._topology.refresh_soon(self.topic)  # HA: the partition is led elsewhere now
             elif direct:
@@ -515,6 +541,9 @@ class Consumer:
             await conn.close()
             raise NSQError("the consumer is stopping")
         self._links.setdefault(endpoint, []).append(link)
+        if endpoint in self._ever_connected:
+            self.reconnects += 1
+        self._ever_connected.add(endpoint)
         self.partitions.state(endpoint.partition)  # a partition's state exists from its first SUB
         updates = self._rdy.add_connection(link, conn.max_rdy_count, endpoint.partition)
         link.rdy_state = self._rdy.record(link)
@@ -522,7 +551,7 @@ class Consumer:
         # start checks its first messages).
         self._ha.subscribed(link)
         self._apply(updates)
-        logger.info("consuming %s/%s from %s%s", self.topic, self.channel, endpoint.address,
+        self._log.info("consuming %s/%s from %s%s", self.topic, self.channel, endpoint.address,
                     "" if endpoint.partition is None else f" partition {endpoint.partition}")
         return link
 
@@ -536,9 +565,14 @@ class Consumer:
                 del self._links[link.endpoint]
             self._dispatch.link_closed(link)
         self._apply(self._rdy.remove_connection(link))
+        if isinstance(error, ServerError):
+            self._errors[error.code] += 1
+        if link in self._retiring:  # disconnect_from_nsqd: closed on purpose
+            self._retiring.discard(link)
+            return
         if self._stopping or not self._running:
             return
-        logger.warning("connection to %s closed%s", link.endpoint.address, f": {error}" if error else "")
+        self._log.warning("connection to %s closed%s", link.endpoint.address, f": {error}" if error else "")
         refresh = isinstance(error, _REFRESH_ERRORS)
         if link.endpoint in self._direct and not refresh:
             self._reconnect_later(link.endpoint)
@@ -546,7 +580,8 @@ class Consumer:
             self._topology.refresh_soon(self.topic)
 
     def _on_server_error(self, link: Link, error: ServerError) -> None:
-        logger.warning("%s: %s", link.endpoint.address, error)
+        self._errors[error.code] += 1
+        self._log.warning("%s: %s", link.endpoint.address, error)
 
     def _reconnect_later(self, endpoint: Endpoint) -> None:
         """Direct nsqd: one task per endpoint restores connections_per_nsqd, backing off with jitter."""
@@ -566,7 +601,7 @@ class Consumer:
                     failures = 0
                 except (OSError, asyncio.TimeoutError, NSQError) as exc:
                     failures += 1
-                    logger.debug("reconnect to %s failed: %s", endpoint.address, exc)
+                    self._log.debug("reconnect to %s failed: %s", endpoint.address, exc)
         finally:
             self._reconnecting.pop(endpoint, None)
 
@@ -581,10 +616,11 @@ class Consumer:
             for link in list(self._links.get(endpoint, ())):
                 # The old leader cannot take our FINs any more; its messages in flight come back
                 # from the new leader (at least once).
-                logger.info("partition %s of %s moved away from %s: closing that connection",
+                self._log.info("partition %s of %s moved away from %s: closing that connection",
                             endpoint.partition, self.topic, endpoint.address)
                 await link.conn.close()
-        missing = [e for e in route.endpoints if e not in self._links and self._ha.wants(e)]
+        allowed = self._filtered({endpoint.address for endpoint in route.endpoints})
+        missing = [e for e in route.endpoints if e not in self._links and e.address in allowed and self._ha.wants(e)]
         await asyncio.gather(
             *(
                 self._connect_or_retry(endpoint, direct=False)
@@ -592,6 +628,87 @@ class Consumer:
                 for _ in range(self.connections_per_nsqd)
             )
         )
+
+    def _filtered(self, addresses: set[str]) -> set[str]:
+        """The discovery_filter's choice among the nsqd lookupd listed (all of them without one)."""
+        if self._discovery_filter is None:
+            return addresses
+        try:
+            chosen = self._discovery_filter(sorted(addresses))
+            return {address for address in chosen if address in addresses}
+        except Exception:
+            self._log.exception("discovery_filter failed; using every nsqd lookupd listed")
+            return addresses
+
+    # ---- run-time topology (go-nsq's ConnectToNSQD, DisconnectFromNSQD, ...) ---------------
+
+    async def connect_to_nsqd(self, address: str, partition: int | None = None) -> None:
+        """Consume from the nsqd at ``address`` too, as if it were in ``nsqd_tcp_addresses``
+        (reconnecting when lost); ``max_in_flight`` is shared with it at once. HA: ``partition``
+        names the partition to read there (go-nsq's ``ConnectToNSQD(addr, part)``)."""
+        endpoint = direct_endpoints([address if partition is None else (address, partition)], self._ha.partition)[0]
+        if endpoint in self._direct:
+            raise InvalidValueError(f"already consuming from nsqd {address}")
+        self._direct.append(endpoint)
+        if self._running and not self._stopping:
+            await asyncio.gather(
+                *(self._connect_or_retry(endpoint, direct=True) for _ in range(self.connections_per_nsqd))
+            )
+
+    async def disconnect_from_nsqd(self, address: str, timeout: float = 30.0) -> None:
+        """Stop consuming from the nsqd at ``address`` (given directly or by lookupd): its share
+        of ``max_in_flight`` goes to the others at once, then CLS, its handlers finish (up to
+        ``timeout``; what is left is requeued) and its connections close. A lookupd that lists it
+        again makes the consumer connect to it again, as in go-nsq; filter it out with
+        ``discovery_filter`` to keep away."""
+        links = [link for links in self._links.values() for link in links if link.endpoint.address == address]
+        given = [endpoint for endpoint in self._direct if endpoint.address == address]
+        if not given and not links:
+            raise InvalidValueError(f"not consuming from nsqd {address}")
+        for endpoint in given:
+            self._direct.remove(endpoint)
+            task = self._reconnecting.pop(endpoint, None)
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(self._retire(link, timeout) for link in links))
+
+    async def _retire(self, link: Link, timeout: float) -> None:
+        """RDY 0 (its share to the others), CLS, wait for its messages in flight, close."""
+        self._retiring.add(link)
+        self._apply(self._rdy.remove_connection(link))
+        link.fast = False
+        await self._cls(link)
+        assert self._loop is not None
+        deadline = self._loop.time() + timeout
+        while link.in_flight and self._loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        for message in list(link.in_flight):
+            if not message.has_responded:
+                message.requeue(0, backoff=False)
+        await link.conn.close()
+
+    async def connect_to_lookupd(self, address: str) -> None:
+        """Ask the lookupd at ``address`` too, from the next poll on."""
+        if address in self._lookupd_addresses:
+            raise InvalidValueError(f"already using nsqlookupd {address}")
+        self._lookupd_addresses.append(address)
+        if self._topology is not None:
+            self._topology.set_lookupds(self._lookupd_addresses)
+        elif self._running and not self._stopping:
+            await self._start_topology()
+
+    def disconnect_from_lookupd(self, address: str) -> None:
+        """Stop asking the lookupd at ``address`` (not the last one: go-nsq refuses that too).
+
+        The nsqd it found stay connected while another lookupd lists them or they are given.
+        """
+        if address not in self._lookupd_addresses:
+            raise InvalidValueError(f"not using nsqlookupd {address}")
+        if len(self._lookupd_addresses) == 1:
+            raise InvalidValueError(f"cannot disconnect from the only nsqlookupd, {address}")
+        self._lookupd_addresses.remove(address)
+        if self._topology is not None:
+            self._topology.set_lookupds(self._lookupd_addresses)
 
     def _in_flight_total(self) -> int:
         return sum(len(link.in_flight) for link in self._all_links())
@@ -604,7 +721,7 @@ class Consumer:
                 try:
                     link.conn.rdy(min(count, link.conn.max_rdy_count))
                 except NSQError as exc:
-                    logger.debug("RDY on %s: %s", link, exc)
+                    self._log.debug("RDY on %s: %s", link, exc)
         self._arm_rdy_timer()
 
     def _arm_rdy_timer(self) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import codec, tracing
+from ..config import LoggerLike
 from ..errors import InvalidValueError
 from ..rdy import Outcome, RdyController, RdyUpdate
 from .partitions import Partitions
@@ -38,6 +39,7 @@ class DispatchSettings:
     """The consumer's options that decide what happens to a message."""
 
     topic: str
+    channel: str
     handler: Callable[[Any], Any] | None
     max_attempts: int
     default_requeue_delay: float
@@ -45,6 +47,7 @@ class DispatchSettings:
     ordered: bool
     ordered_give_up: str
     give_up_handler: Callable[[Any], Any] | None
+    log: LoggerLike = logger
 
     @property
     def handler_is_async(self) -> bool:
@@ -69,6 +72,7 @@ class Dispatcher:
         pause: Callable[[], None],
     ) -> None:
         self.settings = settings
+        self._log = settings.log
         self._handler = settings.handler
         self._handler_is_async = settings.handler_is_async
         self._rdy = rdy
@@ -127,8 +131,10 @@ class Dispatcher:
         if updates:
             self._apply(updates)
         if settings.ordered:
-            self._partitions.state(link.endpoint.partition).check_order(message)
-        if tracing.ENABLED:
+            problem = self._partitions.state(link.endpoint.partition).check_order(message)
+            if problem is not None:
+                self._log.error("ordering regression: %s", problem)
+        if tracing.LOG_ENABLED:
             transport = link.conn._transport
             tracing.consumed(
                 settings.topic, link.endpoint.partition, message,
@@ -144,18 +150,34 @@ class Dispatcher:
         if handler is None:
             self._inbox.push(message)
         elif self._handler_is_async:
-            self.run_async_handler(handler, message)
+            if tracing.HOOKED:
+                # A task from the start: the hooks' context is entered and left in the task's own
+                # context (the inline first step would enter it in the caller's).
+                assert self._loop is not None
+                self._watch_task(self._loop.create_task(self._traced_async(message)), message)
+            else:
+                self.run_async_handler(handler, message)
         else:
             try:
-                handler(message)
+                if tracing.HOOKED:
+                    with tracing.handling(settings.topic, settings.channel, message):
+                        handler(message)
+                else:
+                    handler(message)
             except Exception:  # noqa: BLE001 - a user handler; on_handler_failed logs the traceback
                 self.on_handler_failed(message)
             else:
                 self._auto_answer(message, failed=False)
 
+    async def _traced_async(self, message: Any) -> Any:
+        """The async handler inside the tracing hooks' context (their spans cover its awaits)."""
+        assert self._handler is not None
+        with tracing.handling(self.settings.topic, self.settings.channel, message):
+            return await self._handler(message)
+
     def on_handler_failed(self, message: Any) -> None:
         """A sync handler raised (call it in the except block: the traceback is logged)."""
-        logger.exception("handler failed for message %r; requeueing", message)
+        self._log.exception("handler failed for message %r; requeueing", message)
         self._auto_answer(message, failed=True)
 
     def on_finish(self, link: Link, message: Any) -> None:
@@ -220,7 +242,7 @@ class Dispatcher:
         """
         state = self._partitions.state(link.endpoint.partition)
         state.duplicates_dropped += 1
-        logger.debug("%s: the repeated delivery of %r", link.endpoint.address, copy)
+        self._log.debug("%s: the repeated delivery of %r", link.endpoint.address, copy)
         if first.has_responded and state.last_finished and not link.closed:
             link.conn.fin(copy)
 
@@ -252,8 +274,7 @@ class Dispatcher:
             if task.done():
                 self._async_done(message, task)
             else:
-                self.tasks.add(task)
-                task.add_done_callback(lambda t: self._async_finished(message, t))
+                self._watch_task(task, message)
             return
         try:
             yielded = coro.send(None)
@@ -261,11 +282,13 @@ class Dispatcher:
             self._auto_answer(message, failed=False)
             return
         except Exception:
-            logger.exception("handler failed for message %r; requeueing", message)
+            self._log.exception("handler failed for message %r; requeueing", message)
             self._auto_answer(message, failed=True)
             return
         assert self._loop is not None
-        task = self._loop.create_task(resume(coro, yielded))
+        self._watch_task(self._loop.create_task(resume(coro, yielded)), message)
+
+    def _watch_task(self, task: asyncio.Task[Any], message: Any) -> None:
         self.tasks.add(task)
         task.add_done_callback(lambda t: self._async_finished(message, t))
 
@@ -280,7 +303,7 @@ class Dispatcher:
             return
         error = task.exception()
         if error is not None:
-            logger.error("handler failed for message %r; requeueing", message, exc_info=error)
+            self._log.error("handler failed for message %r; requeueing", message, exc_info=error)
         self._auto_answer(message, failed=error is not None)
 
     def cancel_tasks(self) -> None:
@@ -296,14 +319,14 @@ class Dispatcher:
         if settings.ordered and settings.ordered_give_up == "requeue":
             message.requeue(0, backoff=True)
         elif settings.ordered and settings.ordered_give_up == "stop":
-            logger.error("ordered message %r is past max_attempts; pausing the consumer", message)
+            self._log.error("ordered message %r is past max_attempts; pausing the consumer", message)
             message.requeue(0, backoff=False)
             self._pause()
         else:
             message.finish()
         hook = settings.give_up_handler
         if hook is None:
-            logger.warning("giving up on message %r after %d attempts (max_attempts=%d)",
+            self._log.warning("giving up on message %r after %d attempts (max_attempts=%d)",
                            message, message.attempts, settings.max_attempts)
             return
         try:
@@ -313,7 +336,7 @@ class Dispatcher:
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
         except Exception:
-            logger.exception("give_up_handler failed for message %r", message)
+            self._log.exception("give_up_handler failed for message %r", message)
 
 
 async def resume(coro: Any, yielded: Any) -> Any:

@@ -7,7 +7,6 @@ read from the RDY controller (:mod:`fastnsq.rdy`), which keys its connections by
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,9 +14,6 @@ from typing import Any
 from ..rdy import RdyController
 
 __all__ = ["PartitionState", "Partitions"]
-
-logger = logging.getLogger(__name__)
-
 
 @dataclass(eq=False)
 class PartitionState:
@@ -78,7 +74,6 @@ class PartitionState:
                 f"id {last[0]} offset {last[1]}"
             )
             self.ordering_errors.append(problem)
-            logger.error("ordering regression: %s", problem)
         if last is None or current > last:
             self.last_id, self.last_offset = current
         return problem

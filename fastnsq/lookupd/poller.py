@@ -169,6 +169,19 @@ class LookupdPoller:
         health = self._health.get(normalize_lookupd_address(address))
         return 0 if health is None else health.failures
 
+    def set_lookupds(self, lookupd_http_addresses: Sequence[str]) -> None:
+        """Ask these lookupds from the next poll on (a run-time change of the configured ones).
+
+        The answers of lookupds no longer configured stop counting at the next poll.
+        """
+        addresses = tuple(dict.fromkeys(normalize_lookupd_address(a) for a in lookupd_http_addresses))
+        if not addresses:
+            raise InvalidValueError("lookupd_http_addresses must name at least one lookupd")
+        for gone in set(self._configured) - set(addresses):
+            self._cluster.pop(gone, None)
+            self._no_listlookup.discard(gone)
+        self._configured = addresses
+
     def trigger(self) -> None:
         """Make :meth:`run` poll now instead of waiting out the interval (e.g. after a lost connection)."""
         self._wakeup.set()

@@ -6,8 +6,9 @@ import asyncio
 import functools
 import logging
 import random
+from collections.abc import Callable
 
-from ..config import ConnectionOptions
+from ..config import ConnectionOptions, LoggerLike
 from ..conn import Connection
 from ..errors import ConnectionClosedError, NoConnectionError, NSQError, PublishTimeoutError
 
@@ -45,8 +46,10 @@ class ConnectionPool:
         publish_timeout: float,
         reconnect_delay: float,
         max_reconnect_delay: float,
+        log: LoggerLike = logger,
     ) -> None:
         self.options = options
+        self._log = log
         self.pool_size = pool_size
         self.publish_timeout = publish_timeout
         self.reconnect_delay = reconnect_delay
@@ -61,6 +64,13 @@ class ConnectionPool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._connected: asyncio.Event | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+        self._round_trip_observer: Callable[[float], object] | None = None
+
+    def set_round_trip_observer(self, observer: Callable[[float], object] | None) -> None:
+        """Give every connection, open and future, this ``Connection.round_trip_observer``."""
+        self._round_trip_observer = observer
+        for conn in self.open:
+            conn.round_trip_observer = observer
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -136,7 +146,7 @@ class ConnectionPool:
         results = await asyncio.gather(*(self._open_slot(slot) for slot in slots), return_exceptions=True)
         for slot, result in zip(slots, results):
             if isinstance(result, BaseException):
-                logger.warning("cannot connect to nsqd %s: %s", address, result)
+                self._log.warning("cannot connect to nsqd %s: %s", address, result)
                 self._reconnect_later(slot)
         failures = [r for r in results if isinstance(r, BaseException)]
         if len(failures) == len(slots):
@@ -149,10 +159,25 @@ class ConnectionPool:
                 try:
                     await self.add_node(address)
                 except (OSError, asyncio.TimeoutError, NSQError) as exc:
-                    logger.warning("cannot connect to nsqd %s: %s", address, exc)
+                    self._log.warning("cannot connect to nsqd %s: %s", address, exc)
+
+    async def remove_node(self, address: str) -> None:
+        """Close the connections to ``address`` and stop reconnecting to it; the publishes they
+        carried fail with ConnectionClosedError (the producer retries them elsewhere)."""
+        slots = self._slots.pop(address, [])
+        for slot in slots:
+            if slot.task is not None:
+                slot.task.cancel()
+        self._open_by_address.pop(address, None)
+        conns = [slot.conn for slot in slots if slot.conn is not None]
+        for conn in conns:
+            if conn in self.open:
+                self.open.remove(conn)
+        await asyncio.gather(*(conn.close() for conn in conns), return_exceptions=True)
 
     async def _open_slot(self, slot: _Slot) -> None:
         conn = Connection(slot.address, self.options, on_close=functools.partial(self._on_close, slot))
+        conn.round_trip_observer = self._round_trip_observer
         await conn.connect()
         slot.conn = conn
         slot.failures = 0
@@ -170,8 +195,8 @@ class ConnectionPool:
             same_node.remove(conn)
         if slot.conn is conn:
             slot.conn = None
-        if not self.closing:
-            logger.info("connection to %s lost (%s); reconnecting", slot.address, error)
+        if not self.closing and slot in self._slots.get(slot.address, ()):  # not removed on purpose
+            self._log.info("connection to %s lost (%s); reconnecting", slot.address, error)
             self._reconnect_later(slot)
 
     def _reconnect_later(self, slot: _Slot) -> None:
@@ -189,7 +214,7 @@ class ConnectionPool:
                 self.reconnects += 1
                 return
             except (OSError, asyncio.TimeoutError, NSQError) as exc:
-                logger.debug("reconnect to %s failed: %s", slot.address, exc)
+                self._log.debug("reconnect to %s failed: %s", slot.address, exc)
 
     async def close(self) -> None:
         """Stop reconnecting and close every connection."""

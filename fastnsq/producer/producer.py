@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import codec, tracing
-from ..config import ConnectionOptions, check_range, parse_address, split_options
+from ..config import ConnectionOptions, check_logger, check_range, parse_address, split_options
 from ..conn import Connection
 from ..errors import (
     BadBodyError,
@@ -67,6 +68,8 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "lookupd_poll_interval": 60.0,
     "lookupd_poll_jitter": 0.3,
     "hasher": None,
+    "lookupd_poll_timeout": 60.0,
+    "logger": None,
     **HA_PRODUCER_DEFAULTS,
 }
 
@@ -142,15 +145,18 @@ class Producer:
         hasher = settings["hasher"]
         if hasher is not None and not callable(hasher):
             raise InvalidValueError("hasher must be a callable taking bytes and returning an int")
+        self.lookupd_poll_timeout = check_range("lookupd_poll_timeout", settings["lookupd_poll_timeout"], 0.001, 3600)
+        self._log = check_logger(settings["logger"], logger)
         self._pool = ConnectionPool(
             connection_options, pool_size=self.pool_size, publish_timeout=self.publish_timeout,
-            reconnect_delay=self.reconnect_delay, max_reconnect_delay=self.max_reconnect_delay,
+            reconnect_delay=self.reconnect_delay, max_reconnect_delay=self.max_reconnect_delay, log=self._log,
         )
         topology = None
         if self._lookupd_addresses:
             topology = Topology(
                 self._lookupd_addresses, access="w", poll_interval=self.lookupd_poll_interval,
                 poll_jitter=self.lookupd_poll_jitter, auth_secret=_secret_text(self.options.auth_secret),
+                poll_timeout=self.lookupd_poll_timeout, log=self._log,
             )
         self._ha = HAProducer(settings, self._pool, self.publish, _retryable)
         self._router = Router(topology, self._pool, hasher if hasher is not None else murmur3_32,
@@ -168,6 +174,7 @@ class Producer:
         self.published = 0
         self.failed = 0
         self.retried = 0
+        self._errors: Counter[str] = Counter()  # messages refused by nsqd, by error code
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -213,7 +220,7 @@ class Producer:
             while self._waiting() and self._loop.time() < deadline:
                 await asyncio.sleep(0.005)
             if self._waiting():
-                logger.warning("closing with %d publishes still waiting for nsqd", self._waiting())
+                self._log.warning("closing with %d publishes still waiting for nsqd", self._waiting())
         if self._router.topology is not None:
             await self._router.topology.close()
         await self._pool.close()
@@ -244,6 +251,7 @@ class Producer:
             reconnects=self.reconnects,
             waiting=self._waiting(),
             connections=len(self._pool.open),
+            errors=dict(self._errors),
         )
 
     @property
@@ -251,6 +259,30 @@ class Producer:
         """Deprecated: :meth:`snapshot` (the same figures, typed)."""
         deprecated_spelling("Producer.stats", "Producer.snapshot()")
         return self.snapshot().as_dict()
+
+    async def connect_to_nsqd(self, address: str) -> None:
+        """Publish to the nsqd at ``address`` too (``pool_size`` connections, reconnecting);
+        raises if none of them opens (they keep trying in the background)."""
+        parse_address(address)
+        if address in self._nsqd_addresses:
+            raise InvalidValueError(f"already publishing to nsqd {address}")
+        self._nsqd_addresses.append(address)
+        await self._pool.add_node(address)
+
+    async def disconnect_from_nsqd(self, address: str) -> None:
+        """Stop publishing to the nsqd at ``address``; publishes waiting for its answer are
+        retried on the other connections (within ``max_retries``)."""
+        if address not in self._nsqd_addresses and not self._pool.has_node(address):
+            raise InvalidValueError(f"not publishing to nsqd {address}")
+        if address in self._nsqd_addresses:
+            self._nsqd_addresses.remove(address)
+        await self._pool.remove_node(address)
+
+    def set_round_trip_observer(self, observer: Callable[[float], object] | None) -> None:
+        """Call ``observer`` with each publish round trip in seconds (from a write to nsqd to the
+        answer of its last command: one call per write, however many publishes it carried);
+        None stops. :class:`fastnsq.metrics.NSQMetrics` uses it for its histogram."""
+        self._pool.set_round_trip_observer(observer)
 
     @property
     def connections(self) -> list[Connection]:
@@ -315,6 +347,7 @@ class Producer:
             and sharding_key is None
             and trace_id is None
             and ext is None
+            and not tracing.ENABLED
         ):
             if self.coalesce:
                 # The fast path: the C coalescer checks the body, batches it with the other
@@ -324,6 +357,7 @@ class Producer:
                     try:
                         return await self._coalescer.add(key, body)
                     except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+                        self._note_error(exc, 1)
                         if not _retryable(exc):
                             self.failed += 1
                             raise
@@ -339,6 +373,7 @@ class Producer:
                 try:
                     result = await future
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+                    self._note_error(exc, 1)
                     if not _retryable(exc):
                         self.failed += 1
                         raise
@@ -350,6 +385,14 @@ class Producer:
                     self._active -= 1
                     if not self._active and self._idle_waiter is not None:
                         _resolve(self._idle_waiter)
+        if tracing.HOOKED:
+            call = tracing.PublishCall(topic, partition, None if ext is None else [dict(ext)], 1)
+            with tracing.publishing(call):
+                call.answer = await self._publish_slow(
+                    topic, body, defer, timeout, partition, sharding_key, trace_id,
+                    None if call.exts is None else call.exts[0],
+                )
+                return call.answer
         return await self._publish_slow(topic, body, defer, timeout, partition, sharding_key, trace_id, ext)
 
     async def _publish_slow(
@@ -403,6 +446,25 @@ class Producer:
         On HA: ``partition`` / ``sharding_key`` as for :meth:`publish`; ``trace_ids``
         (one per body) uses MPUB_TRACE, ``exts`` (one JSON object per body) MPUB_EXT.
         """
+        if tracing.HOOKED:
+            call = tracing.PublishCall(topic, partition, None if exts is None else [dict(e) for e in exts],
+                                       len(bodies))
+            with tracing.publishing(call):
+                call.answer = await self._mpublish(topic, bodies, timeout, partition, sharding_key, trace_ids,
+                                                   call.exts)
+                return call.answer
+        return await self._mpublish(topic, bodies, timeout, partition, sharding_key, trace_ids, exts)
+
+    async def _mpublish(
+        self,
+        topic: str,
+        bodies: Sequence[Any],
+        timeout: float | None,
+        partition: int | None,
+        sharding_key: Any,
+        trace_ids: Sequence[int] | None,
+        exts: Sequence[Mapping[str, Any]] | None,
+    ) -> Any:
         self._check_topic(topic)
         batch = list(bodies)
         if not batch:
@@ -503,13 +565,14 @@ class Producer:
                     result = await self._await_answer(future, deadline, timeout is not None)
                     if send is not None:
                         self.published += messages
-                    if traced and tracing.ENABLED:
+                    if traced and tracing.LOG_ENABLED:
                         tracing.published(topic, target[1], result, target[0] or "")
                     return result
                 except PublishTimeoutError:
                     self.failed += messages  # it may still arrive: a retry could publish it twice
                     raise
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+                    self._note_error(exc, messages)
                     if not _retryable(exc):
                         self.failed += messages
                         raise
@@ -520,7 +583,7 @@ class Producer:
                         raise
                     self.retried += 1
                     delay = min(self.retry_delay * (2 ** (attempt - 1)), max(0.0, deadline - self._loop.time()))
-                    logger.debug("publish failed (%s); retry %d in %.3f s", exc, attempt, delay)
+                    self._log.debug("publish failed (%s); retry %d in %.3f s", exc, attempt, delay)
                     await asyncio.sleep(delay)
         finally:
             self._active -= 1
@@ -569,6 +632,10 @@ class Producer:
                 ha.timed(conn.address, sent, loop)
             if len(batch) >= _FLUSH_AT or batch.nbytes >= _FLUSH_BYTES:
                 conn.flush()  # a full batch: let nsqd start on it while this pass goes on
+
+    def _note_error(self, exc: BaseException, messages: int) -> None:
+        if isinstance(exc, ServerError):
+            self._errors[exc.code] += messages
 
     def _forget_route(self, topic: str, exc: BaseException) -> None:
         """A failed publish: the next goes elsewhere; a moved leader: look the topic up again."""

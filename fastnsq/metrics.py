@@ -1,0 +1,172 @@
+"""Prometheus metrics for consumers and producers, read from their snapshots at scrape time.
+
+One job: turn :meth:`Consumer.snapshot` and :meth:`Producer.snapshot` into Prometheus
+metric families when a scraper asks. Nothing is counted for it on the message path; the
+only thing measured as it happens is the publish round trip (one observation per write to
+nsqd, not per message). Needs the optional extra ``metrics`` (prometheus_client), imported
+only by this module.
+
+Labels stay bounded: a consumer's ``topic`` and ``channel``, the ``nsqd`` address it
+connects to, an error ``code``; a producer's ``producer`` name (given to :meth:`track`).
+Never client ports, message ids or bodies. Several clients with the same labels are summed.
+
+Example::
+
+    import prometheus_client
+    from fastnsq.metrics import NSQMetrics
+
+    metrics = NSQMetrics()          # a collector in prometheus_client's default registry
+    metrics.track(consumer)
+    metrics.track(producer, name="ingest")
+    prometheus_client.start_http_server(9100)
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .consumer import Consumer
+from .producer import Producer
+
+__all__ = ["ROUND_TRIP_BUCKETS", "NSQMetrics"]
+
+#: Publish round trips (seconds): from a write to nsqd to the answer of its last command.
+ROUND_TRIP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                      2.5, 5.0, 10.0)
+
+_CONSUMER_COUNTERS = (
+    ("received", "messages received from nsqd"),
+    ("finished", "messages finished (FIN)"),
+    ("requeued", "messages requeued (REQ)"),
+    ("timed_out", "messages answered after their msg_timeout (nsqd had given them out again)"),
+    ("given_up", "messages past max_attempts, finished and handed to the give-up hook"),
+)
+_CONSUMER_GAUGES = (
+    ("in_flight", "messages received and not answered yet"),
+    ("max_in_flight", "the consumer's max_in_flight"),
+    ("backoff_level", "the backoff level (0: consuming normally)"),
+)
+_PRODUCER_COUNTERS = (
+    ("published", "messages acknowledged by nsqd", "messages_published"),
+    ("failed", "messages whose publish raised", "messages_failed"),
+    ("retried", "publishes sent again after a lost connection or a moved leader", "retries"),
+    ("reconnects", "connections re-opened after a loss", "reconnects"),
+)
+
+
+class NSQMetrics(Collector):
+    """A Prometheus collector of the consumers and producers given to :meth:`track`.
+
+    ``registry``: where to register (prometheus_client's default registry unless given;
+    None registers nowhere: call ``registry.register(metrics)`` yourself). ``namespace``
+    prefixes every metric name (``nsq_consumer_messages_received_total``...).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = REGISTRY, *, namespace: str = "nsq") -> None:
+        self.namespace = namespace
+        self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
+        self._producers: weakref.WeakKeyDictionary[Producer, str] = weakref.WeakKeyDictionary()
+        # Observed as publishes are answered; kept out of any registry and reported by collect().
+        self._round_trips = Histogram(
+            f"{namespace}_producer_publish_round_trip_seconds",
+            "seconds from a write of publishes to nsqd to the answer of its last command",
+            labelnames=("producer",), buckets=ROUND_TRIP_BUCKETS, registry=None,
+        )
+        if registry is not None:
+            registry.register(self)
+
+    def track(self, client: Consumer | Producer, *, name: str = "default") -> None:
+        """Report ``client`` from the next scrape on (until it is garbage-collected or untracked).
+
+        ``name`` labels a producer's metrics (``producer="..."``); a consumer is labelled by
+        its topic and channel.
+        """
+        if isinstance(client, Consumer):
+            self._consumers.add(client)
+        elif isinstance(client, Producer):
+            self._producers[client] = name
+            client.set_round_trip_observer(self._round_trips.labels(producer=name).observe)
+        else:
+            raise TypeError(f"track() takes a fastnsq Consumer or Producer, not {type(client).__name__}")
+
+    def untrack(self, client: Consumer | Producer) -> None:
+        """Stop reporting ``client`` (its counts leave the sums: Prometheus sees a counter reset)."""
+        if isinstance(client, Producer) and client in self._producers:
+            client.set_round_trip_observer(None)
+            del self._producers[client]
+        self._consumers.discard(client)  # type: ignore[arg-type]
+
+    def describe(self) -> list[Metric]:
+        return []  # families depend on what is tracked; describe nothing, as custom collectors may
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._consumer_families()
+        yield from self._producer_families()
+        yield from self._round_trips.collect()
+
+    # ---- consumers ----------------------------------------------------------------------
+
+    def _consumer_families(self) -> Iterator[Metric]:
+        prefix = f"{self.namespace}_consumer"
+        snapshots = [consumer.snapshot() for consumer in list(self._consumers)]
+        labels = ["topic", "channel"]
+        totals: dict[str, dict[tuple[str, ...], float]] = defaultdict(lambda: defaultdict(float))
+        per_nsqd: dict[str, dict[tuple[str, ...], float]] = defaultdict(lambda: defaultdict(float))
+        errors: dict[tuple[str, ...], float] = defaultdict(float)
+        for stats in snapshots:
+            key = (stats.topic, stats.channel)
+            for field, _ in (*_CONSUMER_COUNTERS, *_CONSUMER_GAUGES, ("reconnects", "")):
+                totals[field][key] += getattr(stats, field)
+            for code, count in stats.errors.items():
+                errors[(*key, code)] += count
+            for conn in stats.connections:
+                per_nsqd["connections"][(*key, conn.address)] += 1
+                per_nsqd["rdy"][(*key, conn.address)] += conn.rdy
+        for field, help_text in _CONSUMER_COUNTERS:
+            yield _counter(f"{prefix}_messages_{field}", help_text, labels, totals[field])
+        for field, help_text in _CONSUMER_GAUGES:
+            yield _gauge(f"{prefix}_{field}", help_text, labels, totals[field])
+        yield _counter(f"{prefix}_reconnects", "connections opened again to an nsqd connected before", labels,
+                       totals["reconnects"])
+        yield _counter(f"{prefix}_errors", "error frames from nsqd, by code", [*labels, "code"], errors)
+        yield _gauge(f"{prefix}_connections", "open connections, by nsqd", [*labels, "nsqd"],
+                     per_nsqd["connections"])
+        yield _gauge(f"{prefix}_rdy", "the RDY count held, by nsqd", [*labels, "nsqd"], per_nsqd["rdy"])
+
+    # ---- producers ----------------------------------------------------------------------
+
+    def _producer_families(self) -> Iterator[Metric]:
+        prefix = f"{self.namespace}_producer"
+        totals: dict[str, dict[tuple[str, ...], float]] = defaultdict(lambda: defaultdict(float))
+        errors: dict[tuple[str, ...], float] = defaultdict(float)
+        for producer, name in list(self._producers.items()):
+            stats = producer.snapshot()
+            for field in ("published", "failed", "retried", "reconnects", "waiting", "connections"):
+                totals[field][(name,)] += getattr(stats, field)
+            for code, count in stats.errors.items():
+                errors[(name, code)] += count
+        for field, help_text, metric in _PRODUCER_COUNTERS:
+            yield _counter(f"{prefix}_{metric}", help_text, ["producer"], totals[field])
+        yield _counter(f"{prefix}_errors", "messages refused by nsqd, by error code", ["producer", "code"], errors)
+        yield _gauge(f"{prefix}_waiting", "publish calls not answered yet", ["producer"], totals["waiting"])
+        yield _gauge(f"{prefix}_connections", "open connections", ["producer"], totals["connections"])
+
+
+def _counter(name: str, help_text: str, labels: list[str], values: dict[tuple[str, ...], float]) -> Metric:
+    family = CounterMetricFamily(name, help_text, labels=labels)
+    for label_values, value in sorted(values.items()):
+        family.add_metric(list(label_values), value)
+    return family
+
+
+def _gauge(name: str, help_text: str, labels: list[str], values: dict[tuple[str, ...], float]) -> Metric:
+    family = GaugeMetricFamily(name, help_text, labels=labels)
+    for label_values, value in sorted(values.items()):
+        family.add_metric(list(label_values), value)
+    return family

@@ -1,0 +1,126 @@
+"""Prometheus metrics (fastnsq.metrics): the scraped figures equal what happened, labels stay bounded.
+
+Against the nsqd the suite uses (embedded, or real through FASTNSQ_TEST_*): the counts are
+checked against nsqd's own /stats where its HTTP address is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+prometheus_client = pytest.importorskip("prometheus_client", reason="metrics need the 'metrics' extra")
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fastnsq import Consumer, Producer
+from fastnsq.metrics import NSQMetrics
+from fastnsq.testing.proxy import FaultProxy
+
+from .helpers import eventually, stats_json, topic_entry, unique
+
+MESSAGES = 100_000
+
+
+def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a scrape, by (sample name, sorted labels), through Prometheus' text format."""
+    text = generate_latest(registry).decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+async def test_scraped_counters_equal_what_happened(nsqd) -> None:
+    registry = CollectorRegistry()
+    metrics = NSQMetrics(registry)
+    topic = unique("metrics")
+    requeued_once: set[bytes] = set()
+
+    def handle(message):
+        if len(requeued_once) < 100 and message.body not in requeued_once and message.attempts == 1:
+            requeued_once.add(message.body)
+            message.requeue(0, backoff=False)
+
+    async with Producer([nsqd.tcp_address]) as producer:
+        metrics.track(producer, name="test")
+        bodies = [b"%06d" % i for i in range(MESSAGES)]
+        for start in range(0, MESSAGES, 1000):
+            await asyncio.gather(*(producer.publish(topic, body) for body in bodies[start:start + 1000]))
+        consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=2500)
+        metrics.track(consumer)
+        await consumer.start()
+        try:
+            await eventually(lambda: consumer.snapshot().finished == MESSAGES, timeout=120,
+                             what=f"{MESSAGES} finished")
+            samples = scrape(registry)
+        finally:
+            await consumer.stop()
+        labels = {"topic": topic, "channel": "ch"}
+        assert value(samples, "nsq_consumer_messages_finished_total", **labels) == MESSAGES
+        assert value(samples, "nsq_consumer_messages_requeued_total", **labels) == 100
+        assert value(samples, "nsq_consumer_messages_received_total", **labels) == MESSAGES + 100
+        assert value(samples, "nsq_consumer_in_flight", **labels) == 0
+        assert value(samples, "nsq_consumer_max_in_flight", **labels) == 2500
+        assert value(samples, "nsq_consumer_connections", nsqd=nsqd.tcp_address, **labels) == 1
+        assert value(samples, "nsq_producer_messages_published_total", producer="test") == MESSAGES
+        assert value(samples, "nsq_producer_messages_failed_total", producer="test") == 0
+        writes = value(samples, "nsq_producer_publish_round_trip_seconds_count", producer="test")
+        assert 0 < writes <= MESSAGES  # one observation per write, each carrying one or more publishes
+        if nsqd.http_address:  # nsqd's own count: what it delivered on the channel, and what it took
+            stats = topic_entry(await stats_json(nsqd.http_address, topic), topic)
+            channel = next(c for c in stats["channels"] if c["channel_name"] == "ch")
+            assert stats["message_count"] == value(samples, "nsq_producer_messages_published_total", producer="test")
+            # nsqd counts a message into the channel once (a requeue does not count it again) and
+            # each requeue apart: every message was finished once, 100 of them after a requeue.
+            assert channel["message_count"] == value(samples, "nsq_consumer_messages_finished_total", **labels)
+            assert channel["requeue_count"] == value(samples, "nsq_consumer_messages_requeued_total", **labels)
+            assert channel["message_count"] + channel["requeue_count"] == value(
+                samples, "nsq_consumer_messages_received_total", **labels)
+
+
+async def test_label_cardinality_stays_bounded_across_reconnects(nsqd) -> None:
+    registry = CollectorRegistry()
+    metrics = NSQMetrics(registry)
+    async with FaultProxy(nsqd.tcp_address) as proxy:
+        consumer = Consumer(unique("reconnects"), "ch", nsqd_tcp_addresses=[proxy.address], handler=lambda m: None,
+                            reconnect_delay=0.001, max_reconnect_delay=0.01)
+        metrics.track(consumer)
+        await consumer.start()
+        try:
+            before = set(scrape(registry))
+            for round_ in range(1, 101):
+                proxy.cut()
+                await eventually(lambda r=round_: consumer.snapshot().reconnects == r and consumer.connections,
+                                 timeout=10, what=f"reconnect {round_}")
+            samples = scrape(registry)
+        finally:
+            await consumer.stop()
+    assert set(samples) == before  # the same series, whatever the client ports were
+    assert value(samples, "nsq_consumer_reconnects_total", topic=consumer.topic, channel="ch") == 100
+
+
+async def test_errors_by_code_and_untracking(nsqd) -> None:
+    registry = CollectorRegistry()
+    metrics = NSQMetrics(registry)
+    async with Producer([nsqd.tcp_address], max_msg_size=2 * 1024 * 1024, max_retries=0) as producer:
+        metrics.track(producer)
+        with pytest.raises(Exception, match="E_BAD_MESSAGE"):
+            await producer.publish(unique("big"), b"x" * (1024 * 1024 + 1))
+        samples = scrape(registry)
+        assert value(samples, "nsq_producer_errors_total", producer="default", code="E_BAD_MESSAGE") == 1
+        metrics.untrack(producer)
+        assert not [key for key in scrape(registry) if key[0].startswith("nsq_producer_messages")
+                    and dict(key[1]).get("producer") == "default"]
+
+
+def test_tracking_anything_else_is_refused() -> None:
+    with pytest.raises(TypeError, match="Consumer or Producer, not str"):
+        NSQMetrics(None).track("consumer")  # type: ignore[arg-type]
