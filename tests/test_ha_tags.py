@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from fastnsq import Consumer, Producer
+from fastnsq.ext import msg_ext
 
 from .helpers import eventually, unique
 
@@ -45,7 +46,7 @@ async def test_tagged_and_untagged_consumers_each_get_their_own(nsq_cluster_ha: 
     await eventually(lambda: all(c.connections for c in consumers), timeout=20)
     async with Producer(lookupd_http_addresses=nsq_cluster_ha.lookupd_http_addresses) as producer:
         for i in range(5):
-            await producer.publish(topic, b"red-%d" % i, ext={TAG_KEY: "red"}, partition=0)
+            await producer.publish(topic, b"red-%d" % i, ext=msg_ext(dispatch_tag="red"), partition=0)
             await producer.publish(topic, b"blue-%d" % i, ext={TAG_KEY: "blue"}, partition=0)  # nobody tagged blue
             await producer.publish(topic, b"none-%d" % i, ext={"k": "v"}, partition=0)
     await eventually(lambda: len(seen["red"]) >= 6 and len(seen["plain"]) >= 12, timeout=30)
@@ -68,3 +69,18 @@ async def test_a_tag_without_its_consumer_goes_to_the_untagged(nsq_cluster_ha: A
     await consumer.start()
     await eventually(lambda: got == [b"for green"], timeout=20)
     await consumer.stop()
+
+
+def test_the_ext_helpers_build_and_read_go_nsqs_header() -> None:
+    from fastnsq import codec
+    from fastnsq.errors import InvalidValueError
+    from fastnsq.ext import dispatch_tag, msg_ext
+
+    header = msg_ext({"k": "v"}, dispatch_tag="red", trace_id=7)
+    assert header == {"k": "v", TAG_KEY: "red", "##trace_id": "7"}
+    message = codec.Message(1, 1, bytes(16), b"x", ha=True, ext_version=4,
+                            ext_bytes=b'{"##client_dispatch_tag":"red"}')
+    assert dispatch_tag(message) == "red"
+    assert dispatch_tag(codec.Message(1, 1, bytes(16), b"x", ha=True)) is None
+    with pytest.raises(InvalidValueError, match="dispatch_tag must be a string of 1..100 bytes"):
+        msg_ext(dispatch_tag="x" * 101)

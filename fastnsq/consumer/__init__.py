@@ -11,7 +11,9 @@ from ..stats import ConnectionStats, ConsumerStats
 from .batch import Batch
 from .consumer import CONSUMER_DEFAULTS, Consumer, StopReport
 from .partitions import PartitionState
+from .positions import ConsumeOffset
 
 __all__ = [
-    "CONSUMER_DEFAULTS", "Batch", "ConnectionStats", "Consumer", "ConsumerStats", "PartitionState", "StopReport",
+    "CONSUMER_DEFAULTS", "Batch", "ConnectionStats", "ConsumeOffset", "Consumer", "ConsumerStats", "PartitionState",
+    "StopReport",
 ]
