@@ -24,8 +24,6 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import cramjam
-
 from .errors import InvalidValueError, NSQError
 
 __all__ = [
@@ -53,14 +51,21 @@ class BodyDecompressError(NSQError):
     """A body marked as compressed could not be decompressed (the message is requeued)."""
 
 
+def _cramjam() -> Any:
+    # Imported on first use: `import fastnsq` stays light (tests/test_startup.py).
+    import cramjam
+
+    return cramjam
+
+
 def compress(body: bytes, codec: int) -> bytes | None:
     """``body`` compressed with codec number ``codec``; None when lz4 cannot shrink it."""
     if codec == 1:
         return gzip.compress(body)
     if codec == 2:
-        return bytes(cramjam.snappy.compress_raw(body))
+        return bytes(_cramjam().snappy.compress_raw(body))
     if codec == 3:
-        packed = bytes(cramjam.lz4.compress_block(body, store_size=False))
+        packed = bytes(_cramjam().lz4.compress_block(body, store_size=False))
         return packed if len(packed) < len(body) else None
     raise InvalidValueError(f"unknown body codec number {codec}")
 
@@ -71,10 +76,10 @@ def decompress(body: bytes, codec: int, original_size: int | None) -> bytes:
         if codec == 1:
             return gzip.decompress(body)
         if codec == 2:
-            return bytes(cramjam.snappy.decompress_raw(body))
+            return bytes(_cramjam().snappy.decompress_raw(body))
         if codec == 3:
             size = original_size if original_size is not None else len(body) * _WILD_GUESS
-            return bytes(cramjam.lz4.decompress_block(body, output_len=size))
+            return bytes(_cramjam().lz4.decompress_block(body, output_len=size))
     except Exception as exc:  # each codec raises its own kinds
         raise BodyDecompressError(f"cannot decompress a codec-{codec} body of {len(body)} bytes: {exc}") from exc
     raise BodyDecompressError(f"unknown body codec number {codec}")
