@@ -168,6 +168,7 @@ cdef class Link(MessageSink):
     cdef public long timed_out
     cdef public ConnRdy rdy_state
     cdef WriteBuffer _wbuf
+    cdef list _fins  # the connection's FINs of this pass, when it batches them (HA: conn.batch_fins)
     cdef object _schedule_flush
     cdef object _handler
     cdef object _async_dispatch
@@ -195,9 +196,11 @@ cdef class Link(MessageSink):
         return f"<link {self.endpoint.address} p={self.endpoint.partition}>"
 
     def attach(self, conn):
-        """The connection this link answers on (its write buffer takes the FINs)."""
+        """The connection this link answers on (its write buffer takes the FINs, or its ``fins``
+        list when it batches them: call after ``conn.batch_fins()``)."""
         self.conn = conn
         self._wbuf = conn._wbuf
+        self._fins = conn.fins
         self._schedule_flush = conn._schedule_flush
 
     def configure(self, *, handler=None, bint is_async=False, Inbox inbox=None, long max_attempts=0,
@@ -283,6 +286,11 @@ cdef class Link(MessageSink):
             self.timed_out += 1  # nsqd gave it to someone else already
         s.in_flight -= 1
         self.finished += 1
+        if self._fins is not None:
+            if not self._fins:
+                self._schedule_flush()  # the first FIN since the last write (the write takes them all)
+            self._fins.append(msg)
+            return 0
         if len(self._wbuf) == 0:
             self._schedule_flush()  # the first command since the last write: one write per pass
         self._wbuf.put_fin(msg)

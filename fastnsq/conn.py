@@ -147,6 +147,9 @@ class Connection(asyncio.BufferedProtocol):
         #: Called with the seconds from a write to the answer of its last command (one call per
         #: write, not per command: the commands of one write are answered together); metrics set it.
         self.round_trip_observer: Callable[[float], object] | None = None
+        #: HA: the FINs of this loop pass, written newest first when the pass's write goes out
+        #: (None: each FIN is written at once). See :meth:`batch_fins`.
+        self.fins: list[Any] | None = None
 
     def __repr__(self) -> str:
         return f"<Connection {self.address} {self.state}{' HA' if self.is_ha else ''}>"
@@ -349,8 +352,24 @@ class Connection(asyncio.BufferedProtocol):
 
     def fin(self, message: Any) -> None:
         self._check_open("FIN")
-        self._wbuf.fin(message)
+        if self.fins is not None:
+            self.fins.append(message)
+        else:
+            self._wbuf.fin(message)
         self._schedule_flush()
+
+    def batch_fins(self) -> None:
+        """HA nsqd: write each pass's FINs newest first (a consumer's fast lane appends to ``fins``).
+
+        A youzan leader moves its channel's confirmed offset with every FIN of the oldest
+        unconfirmed message and tells each replica each time (FinishMessageToCluster); a FIN
+        above that offset is only recorded. FINs of a batch sent newest first move the offset
+        once per batch: on a 3-node cluster with 2 replicas, nsqd's CPU per message went from
+        13 to 5.6 us and consumption from ~65k to ~120k msg/s. The order of FINs means nothing
+        else to nsqd.
+        """
+        if self.fins is None:
+            self.fins = []
 
     def req(self, message: Any, delay_ms: int) -> None:
         self._check_open("REQ")
@@ -630,6 +649,11 @@ class Connection(asyncio.BufferedProtocol):
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        fins = self.fins
+        if fins:
+            for message in reversed(fins):
+                self._wbuf.fin(message)
+            fins.clear()
         if self._transport is None or not len(self._wbuf):
             return
         data = self._wbuf.take()

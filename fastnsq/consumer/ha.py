@@ -16,6 +16,9 @@ One job: the HA options of :class:`~fastnsq.Consumer` and what they change
 * ``disable_message_decompress`` (``DisableMessageDecompress``): hand over bodies that a
   youzan/go-nsq producer compressed (:mod:`fastnsq.bodies`) as they arrived; by default
   they are decompressed before the handler sees them.
+* ``fins_newest_first`` (fastnsq's; True): on an HA nsqd, the FINs of one loop pass go out
+  newest first, so the leader moves its channel's confirmed offset (and tells its replicas)
+  once per pass instead of once per message (``Connection.batch_fins``).
 
 The consumer asks :meth:`HAConsumer.plan` how to subscribe each connection, tells
 :meth:`HAConsumer.subscribed` when it did, and the dispatcher calls
@@ -50,6 +53,7 @@ HA_CONSUMER_DEFAULTS: dict[str, Any] = {
     "enable_trace": False,
     "consume_offset": None,
     "disable_message_decompress": False,
+    "fins_newest_first": True,
 }
 
 
@@ -105,6 +109,8 @@ class HAConsumer:
         self.enable_trace = bool(settings["enable_trace"])
         self.decompress = not settings["disable_message_decompress"]
         self.max_attempts = max_attempts
+        self.ordered = ordered
+        self.fins_newest_first = bool(settings["fins_newest_first"])
         starts = parse_consume_offset(settings["consume_offset"])
         if starts and ordered and not has_lookupd:
             raise InvalidValueError(
@@ -143,6 +149,9 @@ class HAConsumer:
         """The SUB of ``link`` went through: its start is done, its messages may take the fast lane."""
         partition = link.endpoint.partition
         self.positions.subscribed(partition)
+        if self.fins_newest_first and link.conn.is_ha and not self.ordered:
+            link.conn.batch_fins()  # (ordered: one message in flight per partition, nothing to batch)
+            link.attach(link.conn)
         link.inspect_ext = self.decompress and bool(link.conn.extend_support)
         link.fast = self._fast_allowed() and partition not in self.positions.checking
 
