@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,9 +47,13 @@ def free_port() -> int:
 
 
 def _ping(http_address: str) -> bool:
+    """Whether the server answers HTTP: ``/ping`` says OK, or refuses plain HTTP (an nsqd with
+    ``--tls-required=true`` answers 403 TLS_REQUIRED: it is up all the same)."""
     try:
         with urllib.request.urlopen(f"http://{http_address}/ping", timeout=1.0) as response:  # loopback only
             return bytes(response.read()).strip() == b"OK"
+    except urllib.error.HTTPError:
+        return True
     except OSError:
         return False
 
