@@ -403,22 +403,31 @@ async def test_throttled_link(make_server, clients) -> None:
 # ---- the servers ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kill", [False, True], ids=["sigterm", "sigkill"])
-async def test_nsqd_restarted_mid_stream(make_server, clients, kill: bool) -> None:
+@pytest.mark.parametrize("how", ["sigterm", "sigkill", "sigkill_nothing_in_flight"])
+async def test_nsqd_restarted_mid_stream(make_server, clients, how: str) -> None:
     """nsqd goes down (SIGTERM, or SIGKILL with every message on disk) for 1 s and comes back
-    on its ports; the clients reconnect through their proxies by themselves."""
+    on its ports; the clients reconnect through their proxies by themselves. The last case
+    pauses the consumer (RDY 0) before the kill: nothing is in flight, so nothing may be lost."""
+    kill = how != "sigterm"
     server = await make_server(disk_only=kill)
-    c = await clients(server, "killed" if kill else "restarted")
+    c = await clients(server, how)
 
     async def fault() -> None:
+        if how == "sigkill_nothing_in_flight":
+            c.consumer.set_max_in_flight(0)
+            await eventually(lambda: c.consumer.stats()["in_flight"] == 0, timeout=10, what="nothing in flight")
+            await asyncio.sleep(0.5)  # what nsqd sent before it saw RDY 0 has arrived and been answered
         await server.down(kill=kill)
         await asyncio.sleep(1.0)
         await server.start()
+        if how == "sigkill_nothing_in_flight":
+            c.consumer.set_max_in_flight(50)
 
-    what = "nsqd killed (SIGKILL), back after 1 s" if kill else "nsqd restarted (SIGTERM), back after 1 s"
+    what = {"sigterm": "nsqd restarted (SIGTERM), back after 1 s", "sigkill": "nsqd killed (SIGKILL), back after 1 s",
+            "sigkill_nothing_in_flight": "nsqd killed (SIGKILL) with the consumer paused, back after 1 s"}[how]
     # A real nsqd's SIGKILL loses what it had in flight and the consumer had not received:
     # at most the consumer's max_in_flight (see Server). Everything else must come back.
-    window = c.consumer.max_in_flight if kill and REAL_BIN is not None else 0
+    window = c.consumer.max_in_flight if how == "sigkill" and REAL_BIN is not None else 0
     await run_scenario(c, fault, what, server.describe, may_lose=window)
     assert len(c.producer.connections) == 1
 
