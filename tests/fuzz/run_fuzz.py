@@ -1,12 +1,13 @@
-"""Run the codec's differential fuzzer (fuzz_codec.py) for a number of inputs and record it.
+"""Run a fuzz target for a number of inputs and record it.
 
-    python tests/fuzz/run_fuzz.py --runs 10000000        # the recorded run: ~40 min on one core
+    python tests/fuzz/run_fuzz.py --runs 10000000                     # the codec differential (fuzz_codec.py)
+    python tests/fuzz/run_fuzz.py --target hostile --runs 1000000     # a hostile nsqd (fuzz_hostile.py)
 
-Starts atheris (libFuzzer) on ``fuzz_codec.py`` with a per-input time limit (a hang is a
+Starts atheris (libFuzzer) on the target with a per-input time limit (a hang is a
 failure), a memory limit (unbounded growth is a failure) and the regression corpus
 tests/corpus/server_bytes as seeds, then writes what libFuzzer reported (inputs run,
 seconds, coverage, crash/hang/oom artifacts: any is a failure) to
-bench/results/fuzz-codec-<date>.json and prints it. Exits 1 on any failure.
+bench/results/fuzz-<target>-<date>.json and prints it. Exits 1 on any failure.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGET = Path(__file__).with_name("fuzz_codec.py")
+TARGETS = {"codec": Path(__file__).with_name("fuzz_codec.py"), "hostile": Path(__file__).with_name("fuzz_hostile.py")}
 SEEDS = ROOT / "tests" / "corpus" / "server_bytes"
 
 
-def run(runs: int, per_input_timeout: int, rss_limit_mb: int, corpus: Path, artifacts: Path) -> dict:
-    command = [sys.executable, str(TARGET), f"-atheris_runs={runs}", f"-timeout={per_input_timeout}",
+def run(target: Path, runs: int, per_input_timeout: int, rss_limit_mb: int, corpus: Path, artifacts: Path) -> dict:
+    command = [sys.executable, str(target), f"-atheris_runs={runs}", f"-timeout={per_input_timeout}",
                f"-rss_limit_mb={rss_limit_mb}", f"-artifact_prefix={artifacts}/", "-print_final_stats=1",
                str(corpus), str(SEEDS)]
     started = time.monotonic()
@@ -58,6 +59,7 @@ def run(runs: int, per_input_timeout: int, rss_limit_mb: int, corpus: Path, arti
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", choices=sorted(TARGETS), default="codec", help="what to fuzz (default codec)")
     parser.add_argument("--runs", type=int, default=10_000_000, help="inputs to run (default 10,000,000)")
     parser.add_argument("--timeout", type=int, default=10, help="seconds one input may take (a hang past it fails)")
     parser.add_argument("--rss-limit-mb", type=int, default=2048, help="memory limit (a leak past it fails)")
@@ -69,16 +71,16 @@ def main() -> int:
     corpus = args.corpus or Path(tempfile.mkdtemp(prefix="fastnsq-fuzz-corpus-"))
     corpus.mkdir(parents=True, exist_ok=True)
     artifacts = Path(tempfile.mkdtemp(prefix="fastnsq-fuzz-artifacts-"))
-    result = run(args.runs, args.timeout, args.rss_limit_mb, corpus, artifacts)
+    result = run(TARGETS[args.target], args.runs, args.timeout, args.rss_limit_mb, corpus, artifacts)
     import fastnsq
 
     result.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), python=platform.python_version(),
-                  machine=f"{platform.machine()} {os.cpu_count()} cores", codec_compared="C extension vs pure Python",
+                  machine=f"{platform.machine()} {os.cpu_count()} cores", target=args.target,
                   fastnsq=fastnsq.__version__, command=" ".join(sys.argv))
     summary = {k: v for k, v in result.items() if k != "log_tail"}
     print(json.dumps(summary, indent=1))
     if not args.no_save:
-        out = ROOT / "bench" / "results" / f"fuzz-codec-{datetime.now():%Y%m%d-%H%M}.json"
+        out = ROOT / "bench" / "results" / f"fuzz-{args.target}-{datetime.now():%Y%m%d-%H%M}.json"
         out.write_text(json.dumps(result, indent=1))
         print(f"written to {out}")
     failed = result["runs_done"] != args.runs or result["artifacts"] or result["exit_status"] != 0
