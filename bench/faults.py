@@ -66,10 +66,10 @@ def main() -> int:
     result = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
               "machine": f"{platform.machine()} {os.cpu_count()} cores", "pytest_status": status, "rows": rows,
               "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
-    out = ROOT / "bench" / "results" / f"faults-{kind}-{stamp:%Y%m%d-%H%M}"
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    out = ROOT / "bench" / "results" / f"faults-{kind}-{stamp:%Y%m%d-%H%M}"  # kind may hold dots: no with_suffix
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1))
     text = markdown(rows, title) + f"\npytest exit status {status}; {result['date']}; `{result['command']}`.\n"
-    out.with_suffix(".md").write_text(text)
+    Path(f"{out}.md").write_text(text)
     print(text)
     print(f"written to {out}.json and .md")
     return status
