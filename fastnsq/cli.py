@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import os
-import queue
 import random
 import shutil
 import signal
@@ -979,6 +978,7 @@ def stats_rows(nodes: dict[str, Any], *, show_node: bool) -> list[list[Any]]:
 
 def _run_bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from .benchmark import SCENARIOS
+    from .testing.process import NSQDProcess  # one home for nsqd child processes; imported on use
 
     if args.list:
         rows = [[name, scenario.description] for name, scenario in SCENARIOS.items()]
@@ -1052,76 +1052,13 @@ def bench_table(results: Sequence[Any]) -> tuple[list[str], list[list[Any]]]:
     return headers, rows
 
 
-class NSQDProcess:
-    """``fastnsq nsqd`` on free loopback ports in a child process (SIGTERM stops it).
+def __getattr__(name: str) -> Any:
+    # cli.NSQDProcess lives in fastnsq.testing.process (imported on use: `fastnsq pub` stays light).
+    if name == "NSQDProcess":
+        from .testing.process import NSQDProcess
 
-    A process of its own gives the server its own core: on a 2-core machine the
-    client is about twice as fast as with the server in its process (measured with
-    the demo). Example::
-
-        server = NSQDProcess()
-        server.start()
-        try:
-            ...  # connect to server.tcp_address / server.http_address
-        finally:
-            server.stop()
-    """
-
-    def __init__(self, *extra_args: str) -> None:
-        self.extra_args = extra_args
-        self.process: subprocess.Popen[str] | None = None
-        self.tcp_address = ""
-        self.http_address = ""
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    def start(self, timeout: float = 20.0) -> None:
-        """Start the child and wait until it prints its addresses; raises CommandError otherwise."""
-        root = str(Path(__file__).resolve().parent.parent)  # found without `pip install` too
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-        command = [sys.executable, "-m", "fastnsq", "nsqd", "--tcp-address", "127.0.0.1:0",
-                   "--http-address", "127.0.0.1:0", *self.extra_args]
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        lines: queue.Queue[str] = queue.Queue()
-        # The child's output is read for as long as it runs: a pipe nobody reads would block it.
-        threading.Thread(target=_copy_lines, args=(self.process.stdout, lines), daemon=True).start()
-        deadline = time.monotonic() + timeout
-        seen: list[str] = []
-        while True:
-            try:
-                line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            seen.append(line)
-            words = line.split()
-            if words[:2] == ["nsqd", "tcp"]:
-                self.tcp_address, self.http_address = words[2], words[4]
-            if line.startswith("running") and self.tcp_address:
-                return
-            if not line:  # the child exited
-                break
-        self.stop()
-        said = [text.strip() for text in seen if text.strip()]
-        raise CommandError(f"the embedded nsqd did not start: {said[-1] if said else 'no output'}")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL if it has not exited after 5 s."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(5.0)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-def _copy_lines(stream: Any, lines: queue.Queue[str]) -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put("")
+        return NSQDProcess
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ---- console rendering --------------------------------------------------------------------------
