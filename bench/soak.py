@@ -30,7 +30,6 @@ import os
 import platform
 import struct
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -163,7 +162,7 @@ class Soak:
         try:
             await fault()
             outcome = "ok"
-        except Exception as exc:  # a fault that could not be applied is reported, not fatal
+        except Exception as exc:  # noqa: BLE001 - a fault that could not be applied is reported, not fatal
             outcome = f"{type(exc).__name__}: {exc}"
         self.faults.append({"t": round(at - started, 1), "fault": fault.__name__, "seconds": round(loop.time() - at, 2),
                             "outcome": outcome})

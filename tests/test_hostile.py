@@ -160,42 +160,44 @@ def assert_clean(texts: list[str]) -> None:
 async def test_secrets_and_bodies_never_reach_logs_or_errors(caplog):
     caplog.set_level(logging.DEBUG)
     messages: list[str] = []
-    async with AuthServer({SECRET: ("alice", [authorization("allowed.*")])}) as auth:
-        async with NSQD(auth_http_addresses=[auth.address], max_msg_size=64) as nsqd:
-            # Authenticated publishing, then a refused topic (fatal E_UNAUTHORIZED).
-            producer = Producer([nsqd.tcp_address], auth_secret=SECRET, max_msg_size=1024, max_retries=0)
-            await producer.start()
-            await producer.publish("allowed_topic", BODY)
-            for call in (
-                producer.publish("forbidden_topic", BODY),
-                producer.publish("allowed_topic", BODY * 10),  # over nsqd's 64 bytes: E_BAD_MESSAGE
-            ):
-                with pytest.raises(NSQError) as info:
-                    await call
-                messages.append(str(info.value))
-                messages.append(repr(info.value))
-            with pytest.raises(InvalidValueError) as info:
-                await producer.publish("allowed_topic", BODY * 100)  # over the client's max_msg_size
-            messages.append(str(info.value))
-            await producer.close()
-            # A wrong secret.
+    async with (
+        AuthServer({SECRET: ("alice", [authorization("allowed.*")])}) as auth,
+        NSQD(auth_http_addresses=[auth.address], max_msg_size=64) as nsqd,
+    ):
+        # Authenticated publishing, then a refused topic (fatal E_UNAUTHORIZED).
+        producer = Producer([nsqd.tcp_address], auth_secret=SECRET, max_msg_size=1024, max_retries=0)
+        await producer.start()
+        await producer.publish("allowed_topic", BODY)
+        for call in (
+            producer.publish("forbidden_topic", BODY),
+            producer.publish("allowed_topic", BODY * 10),  # over nsqd's 64 bytes: E_BAD_MESSAGE
+        ):
             with pytest.raises(NSQError) as info:
-                await Connection(nsqd.tcp_address, ConnectionOptions(auth_secret=SECRET + "x")).connect()
+                await call
             messages.append(str(info.value))
-            messages.append(repr(ConnectionOptions(auth_secret=SECRET)))
-            # A handler that fails on the body.
-            failures: list[str] = []
+            messages.append(repr(info.value))
+        with pytest.raises(InvalidValueError) as info:
+            await producer.publish("allowed_topic", BODY * 100)  # over the client's max_msg_size
+        messages.append(str(info.value))
+        await producer.close()
+        # A wrong secret.
+        with pytest.raises(NSQError) as info:
+            await Connection(nsqd.tcp_address, ConnectionOptions(auth_secret=SECRET + "x")).connect()
+        messages.append(str(info.value))
+        messages.append(repr(ConnectionOptions(auth_secret=SECRET)))
+        # A handler that fails on the body.
+        failures: list[str] = []
 
-            def handler(message):
-                failures.append(repr(message))
-                raise RuntimeError("could not process")
+        def handler(message):
+            failures.append(repr(message))
+            raise RuntimeError("could not process")
 
-            consumer = Consumer("allowed_topic", "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handler,
-                                auth_secret=SECRET, max_attempts=1, default_requeue_delay=0, max_backoff_duration=0)
-            await consumer.start()
-            await eventually(lambda: consumer.stats_given_up == 1, what="the give-up path")
-            await consumer.stop()
-            messages += failures
+        consumer = Consumer("allowed_topic", "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handler,
+                            auth_secret=SECRET, max_attempts=1, default_requeue_delay=0, max_backoff_duration=0)
+        await consumer.start()
+        await eventually(lambda: consumer.stats_given_up == 1, what="the give-up path")
+        await consumer.stop()
+        messages += failures
     texts = messages + [record.getMessage() for record in caplog.records]
     texts += [str(record.exc_info[1]) for record in caplog.records if record.exc_info]
     assert len(caplog.records) > 3  # there was plenty to log
@@ -282,9 +284,8 @@ async def test_a_consumer_reconnects_after_a_hostile_stream(kind, caplog):
 @pytest.mark.parametrize("kind", ["unsolicited_response", "huge_size", "unknown_frame_type"])
 async def test_a_producer_reconnects_after_a_hostile_stream(kind):
     server = TwoFacedServer(HOSTILE_STREAMS[kind], consumer=False)
-    async with server as address:
-        async with Producer([address], reconnect_delay=0.05, max_retries=3) as producer:
-            await eventually(lambda: server.accepted >= 2 and producer.connections, timeout=10,
-                             what="the producer to reconnect")
-            await producer.publish("t", b"published after the reconnect")
+    async with server as address, Producer([address], reconnect_delay=0.05, max_retries=3) as producer:
+        await eventually(lambda: server.accepted >= 2 and producer.connections, timeout=10,
+                         what="the producer to reconnect")
+        await producer.publish("t", b"published after the reconnect")
     assert server.published == [b"published after the reconnect"]

@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"{prog}: error: {exc} (see {prog} --help)", file=sys.stderr)
         return 2
-    except Exception as exc:  # every failure is one line; --debug shows where it came from
+    except Exception as exc:  # noqa: BLE001 - every failure is one line; --debug shows where it came from
         if getattr(args, "debug", False):
             logger.exception("%s failed", prog)
         print(f"{prog}: error: {describe_error(exc)}", file=sys.stderr)

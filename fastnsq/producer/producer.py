@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import codec, tracing
 from ..config import ConnectionOptions, check_logger, check_range, parse_address, split_options
@@ -50,6 +50,9 @@ from ..topology import Topology
 from .messages import MPUB_FRAMING, body_size, check_message_size, ext_json, mpub_chunks, second
 from .pool import ConnectionPool
 from .routing import ANY_NSQD, Router
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["NOT_RETRYABLE", "PRODUCER_DEFAULTS", "Producer"]
 
@@ -215,7 +218,7 @@ class Producer:
             await self._router.topology.close()
         await self._pool.close()
 
-    async def __aenter__(self) -> Producer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -582,7 +585,7 @@ class Producer:
                         sent = conn.publish(topic, part.bodies[0], partition=pid)
                     else:
                         sent = conn.mpublish(topic, part.bodies, partition=pid)
-                except Exception as exc:  # e.g. the connection closed during this pass
+                except Exception as exc:  # noqa: BLE001 - e.g. the connection closed during this pass: every part fails with it
                     for unsent in parts[index:]:
                         unsent.fail(exc)
                     break

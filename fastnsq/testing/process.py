@@ -27,6 +27,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["NSQDProcess", "NSQLookupdProcess", "ServerProcess", "ServerProcessError", "free_port", "go_duration"]
 
@@ -182,7 +186,7 @@ class ServerProcess:
         if self._own_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -206,7 +210,7 @@ class NSQDProcess(ServerProcess):
     def __init__(self, *extra_args: str, binary: str | os.PathLike[str] | None = None,
                  data_dir: str | os.PathLike[str] | None = None, lookupd_tcp_addresses: Sequence[str] = ()) -> None:
         if isinstance(lookupd_tcp_addresses, str):
-            raise ValueError("lookupd_tcp_addresses is a sequence of 'host:port'")
+            raise TypeError("lookupd_tcp_addresses is a sequence of 'host:port', not one string")
         self.binary = _executable(binary) if binary is not None else None
         self.lookupd_tcp_addresses = tuple(lookupd_tcp_addresses)
         super().__init__(*extra_args, data_dir=data_dir)

@@ -25,10 +25,13 @@ import contextlib
 import logging
 import random
 import socket
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..config import parse_address
 from ..errors import InvalidValueError
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["FaultProxy"]
 
@@ -72,7 +75,7 @@ class _Link:
         # A half-open link keeps its live side's pump running after the other side's ended.
         pending = set(self.tasks)
         while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             if not self.dead:
                 break
         self.close()
@@ -192,7 +195,7 @@ class FaultProxy:
             await self._server.wait_closed()
             self._server = None
 
-    async def __aenter__(self) -> FaultProxy:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 

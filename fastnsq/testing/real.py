@@ -36,12 +36,15 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from .process import NSQDProcess, NSQLookupdProcess, ServerProcess, ServerProcessError, free_port, go_duration
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "RealHACluster",
@@ -181,7 +184,7 @@ class RealNSQ:
         if self._own_data_dir and self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> RealNSQ:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -268,9 +271,9 @@ def nsqd_flags(**options: object) -> list[str]:
         elif kind == "bool":
             flags.append(f"{flag}={'true' if value else 'false'}")
         elif kind == "list":
-            if isinstance(value, str):
-                raise ValueError(f"{name} is a sequence of 'host:port'")
-            flags += [f"{flag}={item}" for item in value]  # type: ignore[union-attr]
+            if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                raise TypeError(f"{name} is a sequence of 'host:port', got {value!r}")
+            flags += [f"{flag}={item}" for item in value]
         else:
             flags.append(f"{flag}={value}")
     return flags
@@ -328,7 +331,7 @@ class _AsyncProcess:
     async def resume(self) -> None:
         self.process.resume()
 
-    async def __aenter__(self) -> _AsyncProcess:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
