@@ -184,7 +184,10 @@ async def test_stop_under_load_leaves_nothing_in_flight_and_loses_nothing(nsqd):
     finished: set[bytes] = set()
 
     async def slow(message):
-        await asyncio.sleep(0.01)
+        # 3000 messages, 200 at a time: 0.75 s of work, so that the stop below meets handlers
+        # still running even when a loaded machine delays the check (10 ms each was 0.15 s in
+        # all, and once, on a busy 2-core machine, everything had finished before the stop).
+        await asyncio.sleep(0.05)
         finished.add(message.body)
 
     consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=slow, max_in_flight=200)

@@ -14,6 +14,9 @@ test starts from those binaries (``FASTNSQ_TEST_REAL_BIN``) so that it can resta
 kill them. With ``FASTNSQ_FAULT_TABLE=path.json`` the rows of the table are written there
 (``bench/faults.py`` does that and writes the markdown).
 
+The network scenarios of about 5 s each are marked ``slow``: the suite's main pass runs
+them; the pure-Python codec pass and the other Pythons' smoke pass run the rest.
+
 Loopback only.
 """
 
@@ -304,6 +307,7 @@ async def run_scenario(c: Clients, fault: Callable[[], Awaitable[None]], scenari
 # ---- the network --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_latency_and_jitter(make_server, clients) -> None:
     server = await make_server()
     c = await clients(server, "latency")
@@ -319,6 +323,7 @@ async def test_latency_and_jitter(make_server, clients) -> None:
     assert c.to_producer.accepted == 1 and c.to_consumer.accepted == 1  # slow, not broken: no reconnect
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("direction", ["down", "up"])
 async def test_connection_reset_mid_frame(make_server, clients, direction: str) -> None:
     server = await make_server()
@@ -334,6 +339,7 @@ async def test_connection_reset_mid_frame(make_server, clients, direction: str) 
     assert proxy.accepted >= 2  # it reconnected
 
 
+@pytest.mark.slow
 async def test_blackhole_longer_than_the_heartbeat_deadline(make_server, clients) -> None:
     """Bytes silently dropped both ways for 3 s (heartbeats every 1 s): both ends declare the
     link dead, the client reconnects, what was in flight comes back after msg_timeout."""
@@ -347,6 +353,7 @@ async def test_blackhole_longer_than_the_heartbeat_deadline(make_server, clients
     assert c.to_consumer.accepted >= 2 and c.to_producer.accepted >= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dead_side", ["server", "client"])
 async def test_half_open_connection(make_server, clients, dead_side: str) -> None:
     """One end of every link is reset, the other stays open and hears nothing: it must find
@@ -374,6 +381,7 @@ async def test_a_server_that_stops_reading(make_server, clients) -> None:
     assert c.producer.snapshot().retried + c.ledger.raised + c.producer.snapshot().reconnects > 0  # the fault was felt
 
 
+@pytest.mark.slow
 async def test_network_stall_longer_than_the_heartbeat_deadline(make_server, clients) -> None:
     """Both directions held for 3 s, then released: the links were declared dead meanwhile."""
     server = await make_server()
@@ -386,6 +394,7 @@ async def test_network_stall_longer_than_the_heartbeat_deadline(make_server, cli
     assert c.to_consumer.accepted >= 2 and c.to_producer.accepted >= 2
 
 
+@pytest.mark.slow
 async def test_throttled_link(make_server, clients) -> None:
     server = await make_server()
     c = await clients(server, "throttled")
