@@ -44,7 +44,8 @@ EXTENSIONS = ("_frame", "_coalesce", "_delivery")
 SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 SMOKE_EXTRAS = "test,testing"
 #: The smoke pass on the other Pythons: the README's and the documentation's examples, the
-#: codec both ways, fastnsq.run, the connection, consumer and producer, and the fault scenarios.
+#: codec both ways, fastnsq.run, the connection, consumer and producer, and the fault
+#: scenarios (those marked slow run in the main pass only).
 SMOKE_TESTS = [
     "tests/test_loop.py", "tests/test_readme.py", "tests/test_docs_examples.py", "tests/test_codec.py",
     "tests/test_codec_properties.py",
@@ -206,7 +207,7 @@ def smoke_other_pythons(args: list[str]) -> None:
         print(f"python {version}: smoke pass with {base}", flush=True)
         try:
             python = setup(ROOT / f".venv-{version}", base, SMOKE_EXTRAS)
-            run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *SMOKE_TESTS, *args)
+            run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *SMOKE_TESTS, *args)
             outcomes[version] = "smoke pass passed"
         except subprocess.CalledProcessError as exc:
             outcomes[version] = f"FAILED (exit {exc.returncode})"

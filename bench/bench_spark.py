@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,35 +41,23 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
-_SERVER = """
-import asyncio, sys
-from fastnsq.loop import run
-from fastnsq.testing.nsqd import NSQD
-
-async def main():
-    nsqd = NSQD(msg_timeout=120.0)
-    await nsqd.start()
-    print("READY", nsqd.tcp_address, nsqd.http_address, flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent goes
-    await nsqd.stop()
-
-run(main())
-"""
-
-
 class NSQDProcess:
-    """The embedded nsqd in a child process (so its CPU is not this process's GIL)."""
+    """An nsqd in a child process (so its CPU is not this process's GIL): fastnsq's embedded one,
+    or a real one from ``bin_dir`` (fastnsq.testing.process starts both)."""
 
-    def __init__(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True
-        )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().split()
-        if not line or line[0] != "READY":
-            raise RuntimeError(f"nsqd did not start: {line}")
-        self.tcp_address, self.http_address = line[1], line[2]
+    def __init__(self, bin_dir: str | None = None) -> None:
+        from fastnsq.testing.process import NSQDProcess as Child
+
+        if bin_dir is None:
+            self.child = Child("--msg-timeout", "120")
+            self.version = "embedded"
+        else:
+            self.child = Child(*REAL_NSQD_FLAGS, binary=Path(bin_dir).expanduser() / "nsqd")
+        self.child.start()
+        self.tcp_address, self.http_address = self.child.tcp_address, self.child.http_address
+        if bin_dir is not None:
+            with urllib.request.urlopen(f"http://{self.http_address}/info", timeout=10) as response:
+                self.version = json.loads(response.read())["version"]
 
     def stats(self, topic: str) -> dict[str, Any]:
         url = f"http://{self.http_address}/stats?format=json&topic={topic}"
@@ -86,15 +73,12 @@ class NSQDProcess:
             pass
 
     def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        self.child.close()
 
     def describe(self) -> str:
-        return "fastnsq's embedded nsqd (fastnsq.testing, one child process), msg_timeout 120 s"
+        if self.child.binary is None:
+            return "fastnsq's embedded nsqd (fastnsq.testing, one child process), msg_timeout 120 s"
+        return f"nsqd {self.version} (real, {self.child.binary.parent}) {' '.join(self.child.extra_args)}"
 
     def create_channel(self, topic: str, channel: str) -> None:
         _post(f"http://{self.http_address}/topic/create?topic={topic}")
@@ -103,54 +87,6 @@ class NSQDProcess:
 
 #: The real nsqd's flags: every message of the runs in memory (the issue's setting).
 REAL_NSQD_FLAGS = ["--mem-queue-size=2000000"]
-
-
-class RealNSQDProcess(NSQDProcess):
-    """A real nsqd from a folder of binaries (../shared/real-servers/build-nsq.sh), on loopback."""
-
-    def __init__(self, bin_dir: str) -> None:
-        binary = Path(bin_dir).expanduser() / "nsqd"
-        if not binary.exists():
-            raise SystemExit(f"--real: no nsqd in {bin_dir}")
-        self.data_dir = tempfile.mkdtemp(prefix="fastnsq-bench-spark-nsqd-")
-        tcp, http = _free_port(), _free_port()
-        self.tcp_address, self.http_address = f"127.0.0.1:{tcp}", f"127.0.0.1:{http}"
-        self.command = [str(binary), f"--data-path={self.data_dir}", f"--tcp-address={self.tcp_address}",
-                        f"--http-address={self.http_address}", "--https-address=",
-                        "--broadcast-address=127.0.0.1", *REAL_NSQD_FLAGS]
-        self.proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://{self.http_address}/ping", timeout=1) as response:
-                    self.version = json.loads(
-                        urllib.request.urlopen(f"http://{self.http_address}/info", timeout=1).read())["version"]
-                    response.read()
-                    break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError(f"nsqd did not start: {' '.join(self.command)}") from None
-                time.sleep(0.1)
-
-    def describe(self) -> str:
-        return f"nsqd {self.version} (real, {Path(self.command[0]).parent}) {' '.join(self.command[1:])}"
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        shutil.rmtree(self.data_dir, ignore_errors=True)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _post(url: str) -> None:
@@ -373,7 +309,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     try:
         for _ in range(args.nsqds):
-            nsqds.append(RealNSQDProcess(args.real) if args.real else NSQDProcess())
+            nsqds.append(NSQDProcess(args.real))
         nsqd = nsqds[0]
         spark = spark_session()
         import pyspark

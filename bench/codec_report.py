@@ -10,7 +10,8 @@ import sys
 
 
 def main(path: str) -> None:
-    data = json.load(open(path))
+    with open(path) as file:
+        data = json.load(file)
     rows = {}
     for bench in data["benchmarks"]:
         items = bench["extra_info"]["items_per_round"]

@@ -12,7 +12,7 @@ from .codec import IMPLEMENTATION as CODEC_IMPLEMENTATION
 from .codec import Message, TracedResponse
 from .config import ConnectionOptions
 from .conn import Connection
-from .consumer import Batch, Consumer, ConsumeOffset, StopReport
+from .consumer import Batch, ConsumeOffset, Consumer, StopReport
 from .errors import (
     ConnectionClosedError,
     InvalidValueError,

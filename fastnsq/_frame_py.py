@@ -13,7 +13,7 @@ import struct
 from array import array
 from collections.abc import Callable, Sequence
 from itertools import accumulate
-from typing import Any, Union
+from typing import Any
 
 from .errors import InvalidValueError, ProtocolError, split_error
 
@@ -103,8 +103,8 @@ _MSG_HEAD = struct.Struct(">qH")
 _OFFSET_SIZE = struct.Struct(">QI")
 _TRACED = struct.Struct(">QQQI")
 
-BytesLike = Union[bytes, bytearray, memoryview]
-Body = Union[bytes, bytearray, memoryview, str]
+BytesLike = bytes | bytearray | memoryview
+Body = bytes | bytearray | memoryview | str
 
 
 # ---- names -----------------------------------------------------------------------------

@@ -333,6 +333,52 @@ async def prefill(
 # ---- the workloads ----------------------------------------------------------------------------
 
 
+class Observer:
+    """What a run is observed with (``--observe``): nothing, Prometheus metrics scraped every
+    second, or the OpenTelemetry adapter imported and not instrumented (tracing off)."""
+
+    KINDS = ("none", "metrics", "otel-off")
+
+    def __init__(self, kind: str = "none") -> None:
+        if kind not in self.KINDS:
+            raise ValueError(f"observe must be one of {self.KINDS}, got {kind!r}")
+        self.kind = kind
+        self._metrics: Any = None
+        self._registry: Any = None
+        self._scraper: asyncio.Task[None] | None = None
+        if kind == "otel-off":
+            import fastnsq.otel  # noqa: F401 - installed and imported, never instrumented
+        elif kind == "metrics":
+            from prometheus_client import CollectorRegistry
+
+            from .metrics import NSQMetrics
+
+            self._registry = CollectorRegistry()
+            self._metrics = NSQMetrics(self._registry)
+
+    def attach(self, client: Any) -> None:
+        if self._metrics is None:
+            return
+        self._metrics.track(client)
+        if self._scraper is None:
+            self._scraper = asyncio.get_running_loop().create_task(self._scrape())
+
+    async def _scrape(self) -> None:
+        from prometheus_client import generate_latest
+
+        while True:  # as Prometheus would, every second (usually every 15 s or more)
+            await asyncio.sleep(1.0)
+            generate_latest(self._registry)
+
+    def close(self) -> None:
+        if self._scraper is not None:
+            self._scraper.cancel()
+
+
+#: The observer of this process's runs (``--observe``); attach() is a no-op for "none".
+OBSERVER = Observer()
+
+
 async def publish_workload(
     nsqd_tcp_address: str,
     topic: str,
@@ -355,6 +401,7 @@ async def publish_workload(
     """
     body = b"x" * size
     async with Producer([nsqd_tcp_address], **{**(options or {}), "coalesce": coalesce}) as producer:
+        OBSERVER.attach(producer)
         meter = _Meter(warmup + count, warmup, max_seconds=max_seconds, server_pid=server_pid, progress=progress)
 
         async def caller() -> None:
@@ -391,6 +438,7 @@ async def mpublish_workload(
     """``concurrency`` tasks, each awaiting ``producer.mpublish(topic, [body] * batch)`` in a loop."""
     body = b"x" * size
     async with Producer([nsqd_tcp_address], **(options or {})) as producer:
+        OBSERVER.attach(producer)
         meter = _Meter(warmup + count, warmup, max_seconds=max_seconds, server_pid=server_pid, progress=progress)
 
         async def caller() -> None:
@@ -457,6 +505,7 @@ async def consume_workload(
         handler=handler,
         **{**(options or {}), "max_in_flight": max_in_flight},
     )
+    OBSERVER.attach(consumer)
     await consumer.start()
     batches_task: asyncio.Task[None] | None = None
     if mode == "batches":
@@ -644,6 +693,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--server-pid", type=int, default=None, help="measure this process's CPU as the server's")
     parser.add_argument("--prefill", action="store_true", help="consume: publish warmup+count messages first")
     parser.add_argument("--progress", action="store_true", help="a progress line per second on stderr")
+    parser.add_argument("--observe", choices=Observer.KINDS, default="none",
+                        help="metrics: tracked by fastnsq.metrics and scraped every second; otel-off: the "
+                             "OpenTelemetry adapter imported, not instrumented")
     return parser
 
 
@@ -675,6 +727,8 @@ def _print_progress(done: int, total: int, elapsed: float) -> None:
 
 
 async def _main(args: argparse.Namespace) -> BenchResult:
+    global OBSERVER
+    OBSERVER = Observer(args.observe)
     options = _options(args)
     workload = WORKLOADS[args.workload][0]
     if args.workload == "consume" and args.prefill:
@@ -693,7 +747,7 @@ async def _main(args: argparse.Namespace) -> BenchResult:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     result = run_on_default_loop(_main(args))
-    print(json.dumps(result.as_dict()), flush=True)
+    print(json.dumps({**result.as_dict(), "observe": args.observe}), flush=True)
     return 0
 
 

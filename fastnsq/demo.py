@@ -31,8 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from . import CODEC_IMPLEMENTATION, Consumer, Producer, __version__
-from .cli import CommandError, NSQDProcess
+from .cli import CommandError
 from .errors import NSQError
+from .testing.process import NSQDProcess
 
 __all__ = ["DemoSettings", "main", "percentile"]
 

@@ -21,7 +21,7 @@ import concurrent.futures
 import signal
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .consumer import Consumer as AsyncConsumer
 from .consumer import StopReport
@@ -31,6 +31,9 @@ from .producer import Producer as AsyncProducer
 from .producer.ha import CloseReport
 from .producer.load import NodeStats
 from .stats import ConsumerStats, ProducerStats, deprecated_spelling
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["Consumer", "Producer"]
 
@@ -167,7 +170,7 @@ class Producer:
         finally:
             self._thread.stop()
 
-    def __enter__(self) -> Producer:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -338,7 +341,7 @@ class Consumer:
         figures["connections"] = list(figures["connections"])
         return figures
 
-    def __enter__(self) -> Consumer:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

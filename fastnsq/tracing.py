@@ -27,7 +27,8 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any, ContextManager, Protocol
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 __all__ = [
     "PublishCall", "TraceHook", "add_hook", "consumed", "enable", "handling", "is_enabled", "logger",
@@ -70,9 +71,9 @@ class TraceHook(Protocol):
     through it.
     """
 
-    def publishing(self, call: PublishCall) -> ContextManager[object]: ...
+    def publishing(self, call: PublishCall) -> AbstractContextManager[object]: ...
 
-    def handling(self, topic: str, channel: str, message: Any) -> ContextManager[object]: ...
+    def handling(self, topic: str, channel: str, message: Any) -> AbstractContextManager[object]: ...
 
 
 _hooks: list[TraceHook] = []
@@ -113,7 +114,7 @@ def _refresh() -> None:
 def publishing(call: PublishCall) -> Iterator[PublishCall]:
     """Every hook's context around one publish call (the producer's slow path, when ENABLED)."""
     with contextlib.ExitStack() as stack:
-        for hook in list(_hooks):
+        for hook in _hooks:
             stack.enter_context(hook.publishing(call))
         yield call
 
@@ -122,7 +123,7 @@ def publishing(call: PublishCall) -> Iterator[PublishCall]:
 def handling(topic: str, channel: str, message: Any) -> Iterator[None]:
     """Every hook's context around one handler call (the consumer's Python path, when ENABLED)."""
     with contextlib.ExitStack() as stack:
-        for hook in list(_hooks):
+        for hook in _hooks:
             stack.enter_context(hook.handling(topic, channel, message))
         yield
 

@@ -99,7 +99,7 @@ def _run_python(example: Example, tmp_path: Path) -> None:
         path = tmp_path / f"example_{example.index}.py"
         path.write_text(code)
         cmd = [sys.executable, str(path)]
-    result = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, (
         f"{example.id} failed:\n{code}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
     )
@@ -141,7 +141,7 @@ def _run_shell(example: Example, tmp_path: Path) -> None:
     script = tmp_path / "example.sh"
     script.write_text("\n".join(lines) + "\nwait\n")
     result = subprocess.run(["bash", str(script)], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                            timeout=180)
+                            timeout=180, check=False)
     assert result.returncode == 0, f"{example.id}:\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
     for command, check in SHELL_EXPECTATIONS.items():
         if command in example.code:

@@ -110,7 +110,7 @@ def test_top_level_help_lists_every_command() -> None:
 @pytest.mark.parametrize("command", sorted(DOCUMENTED))
 def test_each_command_help_documents_its_options(command: str) -> None:
     parser = cli.build_parser()
-    sub = cli._subparser(parser, command)
+    sub = cli.subparser_of(parser, command)
     text = sub.format_help()
     for option in DOCUMENTED[command]:
         assert option in text, f"{command} --help does not mention {option}"
@@ -497,3 +497,29 @@ def test_stats_rows_per_node_when_several() -> None:
     rows = cli.stats_rows({"a:4151": stats, "b:4151": {"topics": None}}, show_node=True)
     assert rows == [["a:4151", "t (paused)", "-", 0, "", "", "", "", 9, ""],
                     ["", "", "c", 4, 1, 2, 3, 5, 9, 2]]
+
+
+async def test_consumer_and_producer_options_pass_through(nsqd) -> None:
+    """go's --consumer-opt / --producer-opt: any option by go-nsq's name, typed and checked."""
+    topic = unique("cliopts")
+    assert_ok(await fastnsq("pub", "--nsqd-tcp-address", nsqd.tcp_address, topic, "-",
+                            "--producer-opt", "pool_size=2", "--producer-opt", "publish_timeout,5s",
+                            stdin=b"a\nb\n"))
+    outcome = await fastnsq("tail", "--nsqd-tcp-address", nsqd.tcp_address, topic, "-n", "2",
+                            "--consumer-opt", "msg_timeout=90s", "--consumer-opt", "backoff_strategy=full_jitter")
+    assert_ok(outcome)
+    assert outcome.stdout.splitlines() == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["pub", "t", "x", "--producer-opt", "pool_size=two"], "--producer-opt: option pool_size='two': takes a whole number"),
+        (["tail", "t", "--consumer-opt", "max_in_flight"], "--consumer-opt: an option is 'name=value'"),
+        (["tail", "t", "--consumer-opt", "pool_size=2"], "--consumer-opt: unknown consumer option 'pool_size'"),
+    ],
+)
+async def test_bad_passthrough_options_are_named(args: list[str], message: str) -> None:
+    outcome = await fastnsq(*args)
+    assert outcome.returncode == 2, outcome.stderr
+    assert message in outcome.stderr and "Traceback" not in outcome.stderr

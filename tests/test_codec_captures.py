@@ -165,7 +165,7 @@ def _client_streams(codec, name: str):
         if raw in (b"  V2", b"  V1"):
             magic.append(raw)
         else:
-            reader = codec.CommandReader(lambda n, p, b: commands.append((n, p, b)))
+            reader = codec.CommandReader(lambda n, p, b, commands=commands: commands.append((n, p, b)))
             reader.feed(raw)
             # Everything was split, except after a refused length (nsqd stops reading there).
             assert reader.buffered == 0 or isinstance(commands[-1][2], int)

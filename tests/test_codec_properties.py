@@ -225,7 +225,7 @@ def test_commands_round_trip_through_the_server_splitter(cmds, cuts):
     wanted = [expected_command(c) for c in cmds]
     for codec in IMPLEMENTATIONS:
         out: list[tuple] = []
-        reader = codec.CommandReader(lambda n, p, b: out.append((n, p, b)), binary_ids=True)
+        reader = codec.CommandReader(lambda n, p, b, out=out: out.append((n, p, b)), binary_ids=True)
         for chunk in split(data, cuts):
             reader.feed(chunk)
         assert out == wanted

@@ -67,9 +67,11 @@ UPGRADES = {
 async def secured_nsqd():
     """An nsqd with a TLS certificate and an auth endpoint (embedded: real ones can't be configured here)."""
     files = tls_files()
-    async with AuthServer({SECRET: ("tester", [authorization()])}) as auth:
-        async with NSQD(tls_cert=files.server_cert, tls_key=files.server_key, auth_http_addresses=[auth.address]) as nsqd:
-            yield nsqd
+    async with (
+        AuthServer({SECRET: ("tester", [authorization()])}) as auth,
+        NSQD(tls_cert=files.server_cert, tls_key=files.server_key, auth_http_addresses=[auth.address]) as nsqd,
+    ):
+        yield nsqd
 
 
 @pytest.fixture
@@ -217,7 +219,7 @@ async def test_non_fatal_errors_keep_the_connection(nsqd):
     conn.req(b"1" * 16, 0)  # E_REQ_FAILED
     conn.touch(b"2" * 16)  # E_TOUCH_FAILED
     await eventually(lambda: len(errors) == 3, what="three non-fatal errors")
-    assert [type(e) for e in errors][0] is FinFailedError
+    assert type(errors[0]) is FinFailedError
     assert [e.code for e in errors] == ["E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"]
     assert not any(e.fatal for e in errors)
     assert conn.is_open

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import aiohttp
 import pytest
@@ -27,6 +28,9 @@ from fastnsq.testing.proxy import FaultProxy
 from .helpers import eventually, unique
 from .test_consumer import publish_spread
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 
 class RecordingLookupd:
     """An HTTP proxy in front of a lookupd that records each request's path and headers."""
@@ -37,7 +41,7 @@ class RecordingLookupd:
         self._runner: web.AppRunner | None = None
         self.address = ""
 
-    async def __aenter__(self) -> RecordingLookupd:
+    async def __aenter__(self) -> Self:
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._forward)
         self._runner = web.AppRunner(app, access_log=None)

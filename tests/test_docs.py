@@ -53,7 +53,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
     base = tmp_path_factory.mktemp("docs")
     out = base / "html"
     result = subprocess.run(sphinx_command(out, base / "doctrees"), cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
+                            timeout=600, check=False)
     return out, result
 
 
@@ -112,7 +112,7 @@ def served(site: Site) -> Iterator[str]:
         pytest.fail("the site did not build (see test_the_site_builds_without_a_warning)")
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the stdlib's name
+        def log_message(self, format: str, *args: object) -> None:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(out)))
@@ -141,7 +141,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
 
 def render(browser: Browser, url: str, *extra: str) -> subprocess.CompletedProcess[str]:
     command, env = browser
-    result = subprocess.run([*command, *extra, url], capture_output=True, text=True, timeout=120, env=env)
+    result = subprocess.run([*command, *extra, url], capture_output=True, text=True, timeout=120, env=env, check=False)
     assert result.returncode == 0, f"chromium failed on {url}:\n{result.stderr[-3000:]}"
     return result
 

@@ -28,6 +28,7 @@ from fastnsq import codec
 from fastnsq.errors import InvalidValueError
 from fastnsq.testing import NSQLookupd, external_lookupd_from_env, external_nsqd_from_env
 from fastnsq.testing.lookupd import LOOKUPD_VERSION, decode_identify, go_json, parse_go_query
+from fastnsq.testing.real import RealLookupdServer, real_bin_dir
 from tests.captures import http_answers
 
 from .helpers import upstream_version
@@ -35,11 +36,24 @@ from .helpers import upstream_version
 ACCEPT_V1 = {"Accept": "application/vnd.nsq; version=1.0"}
 EXTERNAL = external_lookupd_from_env()
 EXTERNAL_NSQD = external_nsqd_from_env()
+#: In the real pass, the binaries that a test needing a lookupd of its own starts it from.
+REAL_BIN = real_bin_dir() if EXTERNAL is not None else None
 
 
 def embedded_only(why: str) -> pytest.MarkDecorator:
     """Skip on a real lookupd, saying what of the embedded one the test needs."""
     return pytest.mark.skipif(EXTERNAL is not None, reason=f"needs the embedded nsqlookupd: {why}")
+
+
+def own_lookupd(**options: Any) -> Any:
+    """A lookupd of the test's own (to configure or restart): embedded, or in the real pass a
+    real nsqlookupd from the binaries the run is judged against, the options as its flags."""
+    if EXTERNAL is None:
+        return NSQLookupd(**options)
+    if REAL_BIN is None:
+        pytest.skip("starts its own nsqlookupd: name the real binaries with FASTNSQ_TEST_REAL_BIN "
+                    "(python -m fastnsq.testing.real sets it)")
+    return RealLookupdServer(REAL_BIN, **options)
 
 
 def fake_port() -> int:
@@ -699,12 +713,13 @@ async def test_identify_keys_match_like_go_json(lookupd: Any, http: aiohttp.Clie
 
 
 async def _expiry_scenario() -> None:
-    async with NSQLookupd(inactive_producer_timeout=0.3, tombstone_lifetime=0.3) as lookupd:
+    async with own_lookupd(inactive_producer_timeout=0.3, tombstone_lifetime=0.3) as lookupd:
         client = await RawLookupdClient.connect(lookupd.tcp_address)
         try:
             await client.identify(**peer_fields(24150))
             assert await client.command("REGISTER t c") == b"OK"
-            assert len(lookupd.lookup("t")["producers"]) == 1
+            async with aiohttp.ClientSession() as http:
+                assert len((await request(http, lookupd, "/lookup?topic=t")).json()["producers"]) == 1
             await asyncio.sleep(0.45)
             # Not heard from for inactive_producer_timeout: gone from /lookup and /nodes, topic kept.
             async with aiohttp.ClientSession() as http:
@@ -731,20 +746,17 @@ async def _expiry_scenario() -> None:
             await client.close()
 
 
-@embedded_only("sets inactive_producer_timeout and tombstone_lifetime to 0.3 s")
 async def test_inactive_producers_and_tombstones_expire() -> None:
     await _expiry_scenario()
 
 
-@embedded_only("sets inactive_producer_timeout and tombstone_lifetime to 0.3 s")
 def test_inactive_producers_and_tombstones_expire_on_uvloop() -> None:
     uvloop = pytest.importorskip("uvloop")
     uvloop.run(_expiry_scenario())
 
 
-@embedded_only("stops and starts the lookupd")
 async def test_restart_keeps_ports_and_forgets_registrations(http: aiohttp.ClientSession) -> None:
-    lookupd = NSQLookupd()
+    lookupd = own_lookupd()
     await lookupd.start()
     try:
         client = await RawLookupdClient.connect(lookupd.tcp_address)
@@ -763,7 +775,7 @@ async def test_restart_keeps_ports_and_forgets_registrations(http: aiohttp.Clien
         assert await client.command("REGISTER t") == b"OK"
         await client.close()
     finally:
-        await lookupd.stop()
+        await (lookupd.stop() if isinstance(lookupd, NSQLookupd) else lookupd.close())
 
 
 # ---- in-process registration and helpers ---------------------------------------------------

@@ -15,8 +15,15 @@ from typing import Any
 import pytest
 
 from fastnsq import Consumer, Producer, codec
-from fastnsq.bodies import COMPRESS_KEY, SIZE_KEY, BodyCompressor, BodyDecompressError, compress, decompress, \
-    decompress_message
+from fastnsq.bodies import (
+    COMPRESS_KEY,
+    SIZE_KEY,
+    BodyCompressor,
+    BodyDecompressError,
+    compress,
+    decompress,
+    decompress_message,
+)
 from fastnsq.errors import InvalidValueError
 
 from .helpers import eventually, unique
@@ -114,7 +121,7 @@ async def test_compressed_publishes_reach_the_handler_as_published(nsq_cluster_h
     async with Producer(lookupd_http_addresses=nsq_cluster_ha.lookupd_http_addresses,
                         topics_for_compress=[topic], client_compress_decodec=name) as producer:
         for i, body in enumerate(bodies[:2]):
-            await producer.publish(topic, body, ext={"k": "v%d" % i})
+            await producer.publish(topic, body, ext={"k": f"v{i}"})
         await producer.mpublish(topic, bodies[2:], exts=[{"k": "v2"}, {"k": "v3"}])
         await producer.publish(topic, small, ext={"k": "small"})
         await producer.publish(topic, BIG + b"plain", partition=0)  # no ext header: not compressed
@@ -128,7 +135,7 @@ async def test_compressed_publishes_reach_the_handler_as_published(nsq_cluster_h
     for consumer in consumers:
         await consumer.stop()
     for i, body in enumerate(bodies):
-        assert got[body].ext == {"k": "v%d" % i}
+        assert got[body].ext == {"k": f"v{i}"}
     assert got[small].ext == {"k": "small"} and got[BIG + b"plain"].ext is None
     # Without decompression: the bytes on the wire and go-nsq's keys.
     packed = [m for b, m in raw.items() if b not in (small, BIG + b"plain")]

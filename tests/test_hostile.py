@@ -160,43 +160,132 @@ def assert_clean(texts: list[str]) -> None:
 async def test_secrets_and_bodies_never_reach_logs_or_errors(caplog):
     caplog.set_level(logging.DEBUG)
     messages: list[str] = []
-    async with AuthServer({SECRET: ("alice", [authorization("allowed.*")])}) as auth:
-        async with NSQD(auth_http_addresses=[auth.address], max_msg_size=64) as nsqd:
-            # Authenticated publishing, then a refused topic (fatal E_UNAUTHORIZED).
-            producer = Producer([nsqd.tcp_address], auth_secret=SECRET, max_msg_size=1024, max_retries=0)
-            await producer.start()
-            await producer.publish("allowed_topic", BODY)
-            for call in (
-                producer.publish("forbidden_topic", BODY),
-                producer.publish("allowed_topic", BODY * 10),  # over nsqd's 64 bytes: E_BAD_MESSAGE
-            ):
-                with pytest.raises(NSQError) as info:
-                    await call
-                messages.append(str(info.value))
-                messages.append(repr(info.value))
-            with pytest.raises(InvalidValueError) as info:
-                await producer.publish("allowed_topic", BODY * 100)  # over the client's max_msg_size
-            messages.append(str(info.value))
-            await producer.close()
-            # A wrong secret.
+    async with (
+        AuthServer({SECRET: ("alice", [authorization("allowed.*")])}) as auth,
+        NSQD(auth_http_addresses=[auth.address], max_msg_size=64) as nsqd,
+    ):
+        # Authenticated publishing, then a refused topic (fatal E_UNAUTHORIZED).
+        producer = Producer([nsqd.tcp_address], auth_secret=SECRET, max_msg_size=1024, max_retries=0)
+        await producer.start()
+        await producer.publish("allowed_topic", BODY)
+        for call in (
+            producer.publish("forbidden_topic", BODY),
+            producer.publish("allowed_topic", BODY * 10),  # over nsqd's 64 bytes: E_BAD_MESSAGE
+        ):
             with pytest.raises(NSQError) as info:
-                await Connection(nsqd.tcp_address, ConnectionOptions(auth_secret=SECRET + "x")).connect()
+                await call
             messages.append(str(info.value))
-            messages.append(repr(ConnectionOptions(auth_secret=SECRET)))
-            # A handler that fails on the body.
-            failures: list[str] = []
+            messages.append(repr(info.value))
+        with pytest.raises(InvalidValueError) as info:
+            await producer.publish("allowed_topic", BODY * 100)  # over the client's max_msg_size
+        messages.append(str(info.value))
+        await producer.close()
+        # A wrong secret.
+        with pytest.raises(NSQError) as info:
+            await Connection(nsqd.tcp_address, ConnectionOptions(auth_secret=SECRET + "x")).connect()
+        messages.append(str(info.value))
+        messages.append(repr(ConnectionOptions(auth_secret=SECRET)))
+        # A handler that fails on the body.
+        failures: list[str] = []
 
-            def handler(message):
-                failures.append(repr(message))
-                raise RuntimeError("could not process")
+        def handler(message):
+            failures.append(repr(message))
+            raise RuntimeError("could not process")
 
-            consumer = Consumer("allowed_topic", "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handler,
-                                auth_secret=SECRET, max_attempts=1, default_requeue_delay=0, max_backoff_duration=0)
-            await consumer.start()
-            await eventually(lambda: consumer.stats_given_up == 1, what="the give-up path")
-            await consumer.stop()
-            messages += failures
+        consumer = Consumer("allowed_topic", "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handler,
+                            auth_secret=SECRET, max_attempts=1, default_requeue_delay=0, max_backoff_duration=0)
+        await consumer.start()
+        await eventually(lambda: consumer.stats_given_up == 1, what="the give-up path")
+        await consumer.stop()
+        messages += failures
     texts = messages + [record.getMessage() for record in caplog.records]
     texts += [str(record.exc_info[1]) for record in caplog.records if record.exc_info]
     assert len(caplog.records) > 3  # there was plenty to log
     assert_clean(texts)
+
+
+# ---- a clear error, then a reconnect ----------------------------------------------------------------
+
+
+class TwoFacedServer:
+    """The first connection gets ``hostile`` after IDENTIFY (and SUB, for a consumer); later ones
+    get a proper nsqd's answers: OK to SUB and PUB, one message after the first RDY."""
+
+    def __init__(self, hostile: bytes, *, consumer: bool) -> None:
+        self.hostile = hostile
+        self.consumer = consumer
+        self.accepted = 0
+        self.published: list[bytes] = []
+        self.server: asyncio.base_events.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        first = self.accepted == 1
+        try:
+            await reader.readexactly(4 + len(b"IDENTIFY\n"))
+            await reader.readexactly(int.from_bytes(await reader.readexactly(4), "big"))
+            writer.write(IDENTIFY_ANSWER)
+            if first and not self.consumer:
+                await asyncio.sleep(0.3)  # the producer has started; nothing is waiting for an answer
+                writer.write(self.hostile)
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                if line.startswith(b"SUB "):
+                    writer.write(SUB_OK + (self.hostile if first else b""))
+                elif line.startswith(b"RDY ") and not first:
+                    writer.write(codec.encode_message(1, 1, b"0123456789abcdef", b"after the reconnect"))
+                elif line.startswith(b"PUB "):
+                    self.published.append(await reader.readexactly(int.from_bytes(await reader.readexactly(4), "big")))
+                    writer.write(SUB_OK)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc_info) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+
+# (An id that is not hex is no error: ids are opaque, echoed back in FIN; fuzz_hostile.py sends them.)
+HOSTILE_STREAMS = {
+    "huge_size": struct.pack(">ii", 0x7FFFFFF0, 2),
+    "negative_size": struct.pack(">ii", -8, 2),
+    "unknown_frame_type": struct.pack(">ii", 6, 9) + b"??",
+    "unsolicited_response": codec.encode_response(b"OK") * 3,
+    "message_shorter_than_its_header": struct.pack(">ii", 10, codec.FRAME_MESSAGE) + b"\0" * 6,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE_STREAMS))
+async def test_a_consumer_reconnects_after_a_hostile_stream(kind, caplog):
+    got: list[bytes] = []
+    server = TwoFacedServer(HOSTILE_STREAMS[kind], consumer=True)
+    async with server as address:
+        consumer = Consumer("t", "c", nsqd_tcp_addresses=[address], handler=lambda m: got.append(m.body),
+                            reconnect_delay=0.05, max_in_flight=5)
+        await consumer.start()
+        await eventually(lambda: got == [b"after the reconnect"], timeout=10, what="the message after the reconnect")
+        await consumer.stop()
+    assert server.accepted >= 2
+    closing = [r.getMessage() for r in caplog.records if "closing connection" in r.getMessage()
+               or "closed" in r.getMessage()]
+    assert closing, "the hostile stream closed the first connection without a word"
+
+
+@pytest.mark.parametrize("kind", ["unsolicited_response", "huge_size", "unknown_frame_type"])
+async def test_a_producer_reconnects_after_a_hostile_stream(kind):
+    server = TwoFacedServer(HOSTILE_STREAMS[kind], consumer=False)
+    async with server as address, Producer([address], reconnect_delay=0.05, max_retries=3) as producer:
+        await eventually(lambda: server.accepted >= 2 and producer.connections, timeout=10,
+                         what="the producer to reconnect")
+        await producer.publish("t", b"published after the reconnect")
+    assert server.published == [b"published after the reconnect"]

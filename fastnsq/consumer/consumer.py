@@ -26,7 +26,7 @@ import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import codec
 from ..config import ConnectionOptions, Endpoint, check_logger, check_range, split_options
@@ -46,6 +46,9 @@ from .batch import Batch
 from .dispatch import Dispatcher, DispatchSettings, Link
 from .ha import HA_CONSUMER_DEFAULTS, HAConsumer, direct_endpoints
 from .partitions import Partitions
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["CONSUMER_DEFAULTS", "ConnectionStats", "Consumer", "StopReport"]
 
@@ -264,7 +267,7 @@ class Consumer:
             self._log.warning("first lookupd poll failed: %s", exc)
         self._topology.watch(self.topic)
 
-    async def __aenter__(self) -> Consumer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -636,7 +639,7 @@ class Consumer:
         try:
             chosen = self._discovery_filter(sorted(addresses))
             return {address for address in chosen if address in addresses}
-        except Exception:
+        except Exception:  # noqa: BLE001 - the user's filter: logged with its traceback
             self._log.exception("discovery_filter failed; using every nsqd lookupd listed")
             return addresses
 

@@ -281,7 +281,7 @@ class Dispatcher:
         except StopIteration:
             self._auto_answer(message, failed=False)
             return
-        except Exception:
+        except Exception:  # noqa: BLE001 - a user handler: logged with its traceback, the message requeued
             self._log.exception("handler failed for message %r; requeueing", message)
             self._auto_answer(message, failed=True)
             return
@@ -335,7 +335,7 @@ class Dispatcher:
                 task = asyncio.ensure_future(result)
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the user's give-up hook: logged with its traceback
             self._log.exception("give_up_handler failed for message %r", message)
 
 
@@ -360,7 +360,7 @@ async def resume(coro: Any, yielded: Any) -> Any:
                 except asyncio.CancelledError:
                     if not yielded.cancelled():
                         raise
-                except Exception:  # noqa: S110 - the coroutine sees this error itself
+                except Exception:  # noqa: BLE001, S110 - the coroutine sees this error itself
                     pass
         except asyncio.CancelledError as exc:
             throw = exc
@@ -371,7 +371,8 @@ async def resume(coro: Any, yielded: Any) -> Any:
 
 
 def is_async_callable(func: Any) -> bool:
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
+    # An object whose __call__ is a coroutine function is an async handler too.
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
 
 
 def _no_loop_time() -> float:

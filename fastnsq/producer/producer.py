@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import codec, tracing
 from ..config import ConnectionOptions, check_logger, check_range, parse_address, split_options
@@ -52,6 +52,9 @@ from .load import NodeStats
 from .messages import MPUB_FRAMING, body_size, check_message_size, ext_json, mpub_chunks, second
 from .pool import ConnectionPool
 from .routing import ANY_NSQD, Router
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["NOT_RETRYABLE", "PRODUCER_DEFAULTS", "Producer"]
 
@@ -226,7 +229,7 @@ class Producer:
         await self._pool.close()
         return report
 
-    async def __aenter__(self) -> Producer:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -624,7 +627,7 @@ class Producer:
                         sent = conn.publish(topic, part.bodies[0], partition=pid)
                     else:
                         sent = conn.mpublish(topic, part.bodies, partition=pid)
-                except Exception as exc:  # e.g. the connection closed during this pass
+                except Exception as exc:  # noqa: BLE001 - e.g. the connection closed during this pass: every part fails with it
                     for unsent in parts[index:]:
                         unsent.fail(exc)
                     break

@@ -837,9 +837,10 @@ class ClientConnection(asyncio.BufferedProtocol):
         topic = self._get_topic(topic_name)
         channel = topic.get_channel(channel_name)
         if not channel.add_client(self):
+            # nsqd 1.3 (v1.3.0 and master) wraps channel.AddClient's error: E_SUB_FAILED, fatal.
             raise _fatal(
-                "E_TOO_MANY_CHANNEL_CONSUMERS",
-                f"channel consumers for {topic_name}:{channel_name} exceeds limit of "
+                "E_SUB_FAILED",
+                f"SUB failed consumers for {topic_name}:{channel_name} exceeds limit of "
                 f"{self.options.max_channel_consumers}",
             )
         self.state = STATE_SUBSCRIBED

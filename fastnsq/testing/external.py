@@ -130,8 +130,33 @@ class ExternalCluster:
     def lookupd_tcp_addresses(self) -> list[str]:
         return [self.lookupd.tcp_address] if self.lookupd.tcp_address else []
 
-    async def add_node(self, **options: Any) -> ExternalNSQD:
-        raise RuntimeError("nodes of an external cluster cannot be added from the tests")
+    _added: list[Any] = field(default_factory=list, repr=False)
+
+    async def add_node(self, **options: Any) -> Any:
+        """One more nsqd, registered with the lookupd: a real one from the binaries of
+        ``FASTNSQ_TEST_REAL_BIN`` (``python -m fastnsq.testing.real`` sets it), with the
+        embedded NSQD's options as its flags; :meth:`close` stops it."""
+        from .real import RealNSQDServer, real_bin_dir
+
+        folder = real_bin_dir()
+        if folder is None or not self.lookupd.tcp_address:
+            raise RuntimeError("adding an nsqd to a real cluster needs the real binaries (FASTNSQ_TEST_REAL_BIN) "
+                               "and the lookupd's TCP address (FASTNSQ_TEST_LOOKUPD_TCP)")
+        node = RealNSQDServer(folder, lookupd_tcp_addresses=[self.lookupd.tcp_address], **options)
+        self._added.append(node)
+        await node.start()
+        return node
+
+    @property
+    def can_add_nodes(self) -> bool:
+        from .real import real_bin_dir
+
+        return real_bin_dir() is not None and bool(self.lookupd.tcp_address)
+
+    async def close(self) -> None:
+        """Stop the nsqds :meth:`add_node` started (the others are not the tests' to stop)."""
+        while self._added:
+            await self._added.pop().close()
 
     async def create_topic(
         self,

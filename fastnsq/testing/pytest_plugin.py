@@ -169,7 +169,10 @@ async def nsq_cluster() -> AsyncIterator[NSQCluster | ExternalCluster]:
     if external is not None:
         if await _answers_as_ha(external):
             pytest.skip("needs an upstream cluster; the configured cluster is HA (youzan)")
-        yield external
+        try:
+            yield external
+        finally:
+            await external.close()  # the nsqds a test added
         return
     _embedded_nsqd_class()
     async with NSQCluster(nodes=3) as cluster:

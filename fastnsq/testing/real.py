@@ -36,12 +36,26 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-__all__ = ["RealHACluster", "RealNSQ", "RealServerError", "version_of"]
+from .process import NSQDProcess, NSQLookupdProcess, ServerProcess, ServerProcessError, free_port, go_duration
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = [
+    "RealHACluster",
+    "RealLookupdServer",
+    "RealNSQ",
+    "RealNSQDServer",
+    "RealServerError",
+    "nsqd_flags",
+    "real_bin_dir",
+    "version_of",
+]
 
 #: The variable that names a folder of real binaries for ``dev.py`` and CI.
 ENV_REAL_BIN = "FASTNSQ_REAL_BIN"
@@ -50,20 +64,15 @@ ENV_REAL_HA_BIN = "FASTNSQ_REAL_HA_BIN"
 #: With ``--base-port``: the first port after the cluster's, for such a test's own cluster.
 ENV_REAL_HA_NEXT_PORT = "FASTNSQ_REAL_HA_NEXT_PORT"
 ENV_EMULATES = "FASTNSQ_TEST_NSQD_EMULATES"
+#: Set by the runner for the command it runs: the folder of the real binaries the run is
+#: judged against, from which tests start the servers they configure themselves.
+ENV_TEST_REAL_BIN = "FASTNSQ_TEST_REAL_BIN"
 _HOST = "127.0.0.1"
 _START_TIMEOUT = 15.0
-_PORT_ATTEMPTS = 3  # starts on fresh ports when a free port was taken before the server bound it
 
 
 class RealServerError(RuntimeError):
     """A real server could not be found or started (the message says which and why)."""
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now (the kernel's choice; bound by the server right after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((_HOST, 0))
-        return int(sock.getsockname()[1])
 
 
 def binary(bin_dir: Path, name: str) -> Path:
@@ -104,6 +113,10 @@ class _Process:
 class RealNSQ:
     """An nsqlookupd and ``nsqds`` nsqd from ``bin_dir``, registered with it, on loopback.
 
+    Each is a :class:`~fastnsq.testing.process.NSQDProcess` /
+    :class:`~fastnsq.testing.process.NSQLookupdProcess` (``processes``), so a caller
+    can stop, kill or restart one on its ports.
+
     >>> servers = RealNSQ(Path("~/nsq-real/bin").expanduser())   # doctest: +SKIP
     >>> with servers:                                            # doctest: +SKIP
     ...     run_tests(env=servers.environment())
@@ -119,7 +132,7 @@ class RealNSQ:
     lookupd_http_address: str = ""
     version: str = ""
     emulates: str = ""
-    _processes: list[_Process] = field(default_factory=list)
+    processes: list[ServerProcess] = field(default_factory=list)
     _own_data_dir: bool = False
 
     def start(self) -> None:
@@ -130,67 +143,26 @@ class RealNSQ:
             self.data_dir = Path(tempfile.mkdtemp(prefix="fastnsq-real-"))
             self._own_data_dir = True
         try:
-            self._start_lookupd(lookupd)
+            lookupd_process = self._launch(NSQLookupdProcess(lookupd, data_dir=self.data_dir / "nsqlookupd"))
+            self.lookupd_tcp_address = lookupd_process.tcp_address
+            self.lookupd_http_address = lookupd_process.http_address
             for index in range(self.nsqds):
-                self._start_nsqd(nsqd, index)
+                process = self._launch(NSQDProcess(*self.nsqd_args, binary=nsqd, data_dir=self.data_dir / f"nsqd{index}",
+                                                   lookupd_tcp_addresses=[self.lookupd_tcp_address]))
+                self.tcp_addresses.append(process.tcp_address)
+                self.http_addresses.append(process.http_address)
             self._wait_registered()
         except BaseException:
             self.stop()
             raise
 
-    def _spawn(self, name: str, argv: list[str]) -> _Process:
-        assert self.data_dir is not None
-        log = self.data_dir / f"{name}.log"
-        with open(log, "wb") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        process = _Process(name, popen, log)
-        self._processes.append(process)
+    def _launch(self, process: ServerProcess) -> ServerProcess:
+        self.processes.append(process)
+        try:
+            process.start(_START_TIMEOUT)
+        except ServerProcessError as exc:
+            raise RealServerError(str(exc)) from None
         return process
-
-    def _wait_ping(self, process: _Process, http_address: str) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT
-        while time.monotonic() < deadline:
-            process.check_alive()
-            with contextlib.suppress(OSError):
-                if _get(f"http://{http_address}/ping") == b"OK":
-                    return
-            time.sleep(0.05)
-        raise RealServerError(f"{process.name} did not answer /ping on {http_address} in {_START_TIMEOUT} s")
-
-    def _start_on_free_ports(self, name: str, argv_for: Callable[[str, str], list[str]]) -> tuple[str, str]:
-        """Start ``name`` on a free TCP and HTTP port; (tcp, http).
-
-        A port the kernel called free can be taken (by another process's outgoing
-        connection) before the server binds it: then the server exits with "address
-        already in use" and is started again on other ports.
-        """
-        for attempt in range(_PORT_ATTEMPTS):
-            tcp, http = f"{_HOST}:{free_port()}", f"{_HOST}:{free_port()}"
-            process = self._spawn(name, argv_for(tcp, http))
-            try:
-                self._wait_ping(process, http)
-                return tcp, http
-            except RealServerError as exc:
-                if "address already in use" not in str(exc) or attempt + 1 == _PORT_ATTEMPTS:
-                    raise
-                self._processes.remove(process)
-        raise AssertionError("unreachable")
-
-    def _start_lookupd(self, lookupd: Path) -> None:
-        self.lookupd_tcp_address, self.lookupd_http_address = self._start_on_free_ports(
-            "nsqlookupd", lambda tcp, http: [str(lookupd), f"--tcp-address={tcp}", f"--http-address={http}",
-                                             f"--broadcast-address={_HOST}"])
-
-    def _start_nsqd(self, nsqd: Path, index: int) -> None:
-        assert self.data_dir is not None
-        data_path = self.data_dir / f"nsqd{index}"
-        data_path.mkdir(parents=True, exist_ok=True)
-        tcp, http = self._start_on_free_ports(f"nsqd{index}", lambda tcp, http: [
-            str(nsqd), f"--data-path={data_path}", f"--tcp-address={tcp}", f"--http-address={http}",
-            "--https-address=", f"--broadcast-address={_HOST}",
-            f"--lookupd-tcp-address={self.lookupd_tcp_address}", *self.nsqd_args])
-        self.tcp_addresses.append(tcp)
-        self.http_addresses.append(http)
 
     def _wait_registered(self) -> None:
         import json
@@ -206,20 +178,13 @@ class RealNSQ:
 
     def stop(self) -> None:
         """Stop every process (SIGTERM, then SIGKILL after 10 s); remove a temporary data folder."""
-        for process in reversed(self._processes):
-            if process.popen.poll() is None:
-                process.popen.send_signal(signal.SIGTERM)
-        for process in reversed(self._processes):
-            try:
-                process.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                process.popen.kill()
-                process.popen.wait()
-        self._processes.clear()
+        for process in reversed(self.processes):
+            process.close()
+        self.processes.clear()
         if self._own_data_dir and self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def __enter__(self) -> RealNSQ:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -227,7 +192,11 @@ class RealNSQ:
         self.stop()
 
     def environment(self) -> dict[str, str]:
-        """The ``FASTNSQ_TEST_*`` variables naming these servers."""
+        """The ``FASTNSQ_TEST_*`` variables naming these servers, and the binaries' folder.
+
+        ``FASTNSQ_TEST_REAL_BIN`` lets a test that needs a server of its own (TLS, AUTH,
+        small limits, restarts) start one from the same binaries (:func:`real_bin_dir`).
+        """
         return {
             "FASTNSQ_TEST_NSQD": self.tcp_addresses[0],
             "FASTNSQ_TEST_NSQD_HTTP": self.http_addresses[0],
@@ -236,12 +205,179 @@ class RealNSQ:
             "FASTNSQ_TEST_CLUSTER_NSQD": ",".join(self.tcp_addresses),
             "FASTNSQ_TEST_CLUSTER_NSQD_HTTP": ",".join(self.http_addresses),
             ENV_EMULATES: self.emulates,
+            ENV_TEST_REAL_BIN: str(self.bin_dir),
         }
 
     def describe(self) -> str:
         flags = " ".join(self.nsqd_args) or "default flags"
         return (f"real nsqd {self.version} ({self.emulates}, {self.bin_dir}) x{len(self.tcp_addresses)}, "
                 f"{flags}; nsqlookupd {self.lookupd_http_address}")
+
+
+# -- servers a test starts itself, configured as it needs ------------------------------------
+
+
+def real_bin_dir() -> Path | None:
+    """The folder of real binaries this test run is judged against, or None (embedded servers).
+
+    Set by the runner (``FASTNSQ_TEST_REAL_BIN``): a test that needs a server of its own
+    (TLS, AUTH, small limits, restarts) starts it from there with :class:`RealNSQDServer`.
+    """
+    folder = os.environ.get(ENV_TEST_REAL_BIN, "").strip()
+    return Path(folder).expanduser() if folder else None
+
+
+#: The embedded NSQD's options (seconds for durations) and the real nsqd's flags for them.
+_NSQD_FLAGS: dict[str, tuple[str, str]] = {
+    "msg_timeout": ("--msg-timeout", "duration"),
+    "max_msg_timeout": ("--max-msg-timeout", "duration"),
+    "max_req_timeout": ("--max-req-timeout", "duration"),
+    "max_heartbeat_interval": ("--max-heartbeat-interval", "duration"),
+    "max_output_buffer_timeout": ("--max-output-buffer-timeout", "duration"),
+    "max_rdy_count": ("--max-rdy-count", "int"),
+    "max_msg_size": ("--max-msg-size", "int"),
+    "max_body_size": ("--max-body-size", "int"),
+    "max_output_buffer_size": ("--max-output-buffer-size", "int"),
+    "max_deflate_level": ("--max-deflate-level", "int"),
+    "max_channel_consumers": ("--max-channel-consumers", "int"),
+    "mem_queue_size": ("--mem-queue-size", "int"),
+    "snappy": ("--snappy", "bool"),
+    "deflate": ("--deflate", "bool"),
+    "tls_required": ("--tls-required", "bool"),
+    "tls_cert": ("--tls-cert", "str"),
+    "tls_key": ("--tls-key", "str"),
+    "tls_client_auth_policy": ("--tls-client-auth-policy", "str"),
+    "tls_root_ca_file": ("--tls-root-ca-file", "str"),
+    "auth_http_addresses": ("--auth-http-address", "list"),
+    "lookupd_tcp_addresses": ("--lookupd-tcp-address", "list"),
+}
+
+
+def nsqd_flags(**options: object) -> list[str]:
+    """The real nsqd's flags for the embedded :class:`~fastnsq.testing.NSQD`'s options.
+
+    An option nsqd has no flag for (``client_timeout``: fixed at 60 s in nsqd 1.3;
+    ``lookupd_ping_interval``: 15 s) raises ValueError naming it.
+    """
+    flags: list[str] = []
+    for name, value in options.items():
+        if name not in _NSQD_FLAGS:
+            raise ValueError(f"the real nsqd has no flag for the option {name}={value!r}")
+        flag, kind = _NSQD_FLAGS[name]
+        if value is None:
+            continue
+        if kind == "duration":
+            flags.append(f"{flag}={go_duration(float(value))}")  # type: ignore[arg-type]
+        elif kind == "bool":
+            flags.append(f"{flag}={'true' if value else 'false'}")
+        elif kind == "list":
+            if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                raise TypeError(f"{name} is a sequence of 'host:port', got {value!r}")
+            flags += [f"{flag}={item}" for item in value]
+        else:
+            flags.append(f"{flag}={value}")
+    return flags
+
+
+class _AsyncProcess:
+    """An async face over a :class:`ServerProcess` (the waits run in a thread, off the loop)."""
+
+    external: ClassVar[bool] = False  # started by the test: it may stop and reconfigure it
+    process: ServerProcess
+
+    @property
+    def tcp_address(self) -> str:
+        return self.process.tcp_address
+
+    @property
+    def http_address(self) -> str:
+        return self.process.http_address
+
+    @property
+    def tcp_port(self) -> int:
+        return self.process.tcp_port
+
+    @property
+    def http_port(self) -> int:
+        return self.process.http_port
+
+    @property
+    def host(self) -> str:
+        return _HOST
+
+    async def start(self) -> None:
+        import asyncio
+
+        try:
+            await asyncio.to_thread(self.process.start, _START_TIMEOUT)
+        except ServerProcessError as exc:
+            raise RealServerError(str(exc)) from None
+
+    async def kill(self) -> None:
+        """SIGKILL: a crash (nothing flushed)."""
+        import asyncio
+
+        await asyncio.to_thread(self.process.kill)
+
+    async def close(self) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.process.close)
+
+    async def pause(self) -> None:
+        """SIGSTOP: frozen with its connections open (a hung server); :meth:`resume` or a stop ends it."""
+        self.process.pause()
+
+    async def resume(self) -> None:
+        self.process.resume()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class RealNSQDServer(_AsyncProcess):
+    """A real nsqd from ``bin_dir`` that a test starts with the options it needs.
+
+    Takes the embedded :class:`~fastnsq.testing.NSQD`'s option names (:func:`nsqd_flags`)
+    and has its ``start``/``stop(keep_messages=...)`` and address attributes, so a test
+    written for an embedded nsqd it configures runs on a real one too::
+
+        async with RealNSQDServer(real_bin_dir(), tls_required=True, tls_cert=..., tls_key=...) as nsqd:
+            ...
+    """
+
+    def __init__(self, bin_dir: Path, *extra_flags: str, **options: object) -> None:
+        self.flags = [*nsqd_flags(**options), *extra_flags]
+        self.process = NSQDProcess(*self.flags, binary=binary(bin_dir, "nsqd"))
+
+    async def stop(self, *, keep_messages: bool = True) -> None:
+        """SIGTERM (nsqd writes what it holds to its data path), or SIGKILL with ``keep_messages=False``
+        (what was only in memory is lost; topics and channels survive in nsqd's metadata file)."""
+        import asyncio
+
+        await asyncio.to_thread(self.process.stop if keep_messages else self.process.kill)
+
+
+class RealLookupdServer(_AsyncProcess):
+    """A real nsqlookupd from ``bin_dir`` a test starts itself (durations in seconds)."""
+
+    def __init__(self, bin_dir: Path, *, inactive_producer_timeout: float | None = None,
+                 tombstone_lifetime: float | None = None) -> None:
+        flags = []
+        if inactive_producer_timeout is not None:
+            flags.append(f"--inactive-producer-timeout={go_duration(inactive_producer_timeout)}")
+        if tombstone_lifetime is not None:
+            flags.append(f"--tombstone-lifetime={go_duration(tombstone_lifetime)}")
+        self.process = NSQLookupdProcess(binary(bin_dir, "nsqlookupd"), *flags)
+
+    async def stop(self) -> None:
+        import asyncio
+
+        await asyncio.to_thread(self.process.stop)
 
 
 @dataclass

@@ -1,0 +1,73 @@
+"""The ``fastnsq`` command's entry point: the parser of every command, and running one."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+
+from .. import codec
+from .._version import __version__
+from ._common import (
+    Parser,
+    UsageError,
+    client_options,
+    common_options,
+    configure_logging,
+    describe_error,
+    logger,
+)
+from .bench import _build_bench
+from .nsqd import _build_nsqd
+from .pub import _build_pub
+from .stats import _build_stats
+from .tail import _build_tail
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fastnsq`` argument parser (every subcommand)."""
+    parser = Parser(
+        prog="fastnsq",
+        description="fastnsq's command line: an embedded nsqd, publish, tail, stats and benchmarks.",
+        epilog="Run `fastnsq <command> --help` for a command's options. Errors exit with status 1, "
+        "bad usage with 2.",
+    )
+    parser.add_argument("--version", action="version", version=f"fastnsq {__version__} (codec: {codec.IMPLEMENTATION})")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    commands.required = True
+    common, client = common_options(), client_options()
+    _build_nsqd(commands, common)
+    _build_pub(commands, common, client)
+    _build_tail(commands, common, client)
+    _build_stats(commands, common)
+    _build_bench(commands, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (the console script's entry point)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prog = f"fastnsq {args.command}"
+    configure_logging(args)
+    try:
+        return int(args.run(parser, args) or 0)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`fastnsq tail ... | head`): not an error of ours. Point
+        # stdout at /dev/null so the interpreter's final flush does not complain.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except UsageError as exc:
+        print(f"{prog}: error: {exc} (see {prog} --help)", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - every failure is one line; --debug shows where it came from
+        if getattr(args, "debug", False):
+            logger.exception("%s failed", prog)
+        print(f"{prog}: error: {describe_error(exc)}", file=sys.stderr)
+        return 1
