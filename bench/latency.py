@@ -145,7 +145,7 @@ def run_point(row: Row, server: Server, rate: int, topic: str, args: argparse.Na
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     pub = subprocess.Popen([*row.pub, *schedule], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            env=env)
-    total = args.lead + args.warmup + args.window + args.drain + 30
+    total = args.lead + args.warmup + args.window + 0.5 + args.drain + 30
     load_before = os.getloadavg()[0]
     # nsqd's CPU over the measuring window only (idle time around it would swamp the low rates).
     window_start = start_ns + int(args.warmup * 1e9)
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         "kind": "latency", "date": dt.datetime.now().isoformat(timespec="seconds"), "machine": run_all.machine_info(),
         "fastnsq": run_all.fastnsq_info(), "source": run_all.source_state(), "server": server.info,
         "settings": {"rates": rates, "rounds": args.rounds, "warmup_s": args.warmup, "window_s": args.window,
-                     "drain_s": args.drain, "body_size": 100, "max_in_flight": MAX_IN_FLIGHT,
+                     "drain_s": args.drain, "cooldown_s": 0.5, "body_size": 100, "max_in_flight": MAX_IN_FLIGHT,
                      "saturation": SATURATION, "command": " ".join(sys.argv)},
         "rows": [{"name": r.name, "client": r.client, "config": r.config, "pub": r.pub[1:], "sub": r.sub[1:]}
                  for r in rows],

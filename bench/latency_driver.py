@@ -28,6 +28,7 @@ import array
 import asyncio
 import ctypes
 import json
+import logging
 import math
 import os
 import resource
@@ -49,16 +50,22 @@ CONSUMER_MODES = ("handler", "batches", "iter")
 
 @dataclass(frozen=True)
 class Schedule:
-    """Message ``i`` is due at ``start_ns + i / rate``; the window follows ``warmup`` seconds."""
+    """Message ``i`` is due at ``start_ns + i / rate``; the window follows ``warmup`` seconds.
+
+    ``cooldown`` seconds of messages follow the window, not measured: the window's last
+    messages must not be the last ones, which nsqd would hold in a connection's output
+    buffer until its ``output_buffer_timeout``.
+    """
 
     rate: float
     start_ns: int
     warmup: float = 1.0
     window: float = 3.0
+    cooldown: float = 0.5
 
     @property
     def count(self) -> int:
-        return round(self.rate * (self.warmup + self.window))
+        return round(self.rate * (self.warmup + self.window + self.cooldown))
 
     def due(self, i: int) -> int:
         return self.start_ns + int(i * 1e9 / self.rate)
@@ -279,6 +286,11 @@ async def consume_open_loop(
     except asyncio.TimeoutError:
         pass
     cpu1 = cpu_seconds()
+    dump = os.environ.get("FASTNSQ_LATENCY_DUMP")
+    if dump:  # for looking into one point: due offsets (ms) and latencies (ms), one pair a line
+        with open(dump, "w") as f:
+            f.writelines(f"{(d - schedule.start_ns) / 1e6:.3f} {v / 1e6:.3f}\n"
+                         for d, v in zip(recorder.dues, recorder.latencies))
     await consumer.stop(timeout=5.0)
     if runner is not None:
         runner.cancel()
@@ -312,6 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--start-ns", type=int, required=True, help="CLOCK_MONOTONIC ns when message 0 is due")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--window", type=float, default=3.0)
+    parser.add_argument("--cooldown", type=float, default=0.5, help="published after the window, not measured")
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--consume", choices=CONSUMER_MODES, default="handler")
     parser.add_argument("--batch-size", type=int, default=100)
@@ -319,7 +332,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--drain", type=float, default=10.0)
     parser.add_argument("--options", default="{}", help="Producer or Consumer options as a JSON object")
     args = parser.parse_args(argv)
-    schedule = Schedule(args.rate, args.start_ns, args.warmup, args.window)
+    if os.environ.get("FASTNSQ_LATENCY_DEBUG"):
+        logging.basicConfig(level=logging.DEBUG, format="%(relativeCreated)8.0f %(name)s %(message)s")
+    schedule = Schedule(args.rate, args.start_ns, args.warmup, args.window, args.cooldown)
     options = json.loads(args.options)
     if args.mode == "pub":
         result = fastnsq.run(publish_open_loop(args.nsqd_tcp_address, args.topic, schedule,

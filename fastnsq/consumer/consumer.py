@@ -44,6 +44,7 @@ from ..stats import ConnectionStats, ConsumerStats, deprecated_spelling
 from ..topology import TopicRoute, Topology
 from .batch import Batch
 from .dispatch import Dispatcher, DispatchSettings, Link
+from .express import ExpressLanes
 from .partitions import Partitions
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "lookupd_poll_timeout": 60.0,
     "discovery_filter": None,
     "logger": None,
+    "express_lane": True,
+    "express_max_rate": 20_000.0,
 }
 
 _ORDERED_GIVE_UP = ("finish", "requeue", "stop")
@@ -125,7 +128,9 @@ class Consumer:
     (1), ``auto_touch`` (False), ``give_up_handler`` (called with each message past
     max_attempts after it is finished; the default logs), and every connection
     option (``msg_timeout``, ``heartbeat_interval``, TLS, compression, AUTH...).
-    HA nsqd: ``ordered`` (SUB_ORDERED per partition) and ``ordered_give_up``.
+    ``express_lane`` (True: an unbuffered connection per nsqd carries the messages while
+    they come slower than ``express_max_rate``, 20,000 msg/s; :mod:`.express`). HA nsqd:
+    ``ordered`` (SUB_ORDERED per partition) and ``ordered_give_up``.
     """
 
     def __init__(
@@ -225,6 +230,11 @@ class Consumer:
         #: Connections opened again to an endpoint connected before (after a loss, a leader move...).
         self.reconnects = 0
         self._errors: Counter[str] = Counter()  # nsqd's error frames, by code
+        self._express = ExpressLanes(
+            self._rdy, self.options, enabled=bool(s["express_lane"]), apply=self._apply, log=self._log,
+            max_rate=check_range("express_max_rate", s["express_max_rate"], 1, 10**8),
+            open_express=lambda endpoint: self._connect(endpoint, express=True),
+        )
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -279,6 +289,7 @@ class Consumer:
         if not self._running or self._stopping:
             return report
         self._stopping = True
+        self._express.close()
         for link in self._all_links():
             link.fast = False  # every answer now goes through the dispatcher, which watches the drain
         self._dispatch.on_answer_while_stopping = self._answered_while_stopping
@@ -492,7 +503,7 @@ class Consumer:
     # ---- connections --------------------------------------------------------------------
 
     def _all_links(self) -> list[Link]:
-        return [link for links in self._links.values() for link in links]
+        return [*(link for links in self._links.values() for link in links), *self._express.links()]
 
     async def _connect_or_retry(self, endpoint: Endpoint, *, direct: bool) -> None:
         try:
@@ -504,11 +515,11 @@ class Consumer:
             elif direct:
                 self._reconnect_later(endpoint)
 
-    async def _connect(self, endpoint: Endpoint) -> Link:
+    async def _connect(self, endpoint: Endpoint, *, express: bool = False) -> Link:
         link = Link(self._dispatch, endpoint)
         conn = Connection(
             endpoint.address,
-            self.options,
+            self._express.options if express else self.options,
             extend_support=self._meta_ext,
             # The link is the reader's message sink: in C, the codec calls it directly.
             on_message=link,
@@ -533,6 +544,8 @@ class Consumer:
         if self._stopping:
             await conn.close()
             raise NSQError("the consumer is stopping")
+        if express:
+            return self._express.express_added(link)  # closed by the consumer if refused
         self._links.setdefault(endpoint, []).append(link)
         if endpoint in self._ever_connected:
             self.reconnects += 1
@@ -543,6 +556,8 @@ class Consumer:
         # Ordered consumption checks every message's offset: always the Python path.
         link.fast = not self.ordered
         self._apply(updates)
+        if self._express.wants(link, is_ha=conn.is_ha, ordered=self.ordered):
+            self._express.bulk_added(link)
         self._log.info("consuming %s/%s from %s%s", self.topic, self.channel, endpoint.address,
                     "" if endpoint.partition is None else f" partition {endpoint.partition}")
         return link
@@ -550,16 +565,19 @@ class Consumer:
     def _on_close(self, link: Link, error: BaseException | None) -> None:
         link.closed = True
         link.fast = False
-        links = self._links.get(link.endpoint)
-        if links is not None and link in links:
+        express = self._express.owns(link)  # the express lane reopens its own
+        links = self._links.get(link.endpoint, [])
+        if express or link in links:
+            self._dispatch.link_closed(link)
+        if link in links:
             links.remove(link)
             if not links:
                 del self._links[link.endpoint]
-            self._dispatch.link_closed(link)
         self._apply(self._rdy.remove_connection(link))
+        self._express.closed(link)
         if isinstance(error, ServerError):
             self._errors[error.code] += 1
-        if link in self._retiring:  # disconnect_from_nsqd: closed on purpose
+        if link in self._retiring or express:  # disconnect_from_nsqd: closed on purpose
             self._retiring.discard(link)
             return
         if self._stopping or not self._running:
@@ -652,7 +670,7 @@ class Consumer:
         ``timeout``; what is left is requeued) and its connections close. A lookupd that lists it
         again makes the consumer connect to it again, as in go-nsq; filter it out with
         ``discovery_filter`` to keep away."""
-        links = [link for links in self._links.values() for link in links if link.endpoint.address == address]
+        links = [link for link in self._all_links() if link.endpoint.address == address]
         if address not in self._nsqd_addresses and not links:
             raise InvalidValueError(f"not consuming from nsqd {address}")
         if address in self._nsqd_addresses:

@@ -42,6 +42,7 @@ var (
 	startNs       = flag.Int64("start-ns", 0, "CLOCK_MONOTONIC ns at which message 0 is due")
 	warmup        = flag.Duration("warmup", time.Second, "not measured, from start")
 	window        = flag.Duration("window", 3*time.Second, "measured, after the warm-up")
+	cooldown      = flag.Duration("cooldown", 500*time.Millisecond, "published after the window, not measured (the window's last messages must not be the last ones buffered)")
 	size          = flag.Int("size", 100, "body size in bytes (>= 16)")
 	maxInFlight   = flag.Int("max-in-flight", 2500, "sub: Config.MaxInFlight")
 	outBufSize    = flag.Int64("output-buffer-size", 0, "sub: Config.OutputBufferSize (0: go-nsq's default, 16384; -1 disables)")
@@ -88,7 +89,7 @@ func rusage() (float64, float64) {
 	return tv(ru.Utime), tv(ru.Stime)
 }
 
-func count() int64 { return int64(math.Round(*rate * (*warmup + *window).Seconds())) }
+func count() int64 { return int64(math.Round(*rate * (*warmup + *window + *cooldown).Seconds())) }
 
 func due(i int64) int64 { return *startNs + int64(float64(i)*1e9 / *rate) }
 
