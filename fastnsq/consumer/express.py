@@ -44,10 +44,16 @@ __all__ = ["EXPRESS_RDY", "TICK", "ExpressLanes"]
 
 #: How often the rate is looked at (seconds).
 TICK = 0.025
+#: How often, while max_in_flight leaves no express lane.
+IDLE_TICK = 0.5
 #: Ticks below half the rate before moving back to the express lane.
 SETTLE_TICKS = 4
-#: The most RDY an express connection holds (less when max_in_flight is small).
+#: The most RDY an express connection holds, and the share of max_in_flight it may take.
 EXPRESS_RDY = 100
+EXPRESS_SHARE = 25  # a 25th: 4 %
+#: Below this many (max_in_flight under 200 per nsqd) there is no express lane: it would hold too
+#: few messages for a handler's round trips, or take too large a share from the buffered lane.
+MIN_EXPRESS_RDY = 8
 #: Seconds between attempts to open a lost express connection.
 RETRY_DELAY = 1.0
 
@@ -97,6 +103,7 @@ class ExpressLanes:
         self._lanes: dict[Endpoint, _Lane] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._ticked_at = 0.0
         self._closed = False
 
     # ---- what the consumer calls ---------------------------------------------------------
@@ -116,17 +123,20 @@ class ExpressLanes:
     def bulk_added(self, link: Any) -> None:
         """A buffered connection of an eligible endpoint is subscribed (and in the controller)."""
         self._loop = asyncio.get_running_loop()
+        if not self._lanes:
+            self._ticked_at = self._loop.time()
         lane = self._lanes.setdefault(link.endpoint, _Lane(link.endpoint))
         lane.bulk.append(link)
         if lane.express_mode:
             self._apply(self._rdy.set_held(link, True))
-        self._maybe_open(lane)
         self._arm()
 
     def hold_reserve(self) -> int:
-        """The RDY an express connection holds, and its reserve: a small part of max_in_flight."""
+        """The RDY an express connection holds, and its reserve: a small part of max_in_flight
+        (0 when that part would be below MIN_EXPRESS_RDY: no express lane then)."""
         lanes = max(1, len(self._lanes))
-        return min(EXPRESS_RDY, self._rdy.max_in_flight // (4 * lanes))
+        reserve = min(EXPRESS_RDY, self._rdy.max_in_flight // (EXPRESS_SHARE * lanes))
+        return reserve if reserve >= MIN_EXPRESS_RDY else 0
 
     def express_added(self, link: Any) -> Any:
         """The express connection is subscribed: into the controller, held with its reserve.
@@ -198,12 +208,16 @@ class ExpressLanes:
 
     def _arm(self) -> None:
         if self._timer is None and not self._closed and self._loop is not None:
-            self._timer = self._loop.call_later(TICK, self._tick)
+            # Without a reserve (max_in_flight too small) only a change of max_in_flight matters.
+            self._timer = self._loop.call_later(TICK if self.hold_reserve() else IDLE_TICK, self._tick)
 
     def _tick(self) -> None:
         self._timer = None
+        assert self._loop is not None
+        now = self._loop.time()
+        elapsed, self._ticked_at = max(1e-3, now - self._ticked_at), now
         for lane in list(self._lanes.values()):
-            self._step(lane)
+            self._step(lane, elapsed)
         if self._lanes:
             self._arm()
 
@@ -211,29 +225,30 @@ class ExpressLanes:
         total = sum(link.received for link in lane.bulk)
         return total if lane.express is None else total + lane.express.received
 
-    def _step(self, lane: _Lane) -> None:
+    def _step(self, lane: _Lane, elapsed: float) -> None:
         """One tick of one nsqd: its rate since the last tick decides the lane."""
         received = self._received(lane)
-        rate = (received - lane.last_received) / TICK
+        rate = (received - lane.last_received) / elapsed
         lane.last_received = received
-        if lane.express is None:
-            self._maybe_open(lane)
-            return
         reserve = self.hold_reserve()
-        if reserve != lane.reserve:
+        if lane.express is not None and reserve != lane.reserve:  # max_in_flight changed
             lane.reserve = reserve
-            self._apply(self._rdy.set_max_rdy(lane.express, max(0, min(reserve, lane.express.conn.max_rdy_count))))
+            self._apply(self._rdy.set_max_rdy(lane.express, min(reserve, lane.express.conn.max_rdy_count)))
             if not lane.express_mode:
                 self._apply(self._rdy.set_held(lane.express, True, reserve=reserve))
         if lane.express_mode:
-            if rate >= self.max_rate or self._full(lane.express) or reserve < 1:
+            if rate >= self.max_rate or self._full(lane.express) or not reserve:
                 self._log.debug("%s: %.0f msg/s, to the buffered lane", lane.endpoint.address, rate)
                 self._to_bulk(lane)
             return
         bulk_in_flight = sum(self._rdy.connection_stats(link).in_flight for link in lane.bulk)
         quiet = rate < self.max_rate / 2 and bulk_in_flight * 2 <= reserve
         lane.quiet_ticks = lane.quiet_ticks + 1 if quiet else 0
-        if lane.quiet_ticks >= SETTLE_TICKS and reserve >= 1:
+        if lane.quiet_ticks < SETTLE_TICKS or not reserve:
+            return
+        if lane.express is None:  # opened when first wanted: most consumers that never need one
+            self._maybe_open(lane)
+        else:
             self._log.debug("%s: %.0f msg/s, to the express lane", lane.endpoint.address, rate)
             self._to_express(lane)
 
