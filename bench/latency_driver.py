@@ -288,11 +288,13 @@ async def consume_open_loop(
     address: str, topic: str, channel: str, schedule: Schedule, *, mode: str = "handler",
     options: dict[str, Any] | None = None, batch_size: int = 100, batch_wait: float = 0.001,
     drain: float = 10.0, stall: tuple[float, float] | None = None, ready: Callable[[], None] | None = None,
+    keep_samples: bool = False,
 ) -> dict[str, Any]:
     """Consume until every scheduled message is in or ``drain`` s after the last was due.
 
     ``stall=(at, seconds)`` blocks the handler once, at ``at`` s after the start, for
     ``seconds`` (the test of the schedule: every message due meanwhile must show it).
+    ``keep_samples`` adds every message's (due time, latency) in ns as ``samples``.
     """
     loop = asyncio.get_running_loop()
     recorder = _Recorder(schedule, loop)
@@ -329,7 +331,8 @@ async def consume_open_loop(
     await consumer.stop(timeout=5.0)
     if runner is not None:
         runner.cancel()
-    return {
+    samples = {"samples": list(zip(recorder.dues, recorder.latencies))} if keep_samples else {}
+    return {**samples,
         "mode": "sub", "client": "fastnsq", "rate": schedule.rate, **recorder.summary(), "cpu_s": cpu1 - cpu0,
         "config": {"api": mode, **opts, **({"batch_size": batch_size, "batch_wait": batch_wait}
                                             if mode == "batches" else {})},
