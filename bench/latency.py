@@ -95,6 +95,11 @@ def default_rows(go_binary: Path | None) -> list[Row]:
                     pub_options={"coalesce": False}),
         fastnsq_row("fastnsq, tuned, batches(100, 1 ms)", "tuned", consume="batches", sub_options=unbuffered),
         fastnsq_row("fastnsq, tuned, async for", "tuned", consume="iter", sub_options=unbuffered),
+        # The knobs one at a time, for the table of what they do.
+        fastnsq_row("fastnsq, express_lane=False (buffered only, as go-nsq)", "knob",
+                    sub_options={"express_lane": False}),
+        fastnsq_row("fastnsq, express_lane=False, output_buffer_timeout=25 ms", "knob",
+                    sub_options={"express_lane": False, "output_buffer_timeout": 0.025}),
     ]
     if go_binary is not None:
         rows[:0] = [

@@ -142,6 +142,8 @@ def chart(data: dict[str, Any], path: Path) -> bool:
         return False
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for number, row in enumerate(data["rows"]):
+        if row["config"] == "tuned" and row["name"] not in {pair[2] for pair in PAIRS} and row["client"] == "fastnsq":
+            continue  # the tuned variants (coalescing, batches, async for) are in the report's tables
         entries = [e for e in _entries(data, row["name"]) if "e2e_p99" in e and not e["saturated"]]
         if not entries:
             continue

@@ -58,11 +58,8 @@ sends RDY 0 everywhere, waits, then lets one message through one connection,
 the probe; only the probe's result moves the level), or per key with
 ``backoff_per_key`` (youzan's ``RequeueBackoffSingleConn``): then a failing key
 waits and probes alone while the others share ``max_in_flight``. A key can be
-paused (:meth:`RdyController.set_paused`): RDY 0 on its connections until resumed.
-One connection can be held (:meth:`RdyController.set_held`): RDY 0 on it alone, with
-part of ``max_in_flight`` kept back for it so that it can flow again at once (the
-consumer's express lane, :mod:`fastnsq.consumer.express`, moves RDY between an
-unbuffered and a buffered connection to the same nsqd that way).
+paused (:meth:`RdyController.set_paused`): RDY 0 on its connections until resumed;
+one connection can be held (:meth:`RdyController.set_held`, the consumer's express lane).
 
 Example (a fake clock; the consumer would use the default ``time.monotonic``)::
 
@@ -340,10 +337,9 @@ class RdyController:
         if self._next_redistribute is not None:
             deadlines.append(self._next_redistribute)
         if self._deficit:
-            # A raise may be waiting for a lowered connection's old RDY to settle. One that settled
-            # since the last rebalance counts too (its deadline is past: tick at once): a timer that
-            # fired a hair early, with the clock read again here just after the settle time, would
-            # otherwise leave the raise waiting for an event that may never come.
+            # A raise may be waiting for a lowered connection's old RDY to settle; one settled since
+            # the last rebalance too (a past deadline: tick at once), or a timer that fired a hair
+            # early would leave the raise waiting for an event that may never come.
             deadlines.extend(c.pending_until for c in self._conns.values() if c.pending)
         return min(deadlines) if deadlines else None
 
@@ -406,18 +402,16 @@ class RdyController:
     def set_held(self, conn_id: Hashable, held: bool, *, reserve: int = 0) -> list[RdyUpdate]:
         """Hold one connection at RDY 0 (``held``) or let it flow again; returns RDY updates.
 
-        While it is held, ``reserve`` of ``max_in_flight`` is given to no other connection,
-        so letting it flow again raises it at once: the others' lowered RDY need not settle
-        first (``rdy_settle_time``), since their capacity never included the reserve.
+        While it is held, ``reserve`` of ``max_in_flight`` goes to no other connection, so it
+        is raised at once when it flows again: the others' lowered RDY never included it.
         """
         if conn_id not in self._conns:
             raise KeyError(conn_id)
         if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
             raise InvalidValueError(f"reserve must be an int >= 0, got {reserve!r}")
+        self._held.pop(conn_id, None)
         if held:
             self._held[conn_id] = reserve
-        else:
-            self._held.pop(conn_id, None)
         return self._rebalance(self._clock())
 
     def set_max_rdy(self, conn_id: Hashable, max_rdy_count: int) -> list[RdyUpdate]:
@@ -426,9 +420,6 @@ class RdyController:
             raise InvalidValueError(f"max_rdy_count must be an int >= 0, got {max_rdy_count!r}")
         self._conns[conn_id].max_rdy = max_rdy_count
         return self._rebalance(self._clock())
-
-    def is_held(self, conn_id: Hashable) -> bool:
-        return conn_id in self._held
 
     def set_paused(self, key: Hashable, paused: bool) -> list[RdyUpdate]:
         """Pause (RDY 0 on every connection added with ``key``) or resume it; returns RDY updates."""
@@ -560,16 +551,13 @@ class RdyController:
         return [c for conn_id, c in self._conns.items() if self._key_of[conn_id] == scope_key]
 
     def _probe_candidates(self, scope_key: Hashable) -> list[_Conn]:
-        return [
-            c
-            for c in self._members(scope_key)
-            if c.max_rdy > 0 and self._key_of[c.conn_id] not in self._paused and c.conn_id not in self._held
-        ]
+        members = self._members(scope_key)
+        return [c for c in members if c.max_rdy > 0 and self._flows_when_normal(c.conn_id)]
 
     def _ensure_probe(self, scope: BackoffState, scope_key: Hashable) -> _Conn | None:
         """The probe connection of a scope, chosen at random (preferring idle ones) if there is none."""
         if scope.probe is not None:
-            if self._key_of[scope.probe.conn_id] not in self._paused and scope.probe.conn_id not in self._held:
+            if self._flows_when_normal(scope.probe.conn_id):
                 return scope.probe
             scope.drop_probe(scope.probe)  # paused since it was chosen
         eligible = self._probe_candidates(scope_key)
@@ -602,19 +590,17 @@ class RdyController:
                 if probe is not None:
                     probes.append(probe)
         if flowing:
-            reserved = sum(self._held.values())
-            self._water_fill(now, flowing, max(0, self._mif - len(probes) - reserved))
+            self._water_fill(now, flowing, max(0, self._mif - len(probes) - sum(self._held.values())))
         for probe in probes:
             probe.target = 1
 
     def _flows(self, conn_id: Hashable) -> bool:
-        """In normal operation: its backoff scope not backing off, its key not paused."""
+        """In normal operation: its backoff scope not backing off, its key not paused, not held."""
         key = self._key_of[conn_id]
-        return (
-            self._scopes[self._scope_key(key)].phase is Phase.NORMAL
-            and key not in self._paused
-            and conn_id not in self._held
-        )
+        return self._scopes[self._scope_key(key)].phase is Phase.NORMAL and self._flows_when_normal(conn_id)
+
+    def _flows_when_normal(self, conn_id: Hashable) -> bool:
+        return self._key_of[conn_id] not in self._paused and conn_id not in self._held
 
     def _water_fill(self, now: float, conns: list[_Conn], budget: int) -> None:
         """Split ``budget`` evenly over ``conns``, capped per connection; the remainder goes to

@@ -1208,7 +1208,7 @@ def test_a_held_connection_gets_no_rdy_and_its_reserve_is_kept_back() -> None:
     assert ctl.add_connection("bulk", 2500) == [RdyUpdate("bulk", 100)]
     # The express connection joins held, with 10 kept back for it: bulk is lowered to 90.
     assert ctl.add_connection("express", 10, held_reserve=10) == [RdyUpdate("bulk", 90)]
-    assert ctl.is_held("express") and rdy_of(ctl) == {"bulk": 90, "express": 0}
+    assert rdy_of(ctl) == {"bulk": 90, "express": 0}
     clock.now = 1.0
     # Moving to the express lane: bulk held (lowered first), express raised at once from the reserve,
     # without waiting for bulk's old RDY to settle.
@@ -1236,4 +1236,9 @@ def test_held_connections_are_never_the_backoff_probe_and_validate_their_argumen
     with pytest.raises(InvalidValueError, match="max_rdy_count must be an int >= 0"):
         ctl.set_max_rdy("express", -3)
     ctl.remove_connection("express")
-    assert not ctl.is_held("express")
+    with pytest.raises(KeyError):  # forgotten, held state included
+        ctl.set_held("express", False)
+    clock.now = 100.0  # backoff over: the whole max_in_flight for the one connection left
+    ctl.on_message("bulk", "m2")
+    ctl.on_message_done("bulk", "m2", Outcome.SUCCESS)
+    assert rdy_of(ctl) == {"bulk": 10}
