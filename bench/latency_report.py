@@ -85,7 +85,7 @@ def _loads(data: dict[str, Any]) -> str:
 def method_line(data: dict[str, Any], json_name: str) -> str:
     s, server, machine = data["settings"], data["server"], data["machine"]
     return (
-        f"Measured {data['date'][:10]} on {machine.get('cpu', '?')} ({machine.get('cores', '?')} cores; 1-minute load "
+        f"Measured {data['date'][:10]} on {machine.get('cpu_model', '?')} ({machine.get('cores', '?')} cores; 1-minute load "
         f"average {_loads(data)} at the start of the points), against **{server.get('version')}** started as "
         f"`{server.get('command', '?')}`; {s['body_size']}-byte bodies, max_in_flight {s['max_in_flight']}, "
         f"one publisher and one consumer process per point, open loop, {s['warmup_s']:g} s warm-up then a "
@@ -107,8 +107,33 @@ def readme_table(data: dict[str, Any], json_name: str) -> str:
     return "\n".join([*lines, "", method_line(data, json_name), "", *acceptance(data)])
 
 
+def knobs_table(data: dict[str, Any]) -> list[str]:
+    """Per configuration and rate: end-to-end p99 (ms) and nsqd's CPU (% of one core)."""
+    rates = sorted({e["rate"] for e in data["summary"]})
+    lines = ["| configuration | " + " | ".join(f"{r:,}/s" for r in rates) + " |",
+             "|---|" + "---:|" * len(rates)]
+    for row in data["rows"]:
+        if row["config"] == "tuned" and row["client"] == "fastnsq" and row["name"] not in {p[2] for p in PAIRS}:
+            continue
+        by_rate = {e["rate"]: e for e in _entries(data, row["name"])}
+        cells = []
+        for rate in rates:
+            e = by_rate.get(rate)
+            if e is None or "e2e_p99" not in e:
+                cells.append("–")
+                continue
+            cpu = e.get("nsqd_cpu_us_per_msg")
+            share = "" if cpu is None else f", nsqd {cpu * rate / 1e4:.0f} %"
+            cells.append(("beyond saturation" if e["saturated"] else f"{e['e2e_p99']:.1f} ms") + share)
+        lines.append(f"| {row['name']} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(data: dict[str, Any], json_name: str) -> str:
     out = ["# Latency at fixed rates (bench/latency.py)", "", method_line(data, json_name), "",
+           "## What the knobs do", "",
+           "End-to-end p99 and nsqd's CPU over the window (% of one core, medians of the rounds):", "",
+           *knobs_table(data), "",
            ("Every row: end-to-end p50 / p99 / p99.9 / max, publish p99, achieved rate, nsqd CPU per message "
            "and each round's end-to-end p99."), ""]
     for row in data["rows"]:
