@@ -13,7 +13,7 @@ import json
 import logging
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -21,7 +21,10 @@ from ._protocol import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_MSG_SIZE
 from ._version import __version__
 from .errors import InvalidValueError
 
-__all__ = ["ConnectionOptions", "Endpoint", "LoggerLike", "check_logger", "check_range", "parse_address", "split_options"]
+__all__ = [
+    "ConnectionOptions", "Endpoint", "LoggerLike", "address_list", "check_callable", "check_choice", "check_logger", "check_range", "parse_address",
+    "secret_text", "split_options",
+]
 
 #: What the ``logger`` option of a Consumer or Producer takes.
 LoggerLike = logging.Logger | logging.LoggerAdapter
@@ -50,6 +53,20 @@ def check_range(name: str, value: Any, low: float, high: float, *, integer: bool
         raise InvalidValueError(f"{name} must be {kind}, got {value!r}")
     if not low <= value <= high:
         raise InvalidValueError(f"{name}={value!r} is outside the accepted range {low}..{high}")
+    return value
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
+    """``value`` if it is one of ``choices``; otherwise an error naming the option and the choices."""
+    if value not in choices:
+        raise InvalidValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
+def check_callable(name: str, value: Any, what: str = "") -> Any:
+    """``value`` if it is None or callable; otherwise an error naming the option (and what it is called with)."""
+    if value is not None and not callable(value):
+        raise InvalidValueError(f"{name} must be callable{what}, got {value!r}")
     return value
 
 
@@ -90,6 +107,22 @@ def parse_address(address: str, default_port: int = 4150) -> tuple[str, int]:
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise InvalidValueError(f"address {address!r} has an invalid port {port_text!r}")
     return host, int(port_text)
+
+
+def address_list(addresses: str | Sequence[Any] | None) -> list[Any]:
+    """Addresses given as one comma-separated string, a sequence, or None (none)."""
+    if addresses is None:
+        return []
+    if isinstance(addresses, str):
+        return [a for a in (part.strip() for part in addresses.split(",")) if a]
+    return list(addresses)
+
+
+def secret_text(secret: str | bytes | None) -> str | None:
+    """An AUTH secret as text, for the HTTP ``Authorization`` header nsqlookupd gets."""
+    if isinstance(secret, bytes):
+        return secret.decode("utf-8", "replace")
+    return secret
 
 
 def _short_hostname() -> str:

@@ -58,7 +58,8 @@ sends RDY 0 everywhere, waits, then lets one message through one connection,
 the probe; only the probe's result moves the level), or per key with
 ``backoff_per_key`` (youzan's ``RequeueBackoffSingleConn``): then a failing key
 waits and probes alone while the others share ``max_in_flight``. A key can be
-paused (:meth:`RdyController.set_paused`): RDY 0 on its connections until resumed.
+paused (:meth:`RdyController.set_paused`): RDY 0 on its connections until resumed;
+one connection can be held (:meth:`RdyController.set_held`, the consumer's express lane).
 
 Example (a fake clock; the consumer would use the default ``time.monotonic``)::
 
@@ -232,6 +233,8 @@ class RdyController:
         self._scopes: dict[Hashable, BackoffState] = {}
         self._key_of: dict[Hashable, Hashable] = {}
         self._paused: set[Hashable] = set()
+        # Held connections (RDY 0 on that one alone), each with the part of max_in_flight kept for it.
+        self._held: dict[Hashable, int] = {}
         # Every scope in normal operation: FINs may take the cheap path.
         self._all_normal = True
 
@@ -334,16 +337,17 @@ class RdyController:
         if self._next_redistribute is not None:
             deadlines.append(self._next_redistribute)
         if self._deficit:
-            # A raise may be waiting for a lowered connection's old RDY to settle.
-            now = self._clock()
-            deadlines.extend(
-                c.pending_until for c in self._conns.values() if c.pending and c.pending_until > now
-            )
+            # A raise may be waiting for a lowered connection's old RDY to settle; one settled since
+            # the last rebalance too (a past deadline: tick at once), or a timer that fired a hair
+            # early would leave the raise waiting for an event that may never come.
+            deadlines.extend(c.pending_until for c in self._conns.values() if c.pending)
         return min(deadlines) if deadlines else None
 
     # -- events ------------------------------------------------------------------------------
 
-    def add_connection(self, conn_id: Hashable, max_rdy_count: int, key: Hashable = None) -> list[RdyUpdate]:
+    def add_connection(
+        self, conn_id: Hashable, max_rdy_count: int, key: Hashable = None, *, held_reserve: int | None = None
+    ) -> list[RdyUpdate]:
         """Register a subscribed connection; returns the RDY updates to send.
 
         ``max_rdy_count`` is the value from the connection's IDENTIFY response
@@ -351,6 +355,7 @@ class RdyController:
         The new connection gets RDY only when ``max_in_flight`` leaves room for
         it: the others are lowered first. ``key`` is its backoff scope: connections
         added with the same key back off together (None: the consumer-wide scope).
+        ``held_reserve`` adds it held (:meth:`set_held`) with that reserve.
         """
         if isinstance(max_rdy_count, bool) or not isinstance(max_rdy_count, int) or max_rdy_count < 0:
             raise InvalidValueError(f"max_rdy_count must be an int >= 0, got {max_rdy_count!r}")
@@ -366,6 +371,8 @@ class RdyController:
         self._conns[conn_id] = _Conn(conn_id, self._seq, max_rdy_count, now)
         self._key_of[conn_id] = key
         self._scopes.setdefault(self._scope_key(key), BackoffState())
+        if held_reserve is not None:
+            self._held[conn_id] = max(0, held_reserve)
         return self._rebalance(now)
 
     def remove_connection(self, conn_id: Hashable) -> list[RdyUpdate]:
@@ -379,6 +386,7 @@ class RdyController:
         if c is None:
             return []
         c.fast = False
+        self._held.pop(conn_id, None)
         if c.in_flight:
             self._orphans[conn_id] = self._orphans.get(conn_id, 0) + c.in_flight
             self._orphan_total += c.in_flight
@@ -389,6 +397,28 @@ class RdyController:
             # consumer): nothing is left to probe, and a partition that comes back (or moved
             # for good) starts afresh.
             del self._scopes[key]
+        return self._rebalance(self._clock())
+
+    def set_held(self, conn_id: Hashable, held: bool, *, reserve: int = 0) -> list[RdyUpdate]:
+        """Hold one connection at RDY 0 (``held``) or let it flow again; returns RDY updates.
+
+        While it is held, ``reserve`` of ``max_in_flight`` goes to no other connection, so it
+        is raised at once when it flows again: the others' lowered RDY never included it.
+        """
+        if conn_id not in self._conns:
+            raise KeyError(conn_id)
+        if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+            raise InvalidValueError(f"reserve must be an int >= 0, got {reserve!r}")
+        self._held.pop(conn_id, None)
+        if held:
+            self._held[conn_id] = reserve
+        return self._rebalance(self._clock())
+
+    def set_max_rdy(self, conn_id: Hashable, max_rdy_count: int) -> list[RdyUpdate]:
+        """Change the most RDY one connection may hold (a cap below nsqd's max_rdy_count)."""
+        if isinstance(max_rdy_count, bool) or not isinstance(max_rdy_count, int) or max_rdy_count < 0:
+            raise InvalidValueError(f"max_rdy_count must be an int >= 0, got {max_rdy_count!r}")
+        self._conns[conn_id].max_rdy = max_rdy_count
         return self._rebalance(self._clock())
 
     def set_paused(self, key: Hashable, paused: bool) -> list[RdyUpdate]:
@@ -521,12 +551,13 @@ class RdyController:
         return [c for conn_id, c in self._conns.items() if self._key_of[conn_id] == scope_key]
 
     def _probe_candidates(self, scope_key: Hashable) -> list[_Conn]:
-        return [c for c in self._members(scope_key) if c.max_rdy > 0 and self._key_of[c.conn_id] not in self._paused]
+        members = self._members(scope_key)
+        return [c for c in members if c.max_rdy > 0 and self._flows_when_normal(c.conn_id)]
 
     def _ensure_probe(self, scope: BackoffState, scope_key: Hashable) -> _Conn | None:
         """The probe connection of a scope, chosen at random (preferring idle ones) if there is none."""
         if scope.probe is not None:
-            if self._key_of[scope.probe.conn_id] not in self._paused:
+            if self._flows_when_normal(scope.probe.conn_id):
                 return scope.probe
             scope.drop_probe(scope.probe)  # paused since it was chosen
         eligible = self._probe_candidates(scope_key)
@@ -559,14 +590,17 @@ class RdyController:
                 if probe is not None:
                     probes.append(probe)
         if flowing:
-            self._water_fill(now, flowing, max(0, self._mif - len(probes)))
+            self._water_fill(now, flowing, max(0, self._mif - len(probes) - sum(self._held.values())))
         for probe in probes:
             probe.target = 1
 
     def _flows(self, conn_id: Hashable) -> bool:
-        """In normal operation: its backoff scope not backing off, its key not paused."""
+        """In normal operation: its backoff scope not backing off, its key not paused, not held."""
         key = self._key_of[conn_id]
-        return self._scopes[self._scope_key(key)].phase is Phase.NORMAL and key not in self._paused
+        return self._scopes[self._scope_key(key)].phase is Phase.NORMAL and self._flows_when_normal(conn_id)
+
+    def _flows_when_normal(self, conn_id: Hashable) -> bool:
+        return self._key_of[conn_id] not in self._paused and conn_id not in self._held
 
     def _water_fill(self, now: float, conns: list[_Conn], budget: int) -> None:
         """Split ``budget`` evenly over ``conns``, capped per connection; the remainder goes to

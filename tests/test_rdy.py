@@ -1184,3 +1184,61 @@ def test_a_slot_reached_by_lowering_max_in_flight_still_rotates() -> None:
     start = clock.now
     sim.run_busy(3 * (2.0 + 0.5 + 1.0) + 1.0, step=0.2)
     assert all(sim.last_delivery_at.get(conn_id, -1.0) >= start for conn_id in sim.servers), sim.last_delivery_at
+
+
+# -- settling, held connections (the consumer's express lane) --------------------------------------------------
+
+
+def test_a_settle_deadline_passed_before_the_timer_is_armed_is_still_a_deadline() -> None:
+    """A timer that fires a hair before the settle time, then a clock read just after it: the raise
+    waiting for the settle must still get a deadline (it was lost, and a connection kept RDY 0)."""
+    ctl, clock = make(2, settle=0.5)
+    ctl.add_connection("a", 2500)
+    ctl.add_connection("b", 2500)  # a lowered: b waits for it to settle
+    clock.now = 0.4999
+    assert ctl.tick() == []  # not settled yet
+    clock.now = 0.5001  # the consumer reads the clock again to arm its timer
+    assert ctl.next_deadline() == 0.5  # in the past: tick at once
+    assert ctl.tick() == [RdyUpdate("b", 1)]
+    assert ctl.next_deadline() is None
+
+
+def test_a_held_connection_gets_no_rdy_and_its_reserve_is_kept_back() -> None:
+    ctl, clock = make(100, settle=0.5)
+    assert ctl.add_connection("bulk", 2500) == [RdyUpdate("bulk", 100)]
+    # The express connection joins held, with 10 kept back for it: bulk is lowered to 90.
+    assert ctl.add_connection("express", 10, held_reserve=10) == [RdyUpdate("bulk", 90)]
+    assert rdy_of(ctl) == {"bulk": 90, "express": 0}
+    clock.now = 1.0
+    # Moving to the express lane: bulk held (lowered first), express raised at once from the reserve,
+    # without waiting for bulk's old RDY to settle.
+    assert ctl.set_held("bulk", True) == [RdyUpdate("bulk", 0)]
+    assert ctl.set_held("express", False, reserve=0) == [RdyUpdate("express", 10)]
+    clock.now = 2.0
+    # And back: express held again with its reserve, bulk raised to the rest at once.
+    assert ctl.set_held("express", True, reserve=10) == [RdyUpdate("express", 0)]
+    assert ctl.set_held("bulk", False) == [RdyUpdate("bulk", 90)]
+    assert sum(rdy_of(ctl).values()) <= 100
+
+
+def test_held_connections_are_never_the_backoff_probe_and_validate_their_arguments() -> None:
+    ctl, clock = make(10, settle=0.0, max_backoff_duration=1.0)
+    ctl.add_connection("bulk", 2500)
+    ctl.add_connection("express", 5, held_reserve=2)
+    ctl.on_message("bulk", "m1")
+    ctl.on_message_done("bulk", "m1", Outcome.FAILURE)  # backoff: RDY 0 everywhere, then a probe
+    clock.now = 5.0
+    assert ctl.tick() == [RdyUpdate("bulk", 1)]  # the probe is the connection that is not held
+    with pytest.raises(InvalidValueError, match="reserve must be an int >= 0"):
+        ctl.set_held("bulk", True, reserve=-1)
+    with pytest.raises(KeyError):
+        ctl.set_held("nope", True)
+    with pytest.raises(InvalidValueError, match="max_rdy_count must be an int >= 0"):
+        ctl.set_max_rdy("express", -3)
+    ctl.remove_connection("express")
+    with pytest.raises(KeyError):  # forgotten, held state included
+        ctl.set_held("express", False)
+    clock.now = 100.0  # backoff over: the whole max_in_flight for the one connection left
+    ctl.on_message("bulk", "m2")
+    ctl.on_message_done("bulk", "m2", Outcome.SUCCESS)
+    assert rdy_of(ctl) == {"bulk": 10}

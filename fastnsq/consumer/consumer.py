@@ -29,7 +29,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import codec
-from ..config import ConnectionOptions, Endpoint, check_logger, check_range, split_options
+from ..config import (
+    ConnectionOptions,
+    Endpoint,
+    address_list,
+    check_callable,
+    check_choice,
+    check_logger,
+    check_range,
+    secret_text,
+    split_options,
+)
 from ..conn import Connection
 from ..errors import (
     InvalidValueError,
@@ -44,6 +54,7 @@ from ..stats import ConnectionStats, ConsumerStats, deprecated_spelling
 from ..topology import TopicRoute, Topology
 from .batch import Batch
 from .dispatch import Dispatcher, DispatchSettings, Link
+from .express import ExpressLanes
 from .ha import HA_CONSUMER_DEFAULTS, HAConsumer, direct_endpoints
 from .partitions import Partitions
 
@@ -79,6 +90,8 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "lookupd_poll_timeout": 60.0,
     "discovery_filter": None,
     "logger": None,
+    "express_lane": True,
+    "express_max_rate": 20_000.0,
     **HA_CONSUMER_DEFAULTS,
 }
 
@@ -127,7 +140,9 @@ class Consumer:
     (1), ``auto_touch`` (False), ``give_up_handler`` (called with each message past
     max_attempts after it is finished; the default logs), and every connection
     option (``msg_timeout``, ``heartbeat_interval``, TLS, compression, AUTH...).
-    HA nsqd: ``ordered`` (SUB_ORDERED per partition) and ``ordered_give_up``.
+    ``express_lane`` (True: an unbuffered connection per nsqd carries the messages while
+    they come slower than ``express_max_rate``, 20,000 msg/s; :mod:`.express`). HA nsqd:
+    ``ordered`` (SUB_ORDERED per partition) and ``ordered_give_up``.
     """
 
     def __init__(
@@ -166,17 +181,11 @@ class Consumer:
         )
         self.auto_touch = bool(s["auto_touch"])
         self.ordered = bool(s["ordered"])
-        if s["ordered_give_up"] not in _ORDERED_GIVE_UP:
-            raise InvalidValueError(f"ordered_give_up must be one of {_ORDERED_GIVE_UP}, got {s['ordered_give_up']!r}")
-        self.ordered_give_up = s["ordered_give_up"]
-        if s["backoff_scope"] not in _BACKOFF_SCOPES:
-            raise InvalidValueError(f"backoff_scope must be one of {_BACKOFF_SCOPES}, got {s['backoff_scope']!r}")
-        self.backoff_scope = s["backoff_scope"]
-        if s["give_up_handler"] is not None and not callable(s["give_up_handler"]):
-            raise InvalidValueError("give_up_handler must be callable")
+        self.ordered_give_up = check_choice("ordered_give_up", s["ordered_give_up"], _ORDERED_GIVE_UP)
+        self.backoff_scope = check_choice("backoff_scope", s["backoff_scope"], _BACKOFF_SCOPES)
+        check_callable("give_up_handler", s["give_up_handler"])
         self.lookupd_poll_timeout = check_range("lookupd_poll_timeout", s["lookupd_poll_timeout"], 0.001, 3600)
-        if s["discovery_filter"] is not None and not callable(s["discovery_filter"]):
-            raise InvalidValueError("discovery_filter must be callable: nsqd addresses in, those to use out")
+        check_callable("discovery_filter", s["discovery_filter"], ": nsqd addresses in, those to use out")
         self._discovery_filter: Callable[[list[str]], Any] | None = s["discovery_filter"]
         self._log = check_logger(s["logger"], logger)
         self._rdy = RdyController(
@@ -190,11 +199,10 @@ class Consumer:
             backoff_per_key=self.backoff_scope == "partition",
         )
         self._direct = direct_endpoints(nsqd_tcp_addresses, s["partition"])
-        self._lookupd_addresses = _as_list(lookupd_http_addresses)
+        self._lookupd_addresses = address_list(lookupd_http_addresses)
         if not self._direct and not self._lookupd_addresses:
             raise InvalidValueError("give nsqd_tcp_addresses or lookupd_http_addresses")
-        if handler is not None and not callable(handler):
-            raise InvalidValueError("handler must be callable")
+        check_callable("handler", handler)
         self._handler = handler
         self._inbox = codec.Inbox()  # messages for `async for` / batches() (no handler)
         self._queue: deque[Any] = self._inbox.queue
@@ -231,6 +239,11 @@ class Consumer:
         #: Connections opened again to an endpoint connected before (after a loss, a leader move...).
         self.reconnects = 0
         self._errors: Counter[str] = Counter()  # nsqd's error frames, by code
+        self._express = ExpressLanes(
+            self._rdy, self.options, enabled=bool(s["express_lane"]), apply=self._apply, log=self._log,
+            max_rate=check_range("express_max_rate", s["express_max_rate"], 1, 10**8),
+            open_express=lambda endpoint: self._connect(endpoint, express=True),
+        )
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -257,7 +270,7 @@ class Consumer:
     async def _start_topology(self) -> None:
         self._topology = Topology(
             self._lookupd_addresses, access="r", poll_interval=self.lookupd_poll_interval,
-            poll_jitter=self.lookupd_poll_jitter, auth_secret=_secret_text(self.options.auth_secret),
+            poll_jitter=self.lookupd_poll_jitter, auth_secret=secret_text(self.options.auth_secret),
             poll_timeout=self.lookupd_poll_timeout, log=self._log,
         )
         self._topology.add_listener(self.topic, self._on_route)
@@ -285,6 +298,7 @@ class Consumer:
         if not self._running or self._stopping:
             return report
         self._stopping = True
+        self._express.close()
         for link in self._all_links():
             link.fast = False  # every answer now goes through the dispatcher, which watches the drain
         self._dispatch.on_answer_while_stopping = self._answered_while_stopping
@@ -349,7 +363,7 @@ class Consumer:
     async def _next_message(self, pass_first: bool) -> Any:
         """The next message for `async for`, after a loop pass if asked; StopAsyncIteration once stopped."""
         if pass_first:
-            await _give_the_loop_a_pass()
+            await asyncio.sleep(0)  # a pass for the loop
         while not self._queue:
             if self._stopping or not self._running:
                 raise StopAsyncIteration
@@ -382,7 +396,7 @@ class Consumer:
             if take:
                 yield Batch([self._queue.popleft() for _ in range(take)])
                 if self._queue:  # nothing above awaited: let the FINs out and the reads in
-                    await _give_the_loop_a_pass()
+                    await asyncio.sleep(0)  # a pass for the loop
 
     async def _wait_queue(self, timeout: float | None = None) -> None:
         """Until a message is pushed to the inbox (or the consumer stops), at most ``timeout``."""
@@ -499,7 +513,7 @@ class Consumer:
     # ---- connections --------------------------------------------------------------------
 
     def _all_links(self) -> list[Link]:
-        return [link for links in self._links.values() for link in links]
+        return [*(link for links in self._links.values() for link in links), *self._express.links()]
 
     async def _connect_or_retry(self, endpoint: Endpoint, *, direct: bool) -> None:
         try:
@@ -511,11 +525,11 @@ class Consumer:
             elif direct:
                 self._reconnect_later(endpoint)
 
-    async def _connect(self, endpoint: Endpoint) -> Link:
+    async def _connect(self, endpoint: Endpoint, *, express: bool = False) -> Link:
         link = Link(self._dispatch, endpoint)
         conn = Connection(
             endpoint.address,
-            self.options,
+            self._express.options if express else self.options,
             extend_support=self._ha.extend_support(self._meta_ext),
             # The link is the reader's message sink: in C, the codec calls it directly.
             on_message=link,
@@ -543,6 +557,8 @@ class Consumer:
         if self._stopping:
             await conn.close()
             raise NSQError("the consumer is stopping")
+        if express:
+            return self._express.express_added(link)  # closed by the consumer if refused
         self._links.setdefault(endpoint, []).append(link)
         if endpoint in self._ever_connected:
             self.reconnects += 1
@@ -554,6 +570,8 @@ class Consumer:
         # start checks its first messages).
         self._ha.subscribed(link)
         self._apply(updates)
+        if self._express.wants(link, is_ha=conn.is_ha, ordered=self.ordered):
+            self._express.bulk_added(link)
         self._log.info("consuming %s/%s from %s%s", self.topic, self.channel, endpoint.address,
                     "" if endpoint.partition is None else f" partition {endpoint.partition}")
         return link
@@ -561,16 +579,19 @@ class Consumer:
     def _on_close(self, link: Link, error: BaseException | None) -> None:
         link.closed = True
         link.fast = False
-        links = self._links.get(link.endpoint)
-        if links is not None and link in links:
+        express = self._express.owns(link)  # the express lane reopens its own
+        links = self._links.get(link.endpoint, [])
+        if express or link in links:
+            self._dispatch.link_closed(link)
+        if link in links:
             links.remove(link)
             if not links:
                 del self._links[link.endpoint]
-            self._dispatch.link_closed(link)
         self._apply(self._rdy.remove_connection(link))
+        self._express.closed(link)
         if isinstance(error, ServerError):
             self._errors[error.code] += 1
-        if link in self._retiring:  # disconnect_from_nsqd: closed on purpose
+        if link in self._retiring or express:  # disconnect_from_nsqd: closed on purpose
             self._retiring.discard(link)
             return
         if self._stopping or not self._running:
@@ -664,7 +685,7 @@ class Consumer:
         ``timeout``; what is left is requeued) and its connections close. A lookupd that lists it
         again makes the consumer connect to it again, as in go-nsq; filter it out with
         ``discovery_filter`` to keep away."""
-        links = [link for links in self._links.values() for link in links if link.endpoint.address == address]
+        links = [link for link in self._all_links() if link.endpoint.address == address]
         given = [endpoint for endpoint in self._direct if endpoint.address == address]
         if not given and not links:
             raise InvalidValueError(f"not consuming from nsqd {address}")
@@ -775,21 +796,3 @@ class Consumer:
 def _resolve_none(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
-
-
-async def _give_the_loop_a_pass() -> None:
-    await asyncio.sleep(0)
-
-
-def _as_list(addresses: str | Sequence[str] | None) -> list[str]:
-    if addresses is None:
-        return []
-    if isinstance(addresses, str):
-        return [a for a in (part.strip() for part in addresses.split(",")) if a]
-    return list(addresses)
-
-
-def _secret_text(secret: str | bytes | None) -> str | None:
-    if isinstance(secret, bytes):
-        return secret.decode("utf-8", "replace")
-    return secret

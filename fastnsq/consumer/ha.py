@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import bodies
-from ..config import Endpoint, parse_address
+from ..config import Endpoint, address_list, parse_address
 from ..errors import InvalidValueError
 from .positions import StartPositions, SubscribePlan, parse_consume_offset
 
@@ -60,12 +60,8 @@ HA_CONSUMER_DEFAULTS: dict[str, Any] = {
 def direct_endpoints(addresses: str | Sequence[Any] | None, partition: int | None) -> list[Endpoint]:
     """``nsqd_tcp_addresses`` as endpoints: ``"host:port"`` (with ``partition``, if given) or
     ``(address, partition)``."""
-    if addresses is None:
-        return []
-    items: Sequence[Any] = [a.strip() for a in addresses.split(",") if a.strip()] \
-        if isinstance(addresses, str) else list(addresses)
     found = []
-    for item in items:
+    for item in address_list(addresses):
         if isinstance(item, str):
             parse_address(item)
             found.append(Endpoint(item, partition))

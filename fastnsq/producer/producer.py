@@ -22,7 +22,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import codec, tracing
-from ..config import ConnectionOptions, check_logger, check_range, parse_address, split_options
+from ..config import (
+    ConnectionOptions,
+    address_list,
+    check_logger,
+    check_range,
+    parse_address,
+    secret_text,
+    split_options,
+)
 from ..conn import Connection
 from ..errors import (
     BadBodyError,
@@ -139,8 +147,8 @@ class Producer:
             "lookupd_poll_interval", settings["lookupd_poll_interval"], 0.01, 300
         )
         self.lookupd_poll_jitter = check_range("lookupd_poll_jitter", settings["lookupd_poll_jitter"], 0, 1)
-        self._nsqd_addresses = _as_list(nsqd_tcp_addresses)
-        self._lookupd_addresses = _as_list(lookupd_http_addresses)
+        self._nsqd_addresses = address_list(nsqd_tcp_addresses)
+        self._lookupd_addresses = address_list(lookupd_http_addresses)
         for address in self._nsqd_addresses:
             parse_address(address)
         if not self._nsqd_addresses and not self._lookupd_addresses:
@@ -158,7 +166,7 @@ class Producer:
         if self._lookupd_addresses:
             topology = Topology(
                 self._lookupd_addresses, access="w", poll_interval=self.lookupd_poll_interval,
-                poll_jitter=self.lookupd_poll_jitter, auth_secret=_secret_text(self.options.auth_secret),
+                poll_jitter=self.lookupd_poll_jitter, auth_secret=secret_text(self.options.auth_secret),
                 poll_timeout=self.lookupd_poll_timeout, log=self._log,
             )
         self._ha = HAProducer(settings, self._pool, self.publish, _retryable)
@@ -665,17 +673,3 @@ def _describe(error: BaseException) -> str:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-def _secret_text(secret: str | bytes | None) -> str | None:
-    if isinstance(secret, bytes):
-        return secret.decode("utf-8", "replace")
-    return secret
-
-
-def _as_list(addresses: str | Sequence[str] | None) -> list[str]:
-    if addresses is None:
-        return []
-    if isinstance(addresses, str):
-        return [a for a in (part.strip() for part in addresses.split(",")) if a]
-    return list(addresses)

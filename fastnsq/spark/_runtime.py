@@ -117,7 +117,9 @@ class SourceRuntime:
 
     async def _start_consumer(self) -> None:
         opts = self.options
-        kwargs = opts.consumer_kwargs()
+        # A micro-batch holds its messages far longer than nsqd's output buffer: no express lane
+        # (a second connection per nsqd for nothing), unless the user's options ask for one.
+        kwargs = {"express_lane": False, **opts.consumer_kwargs()}
         if self._delivery_cap is not None:
             kwargs["max_in_flight"] = max(1, self._delivery_window())  # 0 (nothing to take): paused below
         self.consumer = Consumer(opts.topic, opts.channel, **kwargs)

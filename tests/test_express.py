@@ -1,0 +1,120 @@
+"""The consumer's express lane (fastnsq/consumer/express.py), on the embedded nsqd or a real one.
+
+nsqd holds a connection's messages in its output buffer until it is full or its
+output_buffer_timeout (250 ms) ticks; the express lane is an unbuffered second
+connection per nsqd that carries the messages while they come slowly. These tests
+check what a user sees: slow messages arrive at once with the defaults, a backlog
+still goes through the buffered connection, small max_in_flight and unbuffered
+consumers get no second connection, and a lost express connection comes back.
+They also check that the server buffers as nsqd does (the embedded one must).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+from fastnsq import Consumer, Producer
+from tests.helpers import eventually, unique
+
+MIF = 2500  # a consumer sized for throughput: nsqd's buffer, not RDY, decides when it writes
+
+
+async def _latencies(nsqd, consumer_options: dict, count: int = 25, spacing: float = 0.02) -> list[float]:
+    """Publish ``count`` messages one at a time, ``spacing`` apart; seconds from publish to handler."""
+    topic = unique("express")
+    published: dict[bytes, float] = {}
+    latencies: list[float] = []
+
+    def handle(message) -> None:
+        latencies.append(time.monotonic() - published[message.body])
+
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=MIF,
+                        **consumer_options)
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(topic, b"first")  # creates the topic
+        published[b"first"] = time.monotonic()
+        await consumer.start()
+        await eventually(lambda: len(latencies) == 1, timeout=5, what="the first message")
+        await asyncio.sleep(0.3)  # quiet: the express lane opens (when it may)
+        for i in range(count):
+            body = b"m%d" % i
+            published[body] = time.monotonic()
+            await producer.publish(topic, body)
+            await asyncio.sleep(spacing)
+    await eventually(lambda: len(latencies) == count + 1, timeout=5, what="every message")
+    await consumer.stop()
+    return latencies[1:]
+
+
+async def test_slow_messages_arrive_at_once_with_the_defaults(nsqd) -> None:
+    latencies = await _latencies(nsqd, {})
+    assert statistics.median(latencies) < 0.05, latencies
+
+
+async def test_the_server_buffers_them_without_the_express_lane(nsqd) -> None:
+    """nsqd's (and the embedded server's) output buffer: held until the 250 ms tick."""
+    latencies = await _latencies(nsqd, {"express_lane": False})
+    assert statistics.median(latencies) > 0.05, latencies  # ~125 ms: half the tick, on average
+
+
+async def test_a_backlog_goes_through_the_buffered_connection(nsqd) -> None:
+    topic = unique("backlog")
+    async with Producer([nsqd.tcp_address]) as producer:
+        for start in range(0, 20_000, 500):
+            await producer.mpublish(topic, [b"%d" % i for i in range(start, start + 500)])
+    got = []
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=got.append, max_in_flight=MIF)
+    await consumer.start()
+    await eventually(lambda: len(got) == 20_000, timeout=30, what="the backlog")
+    await eventually(lambda: len(consumer.connections) == 2, timeout=5, what="the express lane, once quiet")
+    stats = sorted(consumer.snapshot().connections, key=lambda c: c.received)
+    # The consumer starts on its buffered connection: the backlog never went the express way.
+    assert stats[-1].received == 20_000 and stats[0].received == 0
+    await consumer.stop()
+
+
+async def test_a_burst_moves_back_to_the_buffered_connection(nsqd) -> None:
+    topic = unique("burst")
+    got = []
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=got.append, max_in_flight=MIF)
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(topic, b"first")
+        await consumer.start()
+        await eventually(lambda: len(consumer.connections) == 2, timeout=5, what="the express lane")
+        await asyncio.sleep(0.1)  # and its RDY
+        for start in range(0, 50_000, 1000):  # far above express_max_rate
+            await producer.mpublish(topic, [b"%d" % i for i in range(start, start + 1000)])
+    await eventually(lambda: len(got) == 50_001, timeout=30, what="the burst")
+    express, bulk = sorted(consumer.snapshot().connections, key=lambda c: c.received)
+    assert bulk.received > express.received, (bulk, express)
+    await consumer.stop()
+
+
+async def test_no_express_lane_with_a_small_max_in_flight_or_an_unbuffered_consumer(nsqd) -> None:
+    for options in ({"max_in_flight": 100}, {"max_in_flight": MIF, "output_buffer_size": -1},
+                    {"max_in_flight": MIF, "express_lane": False}):
+        got = []
+        consumer = Consumer(unique("noexp"), "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=got.append,
+                            **options)
+        await consumer.start()
+        await asyncio.sleep(0.4)  # well past the quiet time after which an express lane would open
+        assert len(consumer.connections) == 1, options
+        await consumer.stop()
+
+
+async def test_a_lost_express_connection_is_opened_again(nsqd) -> None:
+    topic = unique("reopen")
+    got = []
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=got.append, max_in_flight=MIF)
+    await consumer.start()
+    await eventually(lambda: len(consumer.connections) == 2, timeout=5, what="the express lane")
+    await consumer.connections[-1].close()  # the express lane's comes last
+    await eventually(lambda: len(consumer.connections) == 1, timeout=5, what="the loss seen")
+    await eventually(lambda: len(consumer.connections) == 2, timeout=10, what="the express lane again")
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(topic, b"after")
+    await eventually(lambda: got and got[-1].body == b"after", timeout=5, what="a message after")
+    assert consumer.reconnects == 0  # the buffered connection never went
+    await consumer.stop()
