@@ -695,6 +695,10 @@ class RdyController:
             want = 0 if stop else c.target
             if c.rdy > want:
                 updates.append(self._send(c, want, now))
+            if c.granted_at is None and 0 < c.rdy == c.target:
+                # Its target reached from above (max_in_flight lowered under a partial raise, with
+                # or without a RDY sent): granted now, or _is_stale would never judge it.
+                c.granted_at = now
         # Raises must fit what every connection can still receive, old RDY values included.
         budget = self._mif - self._orphan_total - sum(self._capacity(c, now) for c in conns)
         deficit = False
@@ -754,11 +758,6 @@ class RdyController:
             # Until nsqd reads the new value it may still fill the connection up to the old one.
             c.pending = max(self._pending(c, now), c.rdy - c.in_flight)
             c.pending_until = now + self._settle
-            if value == c.target and c.granted_at is None:
-                # Its target reached from above, never from below (max_in_flight was lowered
-                # before a partial raise completed): granted now, or _is_stale would never
-                # judge it and it would keep a scarce slot forever.
-                c.granted_at = now
         elif value == c.target:
             c.granted_at = now
         c.rdy = value

@@ -1186,6 +1186,34 @@ def test_a_slot_reached_by_lowering_max_in_flight_still_rotates() -> None:
     assert all(sim.last_delivery_at.get(conn_id, -1.0) >= start for conn_id in sim.servers), sim.last_delivery_at
 
 
+def test_a_slot_whose_target_came_down_to_its_rdy_still_rotates() -> None:
+    """Found by the keyed state machine: RDY 1 from a partial raise toward a larger target, then
+    max_in_flight lowered so that the target came down to exactly that RDY. No RDY was sent, so the
+    connection was never "granted", never judged stale, and kept the only slot while three waited."""
+    clock = FakeClock()
+    ctl = RdyController(1, clock=clock, rng=random.Random(0), rdy_settle_time=0.2, low_rdy_idle_timeout=1.0,
+                        low_rdy_timeout=2.0, rdy_redistribute_interval=0.5)
+    sim = Sim(ctl, clock, 0.2)
+    first = sim.add(2500)
+    sim.servers[first].read()
+    sim.set_mif(100)
+    second = sim.add(2500)
+    sim.add(1)
+    sim.set_mif(0)
+    msg = sim.deliver(first)  # sent before nsqd read RDY 0
+    sim.set_mif(100)
+    sim.finish(first, msg)
+    sim.set_mif(2)
+    sim.set_mif(1)
+    assert rdy_of(ctl)[second] == 1  # the partial raise, now the whole (lowered) target
+    sim.add(1)
+    for server in sim.servers.values():
+        server.has_messages = True
+    start = clock.now
+    sim.run_busy(len(sim.servers) * (2.0 + 0.5 + 0.2) + 1.0, step=0.2)
+    assert all(sim.last_delivery_at.get(conn_id, -1.0) >= start for conn_id in sim.servers), sim.last_delivery_at
+
+
 # -- settling, held connections (the consumer's express lane) --------------------------------------------------
 
 
