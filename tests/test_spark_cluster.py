@@ -222,7 +222,8 @@ def test_source_on_a_standalone_cluster_loses_nothing_when_an_executor_is_killed
         # of a task that has its slice and has not passed it on yet.
         executor, killed = _kill_executor_mid_task(
             spark_standalone, folder, ready=lambda marks: len({m[0] for m in marks}) >= 2,
-            eligible=lambda state: _progress(state)[0] > 0 and _progress(state)[1] == 0, running=lambda: bool(query.isActive),
+            eligible=lambda state: _progress(state)[0] > 0 and _progress(state)[1] == 0,
+            running=lambda: bool(query.isActive),
         )
         killed_at = time.monotonic() - started
         assert query.awaitTermination(180), "the AvailableNow query did not stop by itself"
@@ -236,11 +237,10 @@ def test_source_on_a_standalone_cluster_loses_nothing_when_an_executor_is_killed
     written = {bytes(r.body) for r in stored.select("body").collect()}
     files = {p.name for p in out.glob("*.parquet")}
     committed = {Path(f).name for f in stored.inputFiles()}
-    print(f"\ncluster source ({transport}): {count} messages, executor {executor} SIGKILLed at "
-          f"{killed_at:.1f} s in stage {killed[0]} partition {killed[1]} holding {_progress(killed[4])[0]} rows; "
-          f"{len(ids)} rows, "
-          f"{len(set(ids))} distinct, {len(files - committed)} parquet files on disk not in the sink's log (the killed attempt's) "
-          f"in {took:.1f} s")
+    print(f"\ncluster source ({transport}): {count} messages, executor {executor} SIGKILLed at {killed_at:.1f} s "
+          f"in stage {killed[0]} partition {killed[1]} holding {_progress(killed[4])[0]} rows; {len(ids)} rows, "
+          f"{len(set(ids))} distinct; {len(files - committed)} parquet files on disk not in the sink's log "
+          f"(the killed attempt's); {took:.1f} s")
     assert written == set(expected), "0 lost"
     assert len(set(ids)) == count and len(ids) == count, "the file sink committed each task once: no duplicates"
     wait_until(lambda: nsqd.channel(topic, channel).get("client_count") == 0, 30, what="the source to disconnect")
@@ -314,8 +314,8 @@ def test_sink_on_a_standalone_cluster_loses_nothing_when_an_executor_is_killed(
     received = [body for _, body in got]
     duplicates = len(received) - len(set(received))
     print(f"\ncluster sink: {count} rows, executor {executor} SIGKILLed at {killed_at:.1f} s in partition "
-          f"{killed[1]} after it passed on {_progress(killed[4])[1]} rows ({published_at_kill} published by then); nsqd got "
-          f"{published} messages, {len(set(received))} distinct, {duplicates} duplicates; {took:.1f} s")
+          f"{killed[1]} after it passed on {_progress(killed[4])[1]} rows ({published_at_kill} published by then); "
+          f"nsqd got {published} messages, {len(set(received))} distinct, {duplicates} duplicates; {took:.1f} s")
     assert len(received) == published
     assert set(received) == {(b"sink-%06d" % i).ljust(SINK_BODY, b".") for i in range(count)}, "0 lost"
     # At-least-once: the killed attempt's rows were published again by its retry; nothing
