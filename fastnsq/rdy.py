@@ -452,9 +452,10 @@ class RdyController:
         c.last_message_at = now
         scope = self._scopes[self._scope_key(self._key_of[conn_id])]
         scope.on_message(c, msg_id)
-        if not authorized:
-            # More than the model allows (nsqd timed a message out, or ignored a RDY for too long):
-            # re-check the budget, which stops all grants until the excess has drained.
+        if not authorized or pending:
+            # More than the model allows (nsqd timed a message out, or ignored a RDY for too long), or
+            # a lowered connection took one before nsqd read its new RDY (then the others' RDY may no
+            # longer fit): re-check the budget, which stops all grants until the excess has drained.
             return self._rebalance(now)
         if not c.fast and not c.pending and self._fast_lane:
             c.fast = self._may_be_fast(conn_id)  # a lowered RDY has settled

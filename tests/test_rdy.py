@@ -1214,6 +1214,24 @@ def test_a_slot_whose_target_came_down_to_its_rdy_still_rotates() -> None:
     assert all(sim.last_delivery_at.get(conn_id, -1.0) >= start for conn_id in sim.servers), sim.last_delivery_at
 
 
+def test_a_message_on_a_lowered_connection_lowers_the_others_when_they_no_longer_fit() -> None:
+    """Found by the state machine: max_in_flight 2 -> 1 lowers one of two connections; before its nsqd
+    reads RDY 0 it sends a message (allowed), which is still in flight when the other nsqd reads its
+    RDY 1 and sends one too: 2 in flight under a limit of 1 past rdy_settle_time."""
+    clock = FakeClock()
+    ctl = RdyController(2, clock=clock, rng=random.Random(0), rdy_settle_time=0.2)
+    sim = Sim(ctl, clock, 0.2)
+    first, second = sim.add(1), sim.add(1)
+    sim.set_mif(1)
+    lowered = next(conn_id for conn_id in (first, second) if sim.sent[conn_id] == 0)
+    sim.servers[lowered].read(1)  # its nsqd has read RDY 1, not yet RDY 0
+    sim.deliver(lowered)
+    sim.advance(0.3)
+    for conn_id in sim.deliverable():
+        sim.deliver(conn_id)  # asserts at most max_in_flight in flight
+    assert sim.total_in_flight() == 1
+
+
 # -- settling, held connections (the consumer's express lane) --------------------------------------------------
 
 
