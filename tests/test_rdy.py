@@ -71,8 +71,10 @@ class _Server:
             else:
                 self.in_flight.discard(value)
 
-    def read_older_than(self, when: float) -> None:
-        while self.commands and self.commands[0][2] <= when:
+    def read_settled(self, now: float, settle: float) -> None:
+        """Read every command sent at least ``settle`` ago, in the controller's arithmetic
+        (``sent + settle <= now``: ``now - settle`` can land a float below ``sent`` at the deadline)."""
+        while self.commands and self.commands[0][2] + settle <= now:
             self.read(1)
 
     def can_send(self) -> bool:
@@ -107,9 +109,9 @@ class Sim:
     # invariants
     def window_limit(self) -> int:
         """The largest max_in_flight in force during the last rdy_settle_time."""
-        start = self.clock.now - self.settle
-        in_force = [mif for t, mif in self.limits if t > start]
-        before = [mif for t, mif in self.limits if t <= start]
+        now = self.clock.now
+        in_force = [mif for t, mif in self.limits if t + self.settle > now]
+        before = [mif for t, mif in self.limits if t + self.settle <= now]
         if before:
             in_force.append(before[-1])
         return max(in_force)
@@ -171,7 +173,7 @@ class Sim:
 
     def deliverable(self) -> list[int]:
         for server in self.servers.values():
-            server.read_older_than(self.clock.now - self.settle)
+            server.read_settled(self.clock.now, self.settle)
         return [conn_id for conn_id, server in self.servers.items() if server.can_send()]
 
     def deliver(self, conn_id: int) -> int:
@@ -210,7 +212,7 @@ class Sim:
                 break
             self.clock.now = max(self.clock.now, deadline)
             for server in self.servers.values():
-                server.read_older_than(self.clock.now - self.settle)
+                server.read_settled(self.clock.now, self.settle)
             self.apply(self.ctl.tick())
         self.clock.now = end
 
@@ -1230,6 +1232,31 @@ def test_a_message_on_a_lowered_connection_lowers_the_others_when_they_no_longer
     for conn_id in sim.deliverable():
         sim.deliver(conn_id)  # asserts at most max_in_flight in flight
     assert sim.total_in_flight() == 1
+
+
+def test_the_simulated_nsqd_reads_a_rdy_at_its_settle_deadline_as_the_controller_counts_it() -> None:
+    """Found by the keyed state machine (a fault of the simulation, not of the controller): at
+    1.55 + 1.0 = 2.55 the controller took RDY 0 as read, but 2.55 - 1.0 is a float below 1.55, so the
+    simulated nsqd had not read it and sent a third message under max_in_flight 2."""
+
+    class Draw:
+        def __init__(self, value: int) -> None:
+            self.value = value
+
+        def draw(self, strategy: object) -> int:
+            return self.value
+
+    machine = KeyedRdyMachine()
+    machine.setup(mif=0, settle=1.0, strategy="exponential", seed=0, conns=[(1, "p0")])
+    machine.advance(seconds=0.05)
+    machine.add(key="p0", max_rdy=1)
+    machine.remove(data=Draw(1))  # type: ignore[arg-type]
+    machine.set_max_in_flight(mif=2)
+    machine.add(key="p0", max_rdy=1)
+    machine.add(key="p0", max_rdy=1)
+    machine.advance(seconds=2.5)
+    machine.one_nsqd_lags(data=Draw(3))  # type: ignore[arg-type]
+    assert machine.sim.total_in_flight() == 2
 
 
 # -- settling, held connections (the consumer's express lane) --------------------------------------------------
