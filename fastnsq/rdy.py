@@ -186,7 +186,7 @@ class RdyController:
         rdy_settle_time: float = 0.5,
         backoff_per_key: bool = False,
     ) -> None:
-        self._mif = _check_max_in_flight(max_in_flight)
+        self._mif = _check_count("max_in_flight", max_in_flight, " (0 pauses)")
         if not callable(clock):
             raise InvalidValueError(f"clock must be a callable returning seconds, got {clock!r}")
         if rng is not None and not isinstance(rng, random.Random):
@@ -357,8 +357,7 @@ class RdyController:
         added with the same key back off together (None: the consumer-wide scope).
         ``held_reserve`` adds it held (:meth:`set_held`) with that reserve.
         """
-        if isinstance(max_rdy_count, bool) or not isinstance(max_rdy_count, int) or max_rdy_count < 0:
-            raise InvalidValueError(f"max_rdy_count must be an int >= 0, got {max_rdy_count!r}")
+        _check_count("max_rdy_count", max_rdy_count)
         if conn_id in self._conns:
             raise ValueError(f"connection {conn_id!r} is already registered")
         if self._orphans.get(conn_id):
@@ -407,8 +406,7 @@ class RdyController:
         """
         if conn_id not in self._conns:
             raise KeyError(conn_id)
-        if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
-            raise InvalidValueError(f"reserve must be an int >= 0, got {reserve!r}")
+        _check_count("reserve", reserve)
         self._held.pop(conn_id, None)
         if held:
             self._held[conn_id] = reserve
@@ -416,8 +414,7 @@ class RdyController:
 
     def set_max_rdy(self, conn_id: Hashable, max_rdy_count: int) -> list[RdyUpdate]:
         """Change the most RDY one connection may hold (a cap below nsqd's max_rdy_count)."""
-        if isinstance(max_rdy_count, bool) or not isinstance(max_rdy_count, int) or max_rdy_count < 0:
-            raise InvalidValueError(f"max_rdy_count must be an int >= 0, got {max_rdy_count!r}")
+        _check_count("max_rdy_count", max_rdy_count)
         self._conns[conn_id].max_rdy = max_rdy_count
         return self._rebalance(self._clock())
 
@@ -516,7 +513,7 @@ class RdyController:
         below the messages already in flight stops all deliveries until enough
         of them are done.
         """
-        self._mif = _check_max_in_flight(max_in_flight)
+        self._mif = _check_count("max_in_flight", max_in_flight, " (0 pauses)")
         return self._rebalance(self._clock())
 
     def tick(self) -> list[RdyUpdate]:
@@ -782,9 +779,9 @@ class RdyController:
             self._next_redistribute = now + self._redistribute_interval
 
 
-def _check_max_in_flight(value: object) -> int:
+def _check_count(name: str, value: object, note: str = "") -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidValueError(f"max_in_flight must be an int >= 0 (0 pauses), got {value!r}")
+        raise InvalidValueError(f"{name} must be an int >= 0{note}, got {value!r}")
     return value
 
 
