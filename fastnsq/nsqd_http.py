@@ -20,7 +20,7 @@ from .errors import NSQError
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["ChannelState", "NsqdHTTP", "NsqdHTTPError"]
+__all__ = ["ChannelState", "NsqdHTTP", "NsqdHTTPError", "PartitionEnds"]
 
 _ACCEPT_V1 = "application/vnd.nsq; version=1.0"
 
@@ -40,6 +40,24 @@ class ChannelState:
     exists: bool
     clients: int
     end_offset: int | None
+
+
+@dataclass(frozen=True)
+class PartitionEnds:
+    """One partition of an HA topic as one node's ``/stats`` shows it (youzan's fields).
+
+    ``start``: the first offset still on disk (``backend_start``: retention cleans before it);
+    ``end``: where the next message will be written (``backend_depth``); ``count``: messages
+    written since the partition began (``message_count``), the count at ``end``; ``leader``:
+    this node leads the partition (``is_leader``); ``ext``: an ext topic (``is_ext``).
+    """
+
+    partition: int
+    start: int
+    end: int
+    count: int
+    leader: bool
+    ext: bool
 
 
 class NsqdHTTP:
@@ -79,6 +97,33 @@ class NsqdHTTP:
         caller's to check, with :meth:`channel_state`).
         """
         await self._request("POST", address, "channel/setoffset", _where(topic, partition, channel), position.encode())
+
+    async def delete_channel(self, address: str, topic: str, partition: int, channel: str) -> None:
+        """``POST /channel/delete`` on the partition's leader."""
+        await self._request("POST", address, "channel/delete", _where(topic, partition, channel))
+
+    async def partition_ends(self, address: str, topic: str) -> dict[int, PartitionEnds]:
+        """``GET /stats?format=json&topic=T``: every partition of ``topic`` the node holds."""
+        answer = await self._request("GET", address, "stats", {"format": "json", "topic": topic})
+        return parse_partition_ends(answer, topic)
+
+    async def message_at(
+        self, address: str, topic: str, partition: int, *, count: int = 0, offset: int | None = None
+    ) -> tuple[int, int]:
+        """``GET /message/get``: where the ``count``-th message (from 1) begins, or with ``offset``
+        the first message at or after it (``search_mode=count`` / ``virtual_offset``).
+
+        Returns ``(offset, messages before it)``; the offset is a message boundary, which a
+        channel can be moved to. nsqd answers 500 past the partition's end.
+        """
+        mode, position = ("count", count) if offset is None else ("virtual_offset", offset)
+        query = {"topic": topic, "partition": str(partition), "search_mode": mode, "search_pos": str(position)}
+        answer = await self._request("GET", address, "message/get", query)
+        try:
+            return int(answer["offset"]), int(answer["queue_cnt_index"]) - 1
+        except (TypeError, KeyError, ValueError):
+            raise NsqdHTTPError(f"nsqd {address} /message/get?{query} answered without offset and "
+                                f"queue_cnt_index: {answer!r:.200}") from None
 
     async def _request(
         self, method: str, address: str, path: str, query: dict[str, str], body: bytes | None = None
@@ -128,6 +173,30 @@ def parse_channel_state(stats: Any, topic: str, partition: int, channel: str) ->
                 return ChannelState(True, _client_count(found), end_offset)
         return ChannelState(False, 0, end_offset)
     return ChannelState(False, 0, None)
+
+
+def parse_partition_ends(stats: Any, topic: str) -> dict[int, PartitionEnds]:
+    """Every partition of ``topic`` in a ``/stats`` answer that has youzan's queue fields.
+
+    >>> stats = {"topics": [{"topic_name": "t", "topic_partition": "1", "backend_start": 40,
+    ...           "backend_depth": 96, "message_count": 2, "is_leader": True, "is_ext": False}]}
+    >>> parse_partition_ends(stats, "t")[1]
+    PartitionEnds(partition=1, start=40, end=96, count=2, leader=True, ext=False)
+    """
+    found: dict[int, PartitionEnds] = {}
+    topics = stats.get("topics") if isinstance(stats, dict) else None
+    for entry in topics or ():
+        if entry.get("topic_name") != topic:
+            continue
+        try:
+            partition = int(entry["topic_partition"])
+            ends = PartitionEnds(partition, int(entry.get("backend_start", 0)), int(entry["backend_depth"]),
+                                 int(entry["message_count"]), bool(entry.get("is_leader", True)),
+                                 bool(entry.get("is_ext", False)))
+        except (KeyError, TypeError, ValueError):
+            continue  # not youzan's HA nsqd (upstream has no partitions or queue offsets)
+        found[partition] = ends
+    return found
 
 
 def _client_count(channel: dict[str, Any]) -> int:

@@ -13,6 +13,7 @@ Python API; the conversion happens here, once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,9 @@ __all__ = [
 #: Options Spark itself may put next to ours (never ours to reject).
 _SPARK_KEYS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 
-_READ_MODES = ("partitioned", "simple")
+_READ_MODES = ("partitioned", "simple", "offsets")
+#: readMode=offsets names its channels <channel>-<partition>-<10 hex>#ephemeral, at most 64 characters.
+MAX_OFFSETS_CHANNEL_PREFIX = 64 - len("-1023-0123456789#ephemeral")
 _ROW_TRANSPORTS = ("plan", "tcp")
 
 
@@ -148,6 +151,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "rowServerPort": lambda n, t: _int(n, t, 0, 65535),
     "availableNowTimeoutMs": lambda n, t: _int(n, t, 100, 86_400_000),
     "ha": _bool,
+    "startingOffsets": _text,
+    "readStallTimeoutMs": lambda n, t: _int(n, t, 100, 86_400_000),
     # sink
     "deferMs": lambda n, t: _int(n, t, 0, 3_600_000),
     "publishTimeoutMs": lambda n, t: _int(n, t, 1, 3_600_000),
@@ -160,7 +165,7 @@ KNOWN_OPTIONS = tuple(_PARSERS)
 _BY_LOWER = {name.lower(): name for name in _PARSERS}
 _SOURCE_ONLY = ("channel", "maxInFlight", "connectionsPerNsqd", "maxRecordsPerBatch", "msgTimeoutMs",
                 "numPartitions", "readMode", "rowTransport", "rowServerHost", "rowServerPort",
-                "availableNowTimeoutMs", "ha")
+                "availableNowTimeoutMs", "ha", "startingOffsets", "readStallTimeoutMs")
 _SINK_ONLY = ("deferMs", "publishTimeoutMs", "publishWindow", "poolSize")
 
 
@@ -209,6 +214,8 @@ class SourceOptions:
     row_server_port: int = 0
     available_now_timeout: float = 30.0
     ha: bool = False
+    starting_offsets: str = "earliest"  # readMode=offsets: earliest, latest or JSON {"partition": offset}
+    read_stall_timeout: float = 30.0  # readMode=offsets: a range read with no message for this long fails
 
     def consumer_kwargs(self) -> dict[str, Any]:
         """fastnsq Consumer keyword arguments.
@@ -357,8 +364,15 @@ def parse_source(options: Mapping[str, str]) -> SourceOptions:
         row_server_host=values.get("rowServerHost", "127.0.0.1"),
         row_server_port=values.get("rowServerPort", 0),
         available_now_timeout=values.get("availableNowTimeoutMs", 30_000) / 1000,
-        ha=values.get("ha", False),
+        ha=values.get("ha", False) or values.get("readMode") == "offsets",
+        starting_offsets=values.get("startingOffsets", "earliest"),
+        read_stall_timeout=values.get("readStallTimeoutMs", 30_000) / 1000,
     )
+    if opts.read_mode == "offsets":
+        _check_offsets_mode(opts, values)
+    elif "startingOffsets" in values or "readStallTimeoutMs" in values:
+        raise InvalidValueError("options 'startingOffsets' and 'readStallTimeoutMs' apply only with "
+                                "option 'readMode'=offsets (HA topics: read by queue offsets)")
     if opts.row_transport != "tcp" and ("rowServerHost" in values or "rowServerPort" in values):
         raise InvalidValueError("options 'rowServerHost' and 'rowServerPort' apply only with option 'rowTransport'=tcp")
     if opts.row_transport == "tcp" and opts.read_mode != "partitioned":
@@ -372,6 +386,54 @@ def parse_source(options: Mapping[str, str]) -> SourceOptions:
             f"{opts.connections_per_nsqd}: every connection needs at least one message of RDY"
         )
     return opts
+
+
+def _check_offsets_mode(opts: SourceOptions, values: Mapping[str, Any]) -> None:
+    """readMode=offsets plans offset ranges from the HA lookupd and reads them on the executors."""
+    if not opts.common.lookupd:
+        raise InvalidValueError("option 'readMode'=offsets needs option 'lookupd' (the HA nsqlookupd's HTTP "
+                                "address): it finds each partition's leader there")
+    if "ha" in values and not values["ha"]:
+        raise InvalidValueError("option 'readMode'=offsets reads youzan's HA topics: option 'ha' cannot be false")
+    misplaced = [name for name in ("rowTransport", "rowServerHost", "rowServerPort", "numPartitions",
+                                   "connectionsPerNsqd", "availableNowTimeoutMs") if name in values]
+    if misplaced:
+        raise InvalidValueError(f"option(s) {', '.join(misplaced)} do not apply with option 'readMode'=offsets "
+                                "(one read task per topic partition, reading from its leader)")
+    if len(opts.channel) > MAX_OFFSETS_CHANNEL_PREFIX:
+        raise InvalidValueError(
+            f"option 'channel'={opts.channel!r} is {len(opts.channel)} characters; with readMode=offsets it is "
+            f"the prefix of the channels the read tasks create and may be at most {MAX_OFFSETS_CHANNEL_PREFIX}"
+        )
+    parse_starting_offsets(opts.starting_offsets)
+    if opts.channel.endswith("#ephemeral"):
+        raise InvalidValueError("option 'channel' must not end in #ephemeral with readMode=offsets: "
+                                "the read tasks' channels are ephemeral already")
+
+
+def parse_starting_offsets(text: str) -> str | dict[int, int]:
+    """Option ``startingOffsets``: ``earliest``, ``latest``, or JSON ``{"partition": offset}``
+    where an offset is a queue offset at which a message begins (as in the ``offset``
+    column), ``-2`` (that partition's earliest) or ``-1`` (its latest).
+
+    >>> parse_starting_offsets('{"0": 4096, "1": -2}')
+    {0: 4096, 1: -2}
+    """
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        raw = json.loads(text)
+        if not isinstance(raw, dict) or not raw:
+            raise ValueError("not a JSON object of partitions")
+        parsed = {int(key): value for key, value in raw.items()}
+    except ValueError as exc:
+        raise InvalidValueError(f"option 'startingOffsets'={text!r} is not earliest, latest or JSON "
+                                f'{{"partition": offset}} ({exc})') from None
+    for partition, offset in parsed.items():
+        if partition < 0 or isinstance(offset, bool) or not isinstance(offset, int) or offset < -2:
+            raise InvalidValueError(f"option 'startingOffsets': partition {partition} offset {offset!r} must be "
+                                    "a queue offset >= 0, -2 (earliest) or -1 (latest)")
+    return parsed
 
 
 def parse_sink(options: Mapping[str, str], *, has_topic_column: bool) -> SinkOptions:

@@ -13,6 +13,7 @@ from pyspark.sql.types import StructType
 
 from ..errors import InvalidValueError
 from ._options import parse_common, parse_sink, parse_source
+from .offset_source import NSQOffsetStreamReader
 from .sink import make_stream_writer, make_writer
 from .source import NSQSimpleStreamReader, NSQStreamReader, source_schema
 
@@ -62,10 +63,15 @@ class NSQDataSource(DataSource):
         options = parse_source(self.options)
         if options.read_mode == "simple":
             raise _not_implemented("streamReader")
+        if options.read_mode == "offsets":
+            return NSQOffsetStreamReader(options, schema)
         return NSQStreamReader(options, schema)
 
     def simpleStreamReader(self, schema: StructType) -> Any:
-        return NSQSimpleStreamReader(parse_source(self.options), schema)
+        options = parse_source(self.options)
+        if options.read_mode == "offsets":  # Spark asks for this only when streamReader() is not implemented
+            raise InvalidValueError("readMode=offsets has no simple stream reader")
+        return NSQSimpleStreamReader(options, schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> Any:
         _append_only(overwrite)

@@ -580,6 +580,26 @@ class HATopic(Topic):
             index = len(retained)
         return list(retained)[max(index, 0):]
 
+    def message_at_count(self, count: int) -> tuple[int, int, bytes, int, int] | None:
+        """The ``count``-th message (from 1; 0 reads as 1) still retained, as ``/message/get`` shows
+        it: (offset, its count from 1, body, timestamp, trace id); None past the end or before
+        the oldest retained."""
+        index = max(count, 1) - 1 - self.retained_before
+        return self._shown(index)
+
+    def message_at_offset(self, offset: int) -> tuple[int, int, bytes, int, int] | None:
+        """The first retained message at or after ``offset``, as :meth:`message_at_count` shows it."""
+        index = bisect.bisect_left(self.retained, offset, key=_offset_of)
+        return self._shown(index)
+
+    def _shown(self, index: int) -> tuple[int, int, bytes, int, int] | None:
+        if not 0 <= index < len(self.retained):
+            return None
+        msg = self.retained[index]
+        body, wire_id = msg[1][0], msg[1][1]
+        trace_id = int.from_bytes(wire_id[8:16], "big")
+        return _offset_of(msg), self.retained_before + index + 1, body, _timestamp_of(msg), trace_id
+
     def keep_for_restart(self, keep_messages: bool) -> None:
         for name, channel in list(self.channels.items()):
             if channel.ephemeral:
@@ -594,6 +614,9 @@ class HATopic(Topic):
         if entry is not None:
             entry["topic_partition"] = str(self.partition)
             entry["backend_depth"] = self.next_offset  # youzan: where the partition ends
+            # youzan: the first offset on disk, and the messages written since the partition began
+            entry["backend_start"] = _offset_of(self.retained[0]) if self.retained else self.next_offset
+            entry["message_count"] = self.retained_before + len(self.retained)
             for channel in entry["channels"]:
                 channel["client_num"] = channel["client_count"]  # youzan's name
             entry["is_leader"] = self.leader

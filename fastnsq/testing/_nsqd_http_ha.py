@@ -4,7 +4,8 @@ A subset, enough for tests and tools: ``GET /ping``, ``GET /info`` (with
 ``ha_support``, true only on a cluster node), ``GET /stats`` (one entry per topic
 partition, with ``topic_partition`` and ``is_leader``), ``POST /pub``, ``/mpub``,
 ``/pubtrace``, ``/pub_ext`` (``topic=``, ``partition=``; ``trace_id=``; ``ext=`` plus
-``X-Nsqext-<key>`` headers) and ``POST /channel/create|delete|empty|pause|unpause|setorder|setoffset``
+``X-Nsqext-<key>`` headers), ``GET /message/get`` (``search_mode=count|virtual_offset``,
+``search_pos=``: where a message begins) and ``POST /channel/create|delete|empty|pause|unpause|setorder|setoffset``
 (``topic=``, ``partition=``, ``channel=``; ``order=true|false``; ``setoffset``'s body is a
 start position, ``<type>:<value>``, applied whatever clients the channel has).
 
@@ -313,6 +314,26 @@ async def _channel_setoffset(nsqd: HAHTTPServer, request: web.Request) -> Any:
     return None
 
 
+async def _message_get(nsqd: HAHTTPServer, request: web.Request) -> Any:
+    """doMessageGet by count (the n-th message, from 1; 0 reads as 1) or by offset (the first
+    message at or after it). youzan answers 500 INTERNAL_ERROR past the end, and for what
+    retention cleaned; ``queue_cnt_index`` is the found message's count from 1."""
+    topic = _topic_partition(nsqd, request)
+    mode = request.query.get("search_mode", "")
+    try:
+        position = int(request.query.get("search_pos", ""))
+    except ValueError as exc:
+        raise _HTTPError(400, str(exc)) from None
+    if mode not in ("count", "virtual_offset"):
+        raise _HTTPError(400, "search mode should be one of id/count/virtual_offset")
+    found = topic.message_at_count(position) if mode == "count" else topic.message_at_offset(position)
+    if found is None:
+        raise _HTTPError(500, "INTERNAL_ERROR")
+    offset, count, body, timestamp, trace_id = found
+    return {"id": 0, "trace_id": trace_id, "body": body.decode("utf-8", "replace"), "timestamp": timestamp,
+            "attempts": 0, "offset": offset, "queue_cnt_index": count, "ext": ""}
+
+
 async def _stats(nsqd: HAHTTPServer, request: web.Request) -> Any:
     query = request.query
     stats = nsqd.stats(query.get("topic", ""), query.get("channel", ""), True)
@@ -349,6 +370,7 @@ def build_ha_app(nsqd: HAHTTPServer) -> web.Application:
     app.router.add_get("/ping", ping, allow_head=False)
     app.router.add_get("/info", _route(nsqd, _info), allow_head=False)
     app.router.add_get("/stats", _route(nsqd, _stats), allow_head=False)
+    app.router.add_get("/message/get", _route(nsqd, _message_get, v1_only=True), allow_head=False)
     app.router.add_post("/pub", _route(nsqd, _pub))
     app.router.add_post("/mpub", _route(nsqd, _mpub))
     app.router.add_post("/pub_ext", _route(nsqd, _pub_ext))

@@ -1,0 +1,151 @@
+"""Reading one partition's offset range on an executor (``readMode=offsets``).
+
+One job: the messages that begin in ``[start, end)`` of one HA partition, each exactly once,
+in offset order, whatever the task attempt. How:
+
+1. On the partition's leader, ``POST /channel/create`` a channel of this attempt's own,
+   ``<channel>-<partition>-<10 hex>#ephemeral`` (nsqd deletes an ephemeral channel when its
+   last client leaves, so a killed task leaves nothing behind that would hold back youzan's
+   retention), and ``POST /channel/setoffset`` it to ``virtual_queue:<start>``: a fresh
+   channel has no client yet, and setoffset (unlike ``SUB_ADVANCED``'s start position) moves
+   exactly the partition named even when the node leads several.
+2. Subscribe with ``SUB_ADVANCED`` (``enable_trace``): every message carries its offset
+   and raw size. Keep those in the range; advance a cursor from ``start`` by each message's
+   raw size while the next message is there (a redelivery or a stray message read before
+   the move changes nothing); finish every message as it arrives.
+3. Done when the cursor reaches ``end``. No message for ``readStallTimeoutMs``, a refused
+   channel or a lost leader: ask the lookupd for the partition's leader again and read the
+   whole range again from its start, up to three times, then fail the task (Spark retries it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from ..consumer import Consumer
+from ..errors import NSQError
+from ..nsqd_http import NsqdHTTP, NsqdHTTPError
+from ._offsets import Leader, OffsetPlanner, RangePlan
+
+if TYPE_CHECKING:
+    from ._options import SourceOptions
+
+__all__ = ["RangeReadError", "read_range"]
+
+logger = logging.getLogger(__name__)
+
+#: Reads of one range (first on the planned leader, then after asking the lookupd again).
+ATTEMPTS = 3
+
+
+class RangeReadError(NSQError):
+    """A range could not be read completely; Spark retries the task."""
+
+
+class _Collector:
+    """The messages of ``[start, end)`` in offset order, from deliveries in any order."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+        self.cursor = start
+        self.ordered: list[Any] = []
+        self._early: dict[int, Any] = {}  # beyond the cursor: arrived before their predecessor
+        self.done = asyncio.Event()
+        self.progress = asyncio.Event()
+        if start >= end:
+            self.done.set()
+
+    def take(self, message: Any) -> None:
+        offset = message.offset
+        if not self.cursor <= offset < self.end or offset in self._early:
+            return  # read before, outside the range, or a redelivery
+        self._early[offset] = message
+        early = self._early
+        while self.cursor in early:
+            found = early.pop(self.cursor)
+            self.ordered.append(found)
+            self.cursor += found.raw_size
+        self.progress.set()
+        if self.cursor >= self.end:
+            self.done.set()
+
+    async def wait(self, stall_timeout: float) -> None:
+        while not self.done.is_set():
+            self.progress.clear()
+            try:
+                await asyncio.wait_for(self.progress.wait(), stall_timeout)
+            except asyncio.TimeoutError:
+                raise RangeReadError(
+                    f"no message for {stall_timeout:.1f} s (option 'readStallTimeoutMs') at offset {self.cursor} "
+                    f"of range {self.start}..{self.end}"
+                ) from None
+
+
+async def read_range(options: SourceOptions, plan: RangePlan) -> list[Any]:
+    """The range's messages, in offset order; raises :class:`RangeReadError` after three tries."""
+    leader = plan.leader
+    failures = []
+    for attempt in range(ATTEMPTS):
+        if attempt or not leader.tcp:
+            leader = await _current_leader(options, plan.partition)
+        try:
+            return await _read_once(options, plan, leader)
+        except (NSQError, OSError) as exc:
+            failures.append(f"{leader.tcp}: {exc}")
+            logger.warning("topic %s partition %d range %d..%d: attempt %d failed on %s (%s)", options.topic,
+                           plan.partition, plan.start.offset, plan.end.offset, attempt + 1, leader.tcp, exc)
+            await asyncio.sleep(0.5 * (attempt + 1))
+    raise RangeReadError(f"topic {options.topic!r} partition {plan.partition}: range {plan.start.offset}.."
+                         f"{plan.end.offset} not read in {ATTEMPTS} attempts: {'; '.join(failures)}")
+
+
+async def _current_leader(options: SourceOptions, partition: int) -> Leader:
+    planner = OffsetPlanner(options)
+    try:
+        return await planner.leader(partition)
+    finally:
+        await planner.close()
+
+
+async def _read_once(options: SourceOptions, plan: RangePlan, leader: Leader) -> list[Any]:
+    topic, partition = options.topic, plan.partition
+    channel = f"{options.channel}-{partition}-{uuid.uuid4().hex[:10]}#ephemeral"
+    http = NsqdHTTP(timeout=10.0)
+    collector = _Collector(plan.start.offset, plan.end.offset)
+    consumer: Consumer | None = None
+    try:
+        try:
+            await http.create_channel(leader.http, topic, partition, channel)
+            await http.set_channel_offset(leader.http, topic, partition, channel, f"virtual_queue:{plan.start.offset}")
+        except NsqdHTTPError as exc:
+            raise RangeReadError(f"the leader would not make channel {channel!r} at offset {plan.start.offset} "
+                                 f"(the source needs channel auto-create on the topic): {exc}") from exc
+        consumer = Consumer(
+            topic, channel, nsqd_tcp_addresses=[leader.tcp], handler=collector.take,
+            **_consumer_kwargs(options, plan),
+        )
+        await consumer.start()
+        await collector.wait(options.read_stall_timeout)
+        return collector.ordered
+    finally:
+        if consumer is not None:
+            await consumer.stop(timeout=5.0)
+        await http.close()  # the channel is ephemeral: nsqd deletes it as the consumer leaves
+
+
+def _consumer_kwargs(options: SourceOptions, plan: RangePlan) -> dict[str, Any]:
+    kwargs: dict[str, Any] = dict(options.common.connection)
+    kwargs.update(
+        partition=plan.partition,
+        enable_trace=True,  # SUB_ADVANCED: the offset and raw size of every message
+        consume_ext=plan.ext,
+        max_in_flight=options.max_in_flight,
+        max_attempts=0,
+        max_backoff_duration=0,
+    )
+    if options.msg_timeout_ms is not None:
+        kwargs["msg_timeout"] = options.msg_timeout_ms / 1000
+    return kwargs
