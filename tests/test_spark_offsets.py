@@ -89,7 +89,7 @@ def test_offsets_options_are_checked_naming_the_option() -> None:
 
     base = {"lookupd": "127.0.0.1:4161", "topic": "t", "channel": "c", "readMode": "offsets"}
     assert parse_source(base).ha is True
-    cases = {
+    cases: dict[str, dict[str, Any]] = {
         "needs option 'lookupd'": {**base, "lookupd": None, "nsqd": "127.0.0.1:4150"},
         "'ha' cannot be false": {**base, "ha": "false"},
         "do not apply with option 'readMode'=offsets": {**base, "numPartitions": "4"},
