@@ -32,7 +32,15 @@ from .spark_cluster import SparkStandalone, spark_standalone  # noqa: F401 - a f
 from .spark_ha import ThreadedHACluster
 from .test_spark import REPO, spark_test, stop_query
 from .test_spark_cluster import _kill_executor_mid_task, _marking, _progress, _retried, cluster_spark  # noqa: F401
-from .test_spark_offsets import PARTITIONS, assert_exactly, ha, needs_available_now, offsets_stream, published, stored  # noqa: F401
+from .test_spark_offsets import (  # noqa: F401
+    PARTITIONS,
+    assert_exactly,
+    ha,
+    needs_available_now,
+    offsets_stream,
+    published,
+    stored,
+)
 
 MESSAGES = int(os.environ.get("FASTNSQ_SPARK_OFFSETS_MESSAGES", "20000"))
 JOB = Path(__file__).parent / "spark_jobs" / "offsets_to_parquet.py"
