@@ -41,6 +41,7 @@ SHELL_EXPECTATIONS = {
 #: What a Python example's output must show, by a text in its code.
 PYTHON_EXPECTATIONS = {
     "messages in parquet": lambda out: "1000 messages in parquet" in out,  # the stream read every message
+    "distinct (partition, offset)": lambda out: "1000 distinct (partition, offset) in parquet" in out,
 }
 
 

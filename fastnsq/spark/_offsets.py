@@ -142,6 +142,8 @@ class OffsetPlanner:
             for address in self._options.common.lookupd:
                 try:
                     result = await client.lookup(address, self._options.topic, access="w", metainfo=True)
+                    if not result.partitions:  # a lookupd that hides a topic without channels from writers
+                        result = await client.lookup(address, self._options.topic, access="r", metainfo=True)
                 except NSQError as exc:
                     errors.append(f"{address}: {exc}")
                     continue

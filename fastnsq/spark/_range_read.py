@@ -121,8 +121,10 @@ async def _read_once(options: SourceOptions, plan: RangePlan, leader: Leader) ->
             await http.create_channel(leader.http, topic, partition, channel)
             await http.set_channel_offset(leader.http, topic, partition, channel, f"virtual_queue:{plan.start.offset}")
         except NsqdHTTPError as exc:
-            raise RangeReadError(f"the leader would not make channel {channel!r} at offset {plan.start.offset} "
-                                 f"(the source needs channel auto-create on the topic): {exc}") from exc
+            raise RangeReadError(
+                f"the leader would not make channel {channel!r} at offset {plan.start.offset} (the source needs "
+                f"channel auto-create on the topic, and the range still on disk): {exc}"
+            ) from exc
         consumer = Consumer(
             topic, channel, nsqd_tcp_addresses=[leader.tcp], handler=collector.take,
             **_consumer_kwargs(options, plan),
