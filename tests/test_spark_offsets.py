@@ -9,6 +9,7 @@ assert exactly the published bodies, each once, across micro-batches cut by
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -198,3 +199,49 @@ def test_an_offset_that_is_not_a_message_boundary_is_refused_naming_it(
     finally:
         stop_query(query)
     assert "partition 0 offset 5 is not where a message begins" in error, error
+
+
+# ---- a range read whose leader moves (no Spark: the executor's read itself) ----------------
+
+
+async def test_a_range_read_whose_leader_moves_is_read_again_from_the_new_leader(
+    nsq_cluster_ha: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    pytest.importorskip("pyspark")
+    if not hasattr(nsq_cluster_ha, "move_leader"):
+        pytest.skip("moving a leader on demand needs the embedded HA cluster")
+    from fastnsq import Producer
+    from fastnsq.spark._offsets import OffsetPlanner
+    from fastnsq.spark._options import parse_source
+    from fastnsq.spark._range_read import read_range
+
+    topic = unique("spk_move")
+    leaders = await nsq_cluster_ha.create_topic(topic, partitions=1, channels=["keep"])
+    async with Producer(lookupd_http_addresses=nsq_cluster_ha.lookupd_http_addresses) as producer:
+        for at in range(0, 20_000, 1_000):
+            await producer.mpublish(topic, [b"m%05d" % i for i in range(at, at + 1_000)], partition=0)
+    options = parse_source({"lookupd": nsq_cluster_ha.lookupd_http_addresses[0], "topic": topic, "channel": "spk",
+                            "readMode": "offsets", "maxInFlight": "20", "readStallTimeoutMs": "1000"})
+    planner = OffsetPlanner(options)
+    try:
+        start = await planner.initial()
+        end, state = await planner.latest(start, None)
+    finally:
+        await planner.close()
+    [plan] = planner.ranges(start, end, state)
+    reading = asyncio.create_task(read_range(options, plan))
+    partition = nsq_cluster_ha.nsqds[leaders[0]].partitions[(topic, 0)]
+
+    def delivered() -> int:
+        return sum(c.delivery_count for name, c in partition.channels.items() if name.startswith("spk-"))
+
+    while delivered() < 100 and not reading.done():  # the read is under way: 100 of 20,000 delivered
+        await asyncio.sleep(0)
+    assert not reading.done()
+    await nsq_cluster_ha.move_leader(topic, 0, (leaders[0] + 1) % 3)
+    with caplog.at_level("WARNING", logger="fastnsq.spark._range_read"):
+        messages = await asyncio.wait_for(reading, 60)
+    assert any("attempt 1 failed" in r.getMessage() for r in caplog.records), "the first leader's read did not fail"
+    assert [bytes(m.body) for m in messages] == [b"m%05d" % i for i in range(20_000)]
+    offsets = [m.offset for m in messages]
+    assert offsets[0] == plan.start.offset and offsets[-1] + messages[-1].raw_size == plan.end.offset

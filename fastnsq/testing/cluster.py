@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -308,6 +309,9 @@ class NSQCluster:
         old.set_leader(topic, partition, False)  # closes the partition's consumers, unregisters
         new_part.next_internal_id = max(new_part.next_internal_id, old_part.next_internal_id)
         new_part.next_offset = max(new_part.next_offset, old_part.next_offset)
+        if new_part.next_offset == old_part.next_offset:  # a replica holds the leader's log, as youzan's do
+            new_part.retained = deque(old_part.retained)
+            new_part.retained_before = old_part.retained_before
         moved = []
         for name, channel in old_part.channels.items():
             queued, deferred = channel.take_state()  # type: ignore[attr-defined]
