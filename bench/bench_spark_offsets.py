@@ -9,9 +9,11 @@ been counted in the query's progress, at most 80,000 rows per micro-batch for bo
 
 * ``offsets``: ``readMode=offsets`` from ``startingOffsets=earliest`` (a fresh checkpoint);
 * ``driver``: ``readMode=partitioned`` with ``ha=true`` and ``lookupd`` on a fresh channel that
-  each partition's leader moved to offset 0 first (a new youzan channel starts at the end).
+  each partition's leader moved to offset 0 first (a new youzan channel starts at the end),
+  ``maxInFlight`` 160,000 over 64 connections in all (``connectionsPerNsqd`` 64 / partitions).
 
-Reported per run: rows/s "steady" (the rows after the first micro-batch over the time from its
+Reported per run: the machine's busy CPU time per row (every process: Spark, its Python
+workers, the nsqd; from /proc/stat, start() to the last row), rows/s "steady" (the rows after the first micro-batch over the time from its
 end to the end of the last) and "with start-up" (all rows over the time from ``start()``).
 Medians per (master, partitions, source) and the offsets/driver ratio go to a table and
 ``bench/results/spark-offsets-<date>.json``.
@@ -109,7 +111,14 @@ class Cluster:
             self.real.stop()
 
 
-def run_query(spark: Any, cluster: Cluster, topic: str, source: str, expected: int, work: Path,
+def busy_cpu_seconds() -> float:
+    """CPU time the whole machine has spent busy (not idle or waiting on I/O), from /proc/stat."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def run_query(spark: Any, cluster: Cluster, topic: str, partitions: int, source: str, expected: int, work: Path,
               timeout: float) -> dict[str, Any]:
     reader = (spark.readStream.format("nsq").option("lookupd", cluster.ha.lookupd_http).option("topic", topic)
               .option("maxRecordsPerBatch", str(BATCH_ROWS)))
@@ -118,11 +127,14 @@ def run_query(spark: Any, cluster: Cluster, topic: str, source: str, expected: i
     else:
         channel = f"drv{int(time.time() * 1000) % 10**9}"
         cluster.reset_channel(topic, channel)
+        # The same window for every partition count: 64 connections in all (each partition is
+        # an endpoint of its own), 2,500 RDY each (nsqd's max) = maxInFlight 160,000.
+        connections = max(1, 64 // partitions)
         reader = (reader.option("ha", "true").option("channel", channel).option("maxInFlight", "160000")
-                  .option("connectionsPerNsqd", "8").option("numPartitions", "2"))
+                  .option("connectionsPerNsqd", str(connections)).option("numPartitions", "2"))
     stream = reader.load()
     checkpoint = tempfile.mkdtemp(dir=work)
-    started = time.monotonic()
+    started, cpu_started = time.monotonic(), busy_cpu_seconds()
     query = stream.writeStream.format("noop").option("checkpointLocation", checkpoint).start()
     marks: list[tuple[float, int]] = []  # (when a batch ended, rows so far)
     seen_batches: set[int] = set()
@@ -140,6 +152,7 @@ def run_query(spark: Any, cluster: Cluster, topic: str, source: str, expected: i
                 raise RuntimeError(str(query.exception()))
             time.sleep(0.05)
     finally:
+        cpu = busy_cpu_seconds() - cpu_started
         query.stop()
     if rows < expected:
         raise RuntimeError(f"{source}: {rows} of {expected} rows within {timeout} s")
@@ -147,7 +160,7 @@ def run_query(spark: Any, cluster: Cluster, topic: str, source: str, expected: i
     last_end = marks[-1][0]
     steady = (rows - first_rows) / (last_end - first_end) if last_end > first_end else float("nan")
     return {"rows": rows, "batches": len(marks), "steady": steady, "with_startup": rows / (last_end - started),
-            "seconds": last_end - started}
+            "seconds": last_end - started, "cpu_seconds": cpu, "cpu_us_per_row": cpu / rows * 1e6}
 
 
 def main() -> int:
@@ -189,12 +202,13 @@ def main() -> int:
                     for partitions, (topic, expected) in topics.items():
                         order = ("offsets", "driver") if (round_no + partitions) % 2 == 0 else ("driver", "offsets")
                         for source in order:
-                            result = run_query(spark, cluster, topic, source, expected, work, args.timeout)
+                            result = run_query(spark, cluster, topic, partitions, source, expected, work, args.timeout)
                             result.update(master=master, partitions=partitions, source=source, round=round_no)
                             runs.append(result)
                             print(f"{master:10} p={partitions} {source:7} round {round_no}: steady "
                                   f"{result['steady']:9,.0f} rows/s, with start-up {result['with_startup']:9,.0f} "
-                                  f"({result['batches']} batches, {result['seconds']:.1f} s)", flush=True)
+                                  f"({result['batches']} batches, {result['seconds']:.1f} s, machine CPU "
+                                  f"{result['cpu_us_per_row']:.1f} us/row)", flush=True)
             finally:
                 spark.stop()
                 if standalone is not None:
