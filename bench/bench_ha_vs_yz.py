@@ -216,6 +216,30 @@ class Bench:
         name = "sharded publish, 1,000 callers" if sharded else "publish, 1,000 callers"
         return await self.go(name, "youzan/go-nsq TopicProducerMgr", *flags)
 
+    async def profiled(self, label: str, workload: Any) -> dict[str, Any]:
+        """Run ``workload()``; with ``--pprof DIR`` every nsqd's CPU profile (youzan's
+        ``/debug/pprof/profile``) is taken meanwhile, for ``--pprof-seconds``, into
+        ``DIR/<label>-nsqd<i>.pprof`` (read with ``go tool pprof -top <nsqd binary> <files>``)."""
+        if not self.args.pprof:
+            return await workload()
+        import aiohttp
+
+        folder = Path(self.args.pprof)
+        folder.mkdir(parents=True, exist_ok=True)
+
+        async def capture(session: aiohttp.ClientSession, index: int, address: str) -> None:
+            url = f"http://{address}/debug/pprof/profile?seconds={self.args.pprof_seconds}"
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=120)) as response:
+                (folder / f"{label}-nsqd{index}.pprof").write_bytes(await response.read())
+
+        async with aiohttp.ClientSession() as session:
+            captures = [asyncio.create_task(capture(session, i, a)) for i, a in enumerate(self.real.http_addresses)]
+            await asyncio.sleep(0.1)  # the profiles start on request
+            result = await workload()
+            await asyncio.gather(*captures)
+        result["pprof"] = label
+        return result
+
     # ---- a round -----------------------------------------------------------------------
 
     async def one_round(self, index: int) -> list[dict[str, Any]]:
@@ -238,8 +262,11 @@ class Bench:
             ordered = f"yzo_{tag}"
             leaders = await self.topic(ordered, ["fast", "go", "rtt", "rtt_all"])
             await self.prefill(ordered, args.ordered_count)
-            rows += await pair(lambda: self.fastnsq_consume(ordered, "fast", args.ordered_count, ordered=True),
-                               lambda: self.go_consume(ordered, "go", args.ordered_count, ordered=True))
+            rows += await pair(
+                lambda: self.profiled(f"ordered-fastnsq-{index}", lambda: self.fastnsq_consume(
+                    ordered, "fast", args.ordered_count, ordered=True)),
+                lambda: self.profiled(f"ordered-go-nsq-{index}", lambda: self.go_consume(
+                    ordered, "go", args.ordered_count, ordered=True)))
             rows.append(await self.round_trip(ordered, leaders, min(2000, args.ordered_count // args.partitions)))
         for sharded in [s for s in (False, True) if ("sharded" if s else "publish") in only]:
             fast_topic, go_topic = f"yzpf_{int(sharded)}_{tag}", f"yzpg_{int(sharded)}_{tag}"
@@ -329,6 +356,9 @@ if __name__ == "__main__":
     parser.add_argument("--ordered-count", type=int, default=20_000)
     parser.add_argument("--timeout", type=float, default=900, help="seconds a workload may take")
     parser.add_argument("--only", default="consume,ordered,publish,sharded", help="the workloads to run")
+    parser.add_argument("--pprof", default="", metavar="DIR",
+                        help="ordered consume: take every nsqd's CPU profile meanwhile, into DIR")
+    parser.add_argument("--pprof-seconds", type=int, default=3)
     args = parser.parse_args()
     result = fastnsq.run(main(args))
     print(f"\n{result['server']}; {args.partitions} partitions x {args.replicas} replicas; 100-byte bodies; fastnsq on uvloop, "

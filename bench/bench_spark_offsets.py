@@ -118,6 +118,27 @@ def busy_cpu_seconds() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+_CATEGORIES = ("java", "python", "nsqd", "nsqlookupd", "etcd")
+
+
+def cpu_by_process_kind() -> dict[str, float]:
+    """CPU seconds used so far by the live processes of each kind (Spark's JVMs, Python: this
+    driver and Spark's Python workers, the nsqd, ...), from /proc/<pid>/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = dict.fromkeys(_CATEGORIES, 0.0)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, _, rest = text.partition("(")[2].rpartition(")")
+        fields = rest.split()
+        kind = next((k for k in _CATEGORIES if name.startswith(k)), None)
+        if kind is not None:
+            found[kind] += (int(fields[11]) + int(fields[12])) / tick
+    return found
+
+
 def run_query(spark: Any, cluster: Cluster, topic: str, partitions: int, source: str, expected: int, work: Path,
               timeout: float) -> dict[str, Any]:
     reader = (spark.readStream.format("nsq").option("lookupd", cluster.ha.lookupd_http).option("topic", topic)
@@ -134,7 +155,7 @@ def run_query(spark: Any, cluster: Cluster, topic: str, partitions: int, source:
                   .option("connectionsPerNsqd", str(connections)).option("numPartitions", "2"))
     stream = reader.load()
     checkpoint = tempfile.mkdtemp(dir=work)
-    started, cpu_started = time.monotonic(), busy_cpu_seconds()
+    started, cpu_started, kinds_started = time.monotonic(), busy_cpu_seconds(), cpu_by_process_kind()
     query = stream.writeStream.format("noop").option("checkpointLocation", checkpoint).start()
     marks: list[tuple[float, int]] = []  # (when a batch ended, rows so far)
     seen_batches: set[int] = set()
@@ -153,6 +174,7 @@ def run_query(spark: Any, cluster: Cluster, topic: str, partitions: int, source:
             time.sleep(0.05)
     finally:
         cpu = busy_cpu_seconds() - cpu_started
+        kinds = cpu_by_process_kind()
         query.stop()
     if rows < expected:
         raise RuntimeError(f"{source}: {rows} of {expected} rows within {timeout} s")
@@ -160,7 +182,8 @@ def run_query(spark: Any, cluster: Cluster, topic: str, partitions: int, source:
     last_end = marks[-1][0]
     steady = (rows - first_rows) / (last_end - first_end) if last_end > first_end else float("nan")
     return {"rows": rows, "batches": len(marks), "steady": steady, "with_startup": rows / (last_end - started),
-            "seconds": last_end - started, "cpu_seconds": cpu, "cpu_us_per_row": cpu / rows * 1e6}
+            "seconds": last_end - started, "cpu_seconds": cpu, "cpu_us_per_row": cpu / rows * 1e6,
+            "cpu_us_per_row_by_process": {k: (kinds[k] - kinds_started[k]) / rows * 1e6 for k in kinds}}
 
 
 def main() -> int:
@@ -208,7 +231,9 @@ def main() -> int:
                             print(f"{master:10} p={partitions} {source:7} round {round_no}: steady "
                                   f"{result['steady']:9,.0f} rows/s, with start-up {result['with_startup']:9,.0f} "
                                   f"({result['batches']} batches, {result['seconds']:.1f} s, machine CPU "
-                                  f"{result['cpu_us_per_row']:.1f} us/row)", flush=True)
+                                  f"{result['cpu_us_per_row']:.1f} us/row: " + ", ".join(
+                                      f"{k} {v:.1f}" for k, v in result["cpu_us_per_row_by_process"].items())
+                                  + ")", flush=True)
             finally:
                 spark.stop()
                 if standalone is not None:

@@ -23,6 +23,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,6 +66,21 @@ def examples(page: Path) -> list[Example]:
     shell = [code for code in _SHELL.findall(text) if re.search(r"(^|[|;&]\s*)fastnsq ", code, re.MULTILINE)]
     found += [Example(page, i, "sh", code) for i, code in enumerate(shell)]
     return found
+
+
+def params(found: list[Example]) -> list[Any]:
+    """``found`` as pytest parameters: a Spark example is marked ``spark`` (it runs in the serial
+    part of the suite, on the C codec only); a shell example runs the ``fastnsq`` command on
+    nsqd's default ports, so all of them share one xdist worker (``--dist loadgroup``)."""
+    marked = []
+    for example in found:
+        marks = []
+        if "pyspark" in example.code:
+            marks.append(pytest.mark.spark)
+        if example.kind == "sh":
+            marks.append(pytest.mark.xdist_group("default-ports"))
+        marked.append(pytest.param(example, marks=marks, id=example.id))
+    return marked
 
 
 def doc_pages() -> list[Path]:

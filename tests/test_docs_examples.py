@@ -24,6 +24,6 @@ def test_the_guides_have_examples():
         assert page in pages, f"docs/{page} has no example that runs"
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
+@pytest.mark.parametrize("example", doc_examples.params(EXAMPLES))
 def test_docs_example_runs(example: doc_examples.Example, tmp_path: Path) -> None:
     doc_examples.run(example, tmp_path)

@@ -20,6 +20,6 @@ def test_the_readme_has_an_example():
     assert [e for e in EXAMPLES if e.kind == "python"]
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[e.id for e in EXAMPLES])
+@pytest.mark.parametrize("example", doc_examples.params(EXAMPLES))
 def test_readme_example_runs(example: doc_examples.Example, tmp_path: Path) -> None:
     doc_examples.run(example, tmp_path)
