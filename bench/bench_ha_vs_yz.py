@@ -58,7 +58,7 @@ from fastnsq.testing.real import RealHACluster
 
 BODY = b"h" * 100
 CALLERS = 1000
-MAX_IN_FLIGHT = 2500
+MAX_IN_FLIGHT = 2500  # both clients, unless --max-in-flight says otherwise
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -112,7 +112,7 @@ class Bench:
                 done.set()
 
         consumer = fastnsq.Consumer(topic, channel, lookupd_http_addresses=[self.lookupd], handler=handle,
-                                    max_in_flight=MAX_IN_FLIGHT, ordered=ordered)
+                                    max_in_flight=self.args.max_in_flight, ordered=ordered)
         s0, c0, t0 = server_cpu(self.pids), cpu(), time.perf_counter()
         await consumer.start()
         try:
@@ -140,7 +140,7 @@ class Bench:
 
     async def go_consume(self, topic: str, channel: str, count: int, *, ordered: bool) -> dict[str, Any]:
         flags = ["-mode=bench-consume", f"-lookupd={self.lookupd}", f"-topic={topic}", f"-channel={channel}",
-                 f"-count={count}", f"-max-in-flight={MAX_IN_FLIGHT}"]
+                 f"-count={count}", f"-max-in-flight={self.args.max_in_flight}"]
         if ordered:
             flags.append("-ordered")
         name = "ordered consume" if ordered else "partitioned consume"
@@ -256,8 +256,11 @@ class Bench:
             consume = f"yzc_{tag}"
             await self.topic(consume, ["fast", "go"])
             await self.prefill(consume, args.count)
-            rows += await pair(lambda: self.fastnsq_consume(consume, "fast", args.count, ordered=False),
-                               lambda: self.go_consume(consume, "go", args.count, ordered=False))
+            rows += await pair(
+                lambda: self.profiled(f"consume-fastnsq-{index}", lambda: self.fastnsq_consume(
+                    consume, "fast", args.count, ordered=False)),
+                lambda: self.profiled(f"consume-go-nsq-{index}", lambda: self.go_consume(
+                    consume, "go", args.count, ordered=False)))
         if "ordered" in only:
             ordered = f"yzo_{tag}"
             leaders = await self.topic(ordered, ["fast", "go", "rtt", "rtt_all"])
@@ -356,8 +359,10 @@ if __name__ == "__main__":
     parser.add_argument("--ordered-count", type=int, default=20_000)
     parser.add_argument("--timeout", type=float, default=900, help="seconds a workload may take")
     parser.add_argument("--only", default="consume,ordered,publish,sharded", help="the workloads to run")
+    parser.add_argument("--max-in-flight", type=int, default=MAX_IN_FLIGHT,
+                        help="consume: both clients' max in flight (fastnsq max_in_flight, go-nsq MaxInFlight)")
     parser.add_argument("--pprof", default="", metavar="DIR",
-                        help="ordered consume: take every nsqd's CPU profile meanwhile, into DIR")
+                        help="consume and ordered consume: take every nsqd's CPU profile meanwhile, into DIR")
     parser.add_argument("--pprof-seconds", type=int, default=3)
     args = parser.parse_args()
     result = fastnsq.run(main(args))
