@@ -15,6 +15,10 @@ from fastnsq.loop import new_event_loop
 from fastnsq.testing.external import external_cluster_from_env, external_servers_configured, is_ha
 
 
+class NotHACluster(RuntimeError):
+    """The real servers the environment names are upstream nsqd, not youzan's HA cluster."""
+
+
 class ThreadedHACluster:
     """``create_topic``, ``publish`` and the lookupd's address, from any thread."""
 
@@ -26,7 +30,8 @@ class ThreadedHACluster:
         if self.external:
             cluster = external_cluster_from_env()
             if cluster is None or not self.run(is_ha(cluster)):
-                raise RuntimeError("the configured real servers are not an HA cluster with a lookupd")
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                raise NotHACluster("the configured real servers are not youzan's HA cluster with a lookupd")
             self.cluster: Any = cluster
         else:
             from fastnsq.testing import NSQCluster
