@@ -179,6 +179,7 @@ async def sustained(soak: Soak, args: argparse.Namespace) -> dict[str, Any]:
     consumer = fastnsq.Consumer(topic, "soak", nsqd_tcp_addresses=[soak.to_consumer.address], max_in_flight=2500,
                                 heartbeat_interval=HEARTBEAT, msg_timeout=5.0, reconnect_delay=0.05,
                                 max_reconnect_delay=1.0)
+    before_start = {"fds": open_fds(), "tasks": len(asyncio.all_tasks()), "rss_kib": rss_kib()}
     await producer.start()
     await consumer.start()
 
@@ -234,9 +235,18 @@ async def sustained(soak: Soak, args: argparse.Namespace) -> dict[str, Any]:
     end = sample(loop.time() - start, soak, consumer, producer)
     await consumer.stop()
     await producer.close()
-    gc.collect()
-    end_after_close = {"fds": open_fds(), "tasks": len(asyncio.all_tasks()), "rss_kib": rss_kib()}
-    return summarize(args, samples, end, end_after_close, ledger, soak.faults, drained)
+    end_after_close = await settled(before_start["fds"])
+    result = summarize(args, samples, end, end_after_close, ledger, soak.faults, drained)
+    return {**result, "before_start": before_start}
+
+
+async def settled(baseline_fds: int, timeout: float = 5.0) -> dict[str, Any]:
+    """Descriptors and tasks once closed connections are gone: the proxies close their side a few loop turns later."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while open_fds() > baseline_fds and asyncio.get_running_loop().time() < deadline:
+        gc.collect()
+        await asyncio.sleep(0.1)
+    return {"fds": open_fds(), "tasks": len(asyncio.all_tasks()), "rss_kib": rss_kib()}
 
 
 def sample(t: float, soak: Soak, consumer: fastnsq.Consumer, producer: fastnsq.Producer) -> dict[str, Any]:
@@ -344,6 +354,9 @@ def failures(result: dict[str, Any]) -> list[str]:
         found.append("a publish was neither acknowledged nor raised")
     if s["after_drain"]["in_flight"] or s["after_drain"]["publishes_waiting"]:
         found.append(f"bookkeeping not drained: {s['after_drain']}")
+    if s["after_close"]["fds"] > s["before_start"]["fds"]:
+        found.append(f"descriptors leaked: {s['before_start']['fds']} before the clients started, "
+                     f"{s['after_close']['fds']} after they closed")
     r = result.get("reconnect")
     if r and (r["after"]["fds"] > r["before"]["fds"] or r["after"]["tasks"] > r["before"]["tasks"]):
         found.append(f"reconnects leaked: {r['before']} -> {r['after']}")

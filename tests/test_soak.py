@@ -35,7 +35,9 @@ def test_short_soak_with_faults(tmp_path: Path) -> None:
     assert ledger["acknowledged"] + ledger["raised"] == ledger["published"] > 20_000
     assert len(soak["faults"]) >= 5 and all(f["outcome"] == "ok" for f in soak["faults"])
     flat = soak["medians_first_and_last_window"]
-    assert flat["fds"]["end"] <= flat["fds"]["start"] + 2
+    # Descriptors: counted once the clients closed, against before they started. (The windowed medians of a
+    # 36 s run catch the last fault's connections in flight: 25 against 22 once, on a fresh-clone CI run.)
+    assert soak["after_close"]["fds"] <= soak["before_start"]["fds"]
     assert soak["after_drain"]["tasks"] <= flat["tasks"]["start"] + 2  # tasks: the client's, after the traffic
     assert flat["rss_kib"]["end"] - flat["rss_kib"]["start"] < 30_000
     assert soak["after_drain"]["in_flight"] == 0 and soak["after_drain"]["publishes_waiting"] == 0
