@@ -49,6 +49,9 @@ CHANNEL = run_all.CHANNEL
 #: The consumers' max_in_flight in every row (go-nsq's and fastnsq's default is 1, which makes
 #: nsqd flush after every message: a throughput setting no one runs at these rates).
 MAX_IN_FLIGHT = 2500
+#: nsqd's own default. An open loop that nsqd keeps up with holds a small backlog; a larger queue only
+#: makes nsqd's buffered Go channels (8 bytes a slot, scanned by every GC cycle) bigger.
+NSQD_MEM_QUEUE_SIZE = 10_000
 SATURATION = 0.95
 #: A median latency this much higher in the last third of the window than in the first is a
 #: backlog that grows (a buffered consumer's latency cycles by up to its buffer's fill time).
@@ -213,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--go-bin", type=Path, help="gonsq_latency's binary (default: built into BIN)")
     parser.add_argument("--rates", default=",".join(map(str, RATES)))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--mem-queue-size", type=int, default=NSQD_MEM_QUEUE_SIZE,
+                        help="nsqd's --mem-queue-size (default: nsqd's own, 10000; the throughput benchmarks' 10000000 "
+                             "makes nsqd's garbage collector scan 80 MB of channel buffer per topic and channel on every "
+                             "cycle: 10-40 ms stalls that set p99 above 100,000 msg/s)")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--window", type=float, default=3.0)
     parser.add_argument("--drain", type=float, default=3.0)
@@ -235,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         wanted = args.only.split("|")
         rows = [row for row in rows if any(w in row.name for w in wanted)]
     rates = [int(r) for r in args.rates.split(",")]
-    server = Server(None, None, None, real_bin=args.real)
+    server = Server(None, None, None, real_bin=args.real, mem_queue_size=args.mem_queue_size)
     server.start()
     points: list[dict[str, Any]] = []
     try:

@@ -207,8 +207,9 @@ class Server:
     folder of binaries (``real_bin``), or a running one by address."""
 
     def __init__(self, tcp: str | None, http: str | None, pid: int | None, *, real_bin: str | None = None,
-                 port_base: int = REAL_PORT_BASE) -> None:
+                 port_base: int = REAL_PORT_BASE, mem_queue_size: int = REAL_MEM_QUEUE_SIZE) -> None:
         self.process: subprocess.Popen[str] | None = None
+        self.mem_queue_size = mem_queue_size
         self.tcp, self.http, self.pid = tcp, http, pid
         self.real_bin = real_bin
         self.port_base = port_base
@@ -224,7 +225,7 @@ class Server:
         self.data_dir = tempfile.mkdtemp(prefix="fastnsq-bench-nsqd-")
         flags = [f"--data-path={self.data_dir}", f"--tcp-address=127.0.0.1:{tcp_port}",
                  f"--http-address=127.0.0.1:{http_port}", "--https-address=", "--broadcast-address=127.0.0.1",
-                 f"--mem-queue-size={REAL_MEM_QUEUE_SIZE}"]
+                 f"--mem-queue-size={self.mem_queue_size}"]
         self.process = subprocess.Popen([str(binary), *flags], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, text=True)
         self.tcp, self.http, self.pid = f"127.0.0.1:{tcp_port}", f"127.0.0.1:{http_port}", self.process.pid
@@ -265,7 +266,7 @@ class Server:
                 "description": f"nsqd {version}, the released binary, started by the harness on loopback",
                 "version": f"nsqd {version}",
                 "command": " ".join(command),
-                "flags": {"mem_queue_size": REAL_MEM_QUEUE_SIZE,
+                "flags": {"mem_queue_size": self.mem_queue_size,
                           "note": "every other flag at nsqd's default (max-rdy-count 2500, msg-timeout 60s, ...)"},
             }
         elif self.process is not None:
