@@ -214,7 +214,7 @@ async def test_a_range_read_whose_leader_moves_is_read_again_from_the_new_leader
     if not hasattr(nsq_cluster_ha, "move_leader"):
         pytest.skip("moving a leader on demand needs the embedded HA cluster")
     from fastnsq import Producer
-    from fastnsq.spark._offsets import OffsetPlanner
+    from fastnsq.spark._offsets import OffsetPlanner, plan_ranges
     from fastnsq.spark._options import parse_source
     from fastnsq.spark._range_read import read_range
 
@@ -231,7 +231,7 @@ async def test_a_range_read_whose_leader_moves_is_read_again_from_the_new_leader
         end, state = await planner.latest(start, None)
     finally:
         await planner.close()
-    [plan] = planner.ranges(start, end, state)
+    [plan] = plan_ranges(start, end, state)
     reading = asyncio.create_task(read_range(options, plan))
     partition = nsq_cluster_ha.nsqds[leaders[0]].partitions[(topic, 0)]
 

@@ -26,8 +26,8 @@ from ._options import parse_starting_offsets
 if TYPE_CHECKING:
     from ._options import SourceOptions
 
-__all__ = ["NEW_PARTITION_START", "Leader", "OffsetPlanner", "Position", "RangePlan", "TopicState", "positions_from_json",
-           "positions_to_json"]
+__all__ = ["NEW_PARTITION_START", "Leader", "OffsetPlanner", "Position", "RangePlan", "TopicState", "plan_ranges",
+           "positions_from_json", "positions_to_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -236,14 +236,16 @@ class OffsetPlanner:
             return end
         return Position(offset, before)
 
-    def ranges(self, start: Mapping[int, Position], end: Mapping[int, Position],
-               state: TopicState | None) -> list[RangePlan]:
-        """One range per partition that has messages between ``start`` and ``end``."""
-        plans = []
-        for partition, stop in sorted(end.items()):
-            begin = start.get(partition, NEW_PARTITION_START)
-            if begin.offset >= stop.offset:
-                continue
-            leader = state.leaders.get(partition) if state is not None else None
-            plans.append(RangePlan(partition, begin, stop, leader or Leader("", ""), bool(state and state.ext)))
-        return plans
+
+def plan_ranges(start: Mapping[int, Position], end: Mapping[int, Position],
+                state: TopicState | None) -> list[RangePlan]:
+    """One range per partition that has messages between ``start`` and ``end`` (asks no server:
+    the leaders come from ``state``, the planning call's, when the batch is the one just planned)."""
+    plans = []
+    for partition, stop in sorted(end.items()):
+        begin = start.get(partition, NEW_PARTITION_START)
+        if begin.offset >= stop.offset:
+            continue
+        leader = state.leaders.get(partition) if state is not None else None
+        plans.append(RangePlan(partition, begin, stop, leader or Leader("", ""), bool(state and state.ext)))
+    return plans

@@ -28,7 +28,15 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from ..loop import run
-from ._offsets import OffsetPlanner, Position, RangePlan, TopicState, positions_from_json, positions_to_json
+from ._offsets import (
+    OffsetPlanner,
+    Position,
+    RangePlan,
+    TopicState,
+    plan_ranges,
+    positions_from_json,
+    positions_to_json,
+)
 from ._options import SourceOptions
 from ._range_read import read_range
 from .source import (
@@ -97,8 +105,7 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         state = self._state[1] if self._state is not None and self._state[0] == repr(end) else None
-        planner = OffsetPlanner(self._options)  # ranges() asks no server
-        plans = planner.ranges(positions_from_json(start), positions_from_json(end), state)
+        plans = plan_ranges(positions_from_json(start), positions_from_json(end), state)
         return [OffsetRangePartition(plan, i) for i, plan in enumerate(plans)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
