@@ -59,6 +59,11 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def footprint() -> dict[str, int]:
+    """This process's open descriptors, the loop's tasks and the RSS, now."""
+    return {"fds": open_fds(), "tasks": len(asyncio.all_tasks()), "rss_kib": rss_kib()}
+
+
 class Ledger:
     """One byte per sequence number, allocated up front (so that it does not grow the RSS it measures)."""
 
@@ -179,7 +184,7 @@ async def sustained(soak: Soak, args: argparse.Namespace) -> dict[str, Any]:
     consumer = fastnsq.Consumer(topic, "soak", nsqd_tcp_addresses=[soak.to_consumer.address], max_in_flight=2500,
                                 heartbeat_interval=HEARTBEAT, msg_timeout=5.0, reconnect_delay=0.05,
                                 max_reconnect_delay=1.0)
-    before_start = {"fds": open_fds(), "tasks": len(asyncio.all_tasks()), "rss_kib": rss_kib()}
+    before_start = footprint()
     await producer.start()
     await consumer.start()
 
@@ -246,7 +251,7 @@ async def settled(baseline_fds: int, timeout: float = 5.0) -> dict[str, Any]:
     while open_fds() > baseline_fds and asyncio.get_running_loop().time() < deadline:
         gc.collect()
         await asyncio.sleep(0.1)
-    return {"fds": open_fds(), "tasks": len(asyncio.all_tasks()), "rss_kib": rss_kib()}
+    return footprint()
 
 
 def sample(t: float, soak: Soak, consumer: fastnsq.Consumer, producer: fastnsq.Producer) -> dict[str, Any]:
@@ -309,7 +314,7 @@ async def reconnects(address: str, count: int) -> dict[str, Any]:
         await producer.publish(topic, b"warm")
         await asyncio.sleep(0.2)
         gc.collect()
-        before = {"fds": open_fds(), "tasks": len(asyncio.all_tasks()), "rss_kib": rss_kib()}
+        before = footprint()
         peak_fds = peak_tasks = 0
         for _ in range(count):
             proxy.cut()
@@ -321,7 +326,7 @@ async def reconnects(address: str, count: int) -> dict[str, Any]:
         await producer.publish(topic, b"after")
         await asyncio.sleep(0.3)
         gc.collect()
-        after = {"fds": open_fds(), "tasks": len(asyncio.all_tasks()), "rss_kib": rss_kib()}
+        after = footprint()
         result = {"reconnects": count, "proxy_accepted": proxy.accepted, "before": before, "after": after,
                   "peak_fds": peak_fds, "peak_tasks": peak_tasks, "producer_reconnects": producer.snapshot().reconnects}
         await consumer.stop()
