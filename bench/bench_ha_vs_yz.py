@@ -52,6 +52,7 @@ import yz_driver
 from bench_ha import cpu
 
 import fastnsq
+from fastnsq.benchmark import process_cpu_seconds
 from fastnsq.conn import Connection
 from fastnsq.testing import ExternalCluster, ExternalLookupd, ExternalNSQD
 from fastnsq.testing.real import RealHACluster
@@ -59,17 +60,11 @@ from fastnsq.testing.real import RealHACluster
 BODY = b"h" * 100
 CALLERS = 1000
 MAX_IN_FLIGHT = 2500  # both clients, unless --max-in-flight says otherwise
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def server_cpu(pids: list[int]) -> float:
     """CPU seconds (user + system) the nsqd processes have used so far."""
-    total = 0.0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-        total += (int(fields[11]) + int(fields[12])) / _TICK
-    return total
+    return sum(process_cpu_seconds(pid) or 0.0 for pid in pids)
 
 
 def entry(workload: str, client: str, messages: int, seconds: float, client_cpu: float,

@@ -123,19 +123,19 @@ _CATEGORIES = ("java", "python", "nsqd", "nsqlookupd", "etcd")
 
 def cpu_by_process_kind() -> dict[str, float]:
     """CPU seconds used so far by the live processes of each kind (Spark's JVMs, Python: this
-    driver and Spark's Python workers, the nsqd, ...), from /proc/<pid>/stat."""
-    tick = os.sysconf("SC_CLK_TCK")
+    driver and Spark's Python workers, the nsqd, ...), by their /proc command name."""
+    from fastnsq.benchmark import process_cpu_seconds
+
     found = dict.fromkeys(_CATEGORIES, 0.0)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for comm in Path("/proc").glob("[0-9]*/comm"):
         try:
-            text = stat.read_text()
+            name = comm.read_text()
         except OSError:
             continue
-        name, _, rest = text.partition("(")[2].rpartition(")")
-        fields = rest.split()
         kind = next((k for k in _CATEGORIES if name.startswith(k)), None)
-        if kind is not None:
-            found[kind] += (int(fields[11]) + int(fields[12])) / tick
+        seconds = process_cpu_seconds(int(comm.parent.name)) if kind is not None else None
+        if kind is not None and seconds is not None:
+            found[kind] += seconds
     return found
 
 
