@@ -42,8 +42,10 @@ ROUND_TRIP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025
 
 _CONSUMER_COUNTERS = (
     ("received", "messages received from nsqd"),
-    ("finished", "messages finished (FIN)"),
-    ("requeued", "messages requeued (REQ)"),
+    ("finished", "messages finished (FIN written to a live connection)"),
+    ("requeued", "messages requeued (REQ written to a live connection)"),
+    ("finish_dropped", "FINs not sent: their connection had closed (nsqd gives the message out again)"),
+    ("requeue_dropped", "REQs not sent: their connection had closed (nsqd gives the message out again)"),
     ("timed_out", "messages answered after their msg_timeout (nsqd had given them out again)"),
     ("given_up", "messages past max_attempts, finished and handed to the give-up hook"),
 )

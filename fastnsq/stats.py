@@ -39,7 +39,10 @@ class ConsumerStats:
     ``timed_out``: messages answered after ``msg_timeout`` (nsqd had given them to someone
     else already); ``given_up``: past ``max_attempts``; ``duplicates_dropped``: repeated
     heads of an ordered HA channel not handed out again; ``reconnects``: connections opened
-    again to an nsqd (and partition) connected before.
+    again to an nsqd (and partition) connected before. ``finished`` and ``requeued`` count the
+    FINs and REQs written to a live connection; ``finish_dropped`` and ``requeue_dropped`` the
+    ones given after their connection had closed, never sent (nsqd gives those messages out
+    again after ``msg_timeout``).
     """
 
     topic: str
@@ -54,6 +57,8 @@ class ConsumerStats:
     backoff_level: int = 0
     duplicates_dropped: int = 0
     reconnects: int = 0
+    finish_dropped: int = 0
+    requeue_dropped: int = 0
     #: nsqd's error frames by code (``E_FIN_FAILED``...), fatal or not.
     errors: dict[str, int] = field(default_factory=dict)
     connections: tuple[ConnectionStats, ...] = ()

@@ -15,7 +15,7 @@ prometheus_client = pytest.importorskip("prometheus_client", reason="metrics nee
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fastnsq import Consumer, Producer
+from fastnsq import Batch, Consumer, Producer
 from fastnsq.metrics import NSQMetrics
 from fastnsq.testing.proxy import FaultProxy
 
@@ -87,6 +87,69 @@ async def test_scraped_counters_equal_what_happened(nsqd) -> None:
             assert channel["requeue_count"] == value(samples, "nsq_consumer_messages_requeued_total", **labels)
             assert channel["message_count"] + channel["requeue_count"] == value(
                 samples, "nsq_consumer_messages_received_total", **labels)
+
+
+async def channel_stats(nsqd, topic: str, channel: str = "ch") -> dict:
+    stats = topic_entry(await stats_json(nsqd.http_address, topic), topic)
+    return next(c for c in stats["channels"] if c["channel_name"] == channel)
+
+
+async def test_answers_after_a_cut_count_as_dropped_as_nsqd_sees_them(nsqd) -> None:
+    """Issue 36: the connection cut with 100 messages in flight, then their batch answered.
+    nsqd never saw those FINs (in flight, then timed out): ``finished`` must not count them."""
+    if not nsqd.http_address:
+        pytest.skip("needs nsqd's /stats")
+    registry = CollectorRegistry()
+    metrics = NSQMetrics(registry)
+    topic = unique("cut")
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.mpublish(topic, [b"%03d" % i for i in range(300)])
+    async with FaultProxy(nsqd.tcp_address) as proxy:
+        # No reconnect within the test: nsqd's view of the cut connection stays still.
+        consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[proxy.address], max_in_flight=300, msg_timeout=1.0,
+                            reconnect_delay=60, max_reconnect_delay=60)
+        metrics.track(consumer)
+        await consumer.start()
+        try:
+            held = []
+            async for batch in consumer.batches(max_size=100, max_wait=5.0):
+                held.append(batch)
+                if sum(map(len, held)) == 300:
+                    break
+            early = [m for batch in held for m in batch][:200]
+            late = [m for batch in held for m in batch][200:]
+            for message in early:
+                message.finish()
+            await eventually(lambda: _in_flight_is(nsqd, topic, 100), timeout=10, what="nsqd to take 200 FINs")
+            proxy.cut()
+            await eventually(lambda: not consumer.connections, timeout=10, what="the consumer to see the cut")
+            Batch(late[:50]).finish()  # raises nothing: the connection is gone, the FINs with it
+            Batch(late[50:]).requeue(0)
+            snapshot = consumer.snapshot()
+            samples = scrape(registry)
+            # nsqd: the 100 stay in flight until msg_timeout, then time out back into the queue.
+            await eventually(lambda: _timed_out_is(nsqd, topic, 100), timeout=30, what="nsqd to time 100 out")
+            channel = await channel_stats(nsqd, topic)
+        finally:
+            await consumer.stop()
+    # What nsqd finished: what entered the channel and is neither queued, in flight nor deferred.
+    nsqd_finished = channel["message_count"] - channel["depth"] - channel["in_flight_count"] - channel["deferred_count"]
+    assert (snapshot.finished, snapshot.requeued) == (nsqd_finished, channel["requeue_count"]) == (200, 0)
+    assert channel["depth"] == 100
+    assert (snapshot.finish_dropped, snapshot.requeue_dropped) == (50, 50)
+    labels = {"topic": topic, "channel": "ch"}
+    assert value(samples, "nsq_consumer_messages_finished_total", **labels) == 200
+    assert value(samples, "nsq_consumer_messages_finish_dropped_total", **labels) == 50
+    assert value(samples, "nsq_consumer_messages_requeued_total", **labels) == 0
+    assert value(samples, "nsq_consumer_messages_requeue_dropped_total", **labels) == 50
+
+
+async def _in_flight_is(nsqd, topic: str, count: int) -> bool:
+    return (await channel_stats(nsqd, topic))["in_flight_count"] == count
+
+
+async def _timed_out_is(nsqd, topic: str, count: int) -> bool:
+    return (await channel_stats(nsqd, topic))["timeout_count"] == count
 
 
 async def test_label_cardinality_stays_bounded_across_reconnects(nsqd) -> None:

@@ -489,6 +489,8 @@ class Consumer:
             backoff_level=self._rdy.backoff_level,
             duplicates_dropped=self.duplicates_dropped,
             reconnects=self.reconnects,
+            finish_dropped=self._dispatch.finish_dropped,
+            requeue_dropped=self._dispatch.requeue_dropped,
             errors=dict(self._errors),
             connections=tuple(self._connection_stats(link) for link in links),
         )

@@ -58,8 +58,10 @@ class Dispatcher:
     """What happens to each message on the Python path, and the counts it keeps.
 
     ``apply`` sends RDY updates (the consumer's connections); ``pause`` sets max_in_flight
-    to 0 (ordered_give_up="stop"). Counters: ``given_up``, and ``closed_counts`` (received,
-    finished, requeued on connections already closed; the live ones count on their links).
+    to 0 (ordered_give_up="stop"). Counters: ``given_up``, ``closed_counts`` (received,
+    finished, requeued on connections already closed; the live ones count on their links),
+    and ``finish_dropped`` / ``requeue_dropped``: answers given after their connection had
+    closed, so never sent (nsqd gives those messages out again after msg_timeout).
     """
 
     def __init__(
@@ -86,6 +88,9 @@ class Dispatcher:
         self.given_up = 0
         self.closed_counts = [0, 0, 0]  # received, finished, requeued
         self.closed_timed_out = 0
+        # Not finished or requeued as far as nsqd knows: counting them as such hid the loss.
+        self.finish_dropped = 0
+        self.requeue_dropped = 0
         #: Called after each answer while the consumer stops (it watches the drain).
         self.on_answer_while_stopping: Callable[[], None] | None = None
         #: HA (``consumer.ha``): checks a message before the handler; False when it answered it.
@@ -106,7 +111,7 @@ class Dispatcher:
         )
 
     def link_closed(self, link: Link) -> None:
-        """Its counts stay in the totals; answers after this (no FIN sent) count there too."""
+        """Its counts stay in the totals; answers after this (nothing sent) count as dropped."""
         self.closed_counts[0] += link.received
         self.closed_counts[1] += link.finished
         self.closed_counts[2] += link.requeued
@@ -188,7 +193,8 @@ class Dispatcher:
                 state.last_finished = True
         self._done(link, message, Outcome.SUCCESS)
         if link.closed:
-            self.closed_counts[1] += 1
+            self.finish_dropped += 1
+            self._log.debug("FIN of %r dropped: the connection to %s is closed", message, link.endpoint.address)
         else:
             link.finished += 1
             link.conn.fin(message)
@@ -198,7 +204,8 @@ class Dispatcher:
         delay_ms = self._requeue_delay_ms(message, delay)
         self._done(link, message, Outcome.FAILURE if backoff else Outcome.NEUTRAL)
         if link.closed:
-            self.closed_counts[2] += 1
+            self.requeue_dropped += 1
+            self._log.debug("REQ of %r dropped: the connection to %s is closed", message, link.endpoint.address)
         else:
             link.requeued += 1
             link.conn.req(message, delay_ms)
