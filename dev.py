@@ -10,11 +10,11 @@
 
     python3 dev.py test --real BIN_DIR      # the suite against real nsqd/nsqlookupd from BIN_DIR
     python3 dev.py test --real-ha BIN_DIR   # the HA tests against a real youzan cluster (etcd from PATH)
-    python3 dev.py captures --real BIN_DIR  # record the released nsqd's answers into tests/captures
+    python3 dev.py captures --real BIN_DIR  # record a real nsqd's answers into tests/captures
 
-Real servers: BIN_DIR holds nsqd and nsqlookupd (build them with ../shared/real-servers);
+Real servers: BIN_DIR holds nsqd and nsqlookupd (docs/testing.md#getting-the-binaries);
 FASTNSQ_REAL_BIN=BIN_DIR adds the real pass to a plain `dev.py test`. youzan's HA binaries
-(nsqd, nsqlookupd; ../shared/real-servers/build-youzan.sh) go with --real-ha BIN_DIR or
+(nsqd, nsqlookupd, built from youzan/nsq) go with --real-ha BIN_DIR or
 FASTNSQ_REAL_HA_BIN=BIN_DIR; --base-port N puts the HA cluster on ports N, N+1, ...
 
 Idempotent: the virtualenv lives in .venv and is only reinstalled when the build inputs
@@ -180,8 +180,8 @@ def test(python: Path, args: list[str]) -> None:
             return
         print(
             "real-server pass: skipped: no real nsqd binaries given "
-            f"(python3 dev.py test --real BIN_DIR, or {REAL_BIN_ENV}=BIN_DIR; build them with "
-            "../shared/real-servers); the suite ran on the embedded servers only",
+            f"(python3 dev.py test --real BIN_DIR, or {REAL_BIN_ENV}=BIN_DIR; how to get them: "
+            "docs/testing.md#getting-the-binaries); the suite ran on the embedded servers only",
             flush=True,
         )
         return
@@ -253,18 +253,25 @@ def take_option(args: list[str], flag: str) -> tuple[str | None, list[str]]:
 
 
 def captures(python: Path, args: list[str]) -> None:
-    """Record the released nsqd's answers (tests/captures/nsqd-v1.3.0) from fresh real servers."""
+    """Record a real nsqd's answers into tests/captures from fresh real servers.
+
+    The released v1.3.0 goes to ``nsqd-v1.3.0``, nsq master to ``nsqd-master`` (the real
+    harness tells them apart by ``nsqd --help``); either replays the client side of
+    ``nsqd-master``, so a master recording replaces its own reference.
+    """
     real_bin, rest = take_real(args)
     if real_bin is None:
-        raise SystemExit("captures needs --real BIN_DIR: the folder with the released nsqd v1.3.0 binaries")
-    out = ROOT / "tests" / "captures" / "nsqd-v1.3.0"
+        raise SystemExit("captures needs --real BIN_DIR: the folder with real nsqd and nsqlookupd binaries")
     record = (
         "import os, sys; from tests.captures import record; "
         "emulates = os.environ['FASTNSQ_TEST_NSQD_EMULATES']; "
-        "sys.exit(f'{emulates} binaries: the recording is of the released v1.3.0') if emulates != 'v1.3.0' else "
+        "folder = 'nsqd-master' if emulates == 'master' else 'nsqd-v1.3.0'; "
+        "server = 'nsq master' if emulates == 'master' else 'nsqd v1.3.0 (released)'; "
         "record.main(['--nsqd-tcp', os.environ['FASTNSQ_TEST_NSQD'], '--nsqd-http', os.environ['FASTNSQ_TEST_NSQD_HTTP'], "
-        "'--lookupd-http', os.environ['FASTNSQ_TEST_LOOKUPD_HTTP'], '--out', sys.argv[1], '--server', 'nsqd v1.3.0 (released)'])"
+        "'--lookupd-http', os.environ['FASTNSQ_TEST_LOOKUPD_HTTP'], '--out', os.path.join(sys.argv[1], folder), "
+        "'--server', server, *sys.argv[2:]])"
     )
+    out = ROOT / "tests" / "captures"
     run(python, "-m", "fastnsq.testing.real", real_bin, "--nsqds", "1", "--", python, "-c", record, out, *rest)
 
 

@@ -6,7 +6,7 @@
 The cluster is 3 HA nsqd and an HA lookupd: the embedded ones (``NSQCluster(ha=True)``,
 one child process) or, with ``--real-bin``, real youzan ones started by
 :class:`fastnsq.testing.real.RealHACluster` (etcd from PATH; the flags of
-../shared/real-servers/run-youzan-cluster.sh). Topics have ``--partitions`` partitions
+fastnsq.testing.real's HA cluster flags). Topics have ``--partitions`` partitions
 with ``--replicas`` replicas each (the embedded cluster does not replicate), their
 channels created before anything is published. Bodies are 100 bytes. Each round runs
 every workload once; rounds alternate which client goes first; the tables show the

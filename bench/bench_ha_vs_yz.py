@@ -4,7 +4,7 @@
 
 The cluster: etcd + a youzan nsqlookupd + 3 youzan nsqd (0.3.7-HA.1.13.0) started by
 :class:`fastnsq.testing.real.RealHACluster` with the flags of
-../shared/real-servers/run-youzan-cluster.sh (the JSON records every argv). youzan/go-nsq
+fastnsq.testing.real's HA cluster (the JSON records every argv). youzan/go-nsq
 v1.7.2-HA runs in bench/go/src/yz_driver (bench/yz_driver.py builds it). Topics have
 ``--partitions`` partitions with 2 replicas, their channels made before anything is
 published; bodies are 100 bytes. Each round runs every workload once for each client,

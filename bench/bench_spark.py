@@ -41,48 +41,47 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
-class NSQDProcess:
-    """An nsqd in a child process (so its CPU is not this process's GIL): fastnsq's embedded one,
-    or a real one from ``bin_dir`` (fastnsq.testing.process starts both)."""
+from fastnsq.testing.process import NSQDProcess
 
-    def __init__(self, bin_dir: str | None = None) -> None:
-        from fastnsq.testing.process import NSQDProcess as Child
 
-        if bin_dir is None:
-            self.child = Child("--msg-timeout", "120")
-            self.version = "embedded"
-        else:
-            self.child = Child(*REAL_NSQD_FLAGS, binary=Path(bin_dir).expanduser() / "nsqd")
-        self.child.start()
-        self.tcp_address, self.http_address = self.child.tcp_address, self.child.http_address
-        if bin_dir is not None:
-            with urllib.request.urlopen(f"http://{self.http_address}/info", timeout=10) as response:
-                self.version = json.loads(response.read())["version"]
+def start_nsqd(bin_dir: str | None) -> NSQDProcess:
+    """An nsqd in a child process (so its CPU is not this process's GIL): fastnsq's embedded
+    one, or a real one from ``bin_dir``."""
+    if bin_dir is None:
+        nsqd = NSQDProcess("--msg-timeout", "120")
+    else:
+        nsqd = NSQDProcess(*REAL_NSQD_FLAGS, binary=Path(bin_dir).expanduser() / "nsqd")
+    nsqd.start()
+    return nsqd
 
-    def stats(self, topic: str) -> dict[str, Any]:
-        url = f"http://{self.http_address}/stats?format=json&topic={topic}"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            topics = json.loads(response.read()).get("topics") or []
-        return topics[0] if topics else {}
 
-    def delete_topic(self, topic: str) -> None:
-        request = urllib.request.Request(f"http://{self.http_address}/topic/delete?topic={topic}", method="POST")
-        try:
-            urllib.request.urlopen(request, timeout=10).read()
-        except OSError:
-            pass
+def describe(nsqd: NSQDProcess) -> str:
+    """What the results say of the server: the embedded one, or the real one's /info version."""
+    if not nsqd.real:
+        return "fastnsq's embedded nsqd (fastnsq.testing, one child process), msg_timeout 120 s"
+    with urllib.request.urlopen(f"http://{nsqd.http_address}/info", timeout=10) as response:
+        version = json.loads(response.read())["version"]
+    return f"nsqd {version} (real, {nsqd.describe()})"
 
-    def close(self) -> None:
-        self.child.close()
 
-    def describe(self) -> str:
-        if self.child.binary is None:
-            return "fastnsq's embedded nsqd (fastnsq.testing, one child process), msg_timeout 120 s"
-        return f"nsqd {self.version} (real, {self.child.binary.parent}) {' '.join(self.child.extra_args)}"
+def topic_stats(nsqd: NSQDProcess, topic: str) -> dict[str, Any]:
+    url = f"http://{nsqd.http_address}/stats?format=json&topic={topic}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        topics = json.loads(response.read()).get("topics") or []
+    return topics[0] if topics else {}
 
-    def create_channel(self, topic: str, channel: str) -> None:
-        _post(f"http://{self.http_address}/topic/create?topic={topic}")
-        _post(f"http://{self.http_address}/channel/create?topic={topic}&channel={channel}")
+
+def delete_topic(nsqd: NSQDProcess, topic: str) -> None:
+    request = urllib.request.Request(f"http://{nsqd.http_address}/topic/delete?topic={topic}", method="POST")
+    try:
+        urllib.request.urlopen(request, timeout=10).read()
+    except OSError:
+        pass
+
+
+def create_channel(nsqd: NSQDProcess, topic: str, channel: str) -> None:
+    _post(f"http://{nsqd.http_address}/topic/create?topic={topic}")
+    _post(f"http://{nsqd.http_address}/channel/create?topic={topic}&channel={channel}")
 
 
 #: The real nsqd's flags: every message of the runs in memory (the issue's setting).
@@ -148,7 +147,7 @@ def bench_source(spark: Any, nsqds: list[NSQDProcess], args: argparse.Namespace)
     topic = f"bench_src_{os.getpid()}_{int(time.time())}"
     if args.channel_first:
         for nsqd in nsqds:
-            nsqd.create_channel(topic, "spark")
+            create_channel(nsqd, topic, "spark")
     # Without --channel-first there is no channel yet: nsqd keeps the messages in the topic
     # and hands them to the first channel.
     shares = [args.messages * (i + 1) // len(nsqds) - args.messages * i // len(nsqds) for i in range(len(nsqds))]
@@ -209,7 +208,7 @@ def bench_source(spark: Any, nsqds: list[NSQDProcess], args: argparse.Namespace)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         for nsqd in nsqds:
-            nsqd.delete_topic(topic)
+            delete_topic(nsqd, topic)
     # Steady: after the first non-empty batch (which also starts the Python workers and
     # fills the whole in-flight window at once), until nsqd has every message FINed.
     first = batches[0] if batches else None
@@ -240,7 +239,7 @@ def bench_source(spark: Any, nsqds: list[NSQDProcess], args: argparse.Namespace)
 
 
 def _channel(nsqd: NSQDProcess, topic: str) -> dict[str, Any]:
-    return next(iter(nsqd.stats(topic).get("channels") or []), {})
+    return next(iter(topic_stats(nsqd, topic).get("channels") or []), {})
 
 
 def _finished(nsqd: NSQDProcess, topic: str) -> int:
@@ -262,11 +261,11 @@ def bench_sink(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dict[
         started = time.perf_counter()
         df.write.format("nsq").mode("append").option("nsqd", nsqd.tcp_address).option("topic", topic).save()
         elapsed = time.perf_counter() - started
-        published = nsqd.stats(topic).get("message_count", 0)
+        published = topic_stats(nsqd, topic).get("message_count", 0)
         if published != args.rows:
             raise RuntimeError(f"run {run}: nsqd has {published} messages, expected {args.rows}")
         runs.append(args.rows / elapsed)
-        nsqd.delete_topic(topic)
+        delete_topic(nsqd, topic)
     df.unpersist()
     return {
         "rows": args.rows,
@@ -309,7 +308,7 @@ def main() -> int:
     results: dict[str, Any] = {}
     try:
         for _ in range(args.nsqds):
-            nsqds.append(NSQDProcess(args.real))
+            nsqds.append(start_nsqd(args.real))
         nsqd = nsqds[0]
         spark = spark_session()
         import pyspark
@@ -320,7 +319,7 @@ def main() -> int:
             results["source"] = bench_source(spark, nsqds, args)
         spark.stop()
     finally:
-        server = "; ".join(n.describe() for n in nsqds)
+        server = "; ".join(describe(n) for n in nsqds)
         for n in nsqds:
             n.close()
 

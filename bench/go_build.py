@@ -1,7 +1,7 @@
 """Build bench/go/src/gonsq_latency (go-nsq's side of bench/latency.py) in GOPATH mode.
 
 go-nsq v1.1.0 and golang.org/x/sys come from the GOPATH that
-../shared/real-servers/build-nsq.sh fills (``~/nsq-real/gopath``); this checkout's
+a GOPATH holding go-nsq v1.1.0's source (``~/nsq-real/gopath``); this checkout's
 ``bench/go`` is added to GOPATH for the program's own source. Nothing is fetched. The
 binary goes next to the real servers (never into the checkout):
 
@@ -31,7 +31,7 @@ def build(bin_dir: Path, gopath: Path | None = None) -> Path:
         raise SystemExit("no Go toolchain (go) on PATH: apt-get install golang-go")
     deps = gopath or bin_dir.parent / "gopath"
     if not (deps / "src" / "github.com" / "nsqio" / "go-nsq").is_dir():
-        raise SystemExit(f"{deps}: no go-nsq source (run ../shared/real-servers/build-nsq.sh first)")
+        raise SystemExit(f"{deps}: no go-nsq source (put go-nsq v1.1.0 and its dependencies in that GOPATH first)")
     env = {**os.environ, "GO111MODULE": "off", "GOFLAGS": "", "GOPROXY": "off",
            "GOPATH": f"{deps}{os.pathsep}{HERE / 'go'}", "GOCACHE": str(bin_dir.parent / "gocache")}
     subprocess.run([go, "build", "-o", str(target), "gonsq_latency"], check=True, env=env, cwd=HERE)

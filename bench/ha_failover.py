@@ -4,7 +4,7 @@
 
 Starts its own cluster with :class:`fastnsq.testing.real.RealHACluster` (etcd from PATH,
 a youzan nsqlookupd, three youzan nsqd in cluster mode; the flags of
-../shared/real-servers/run-youzan-cluster.sh) and a topic of ``--partitions`` partitions
+fastnsq.testing.real's HA cluster flags) and a topic of ``--partitions`` partitions
 with ``--replicas`` replicas each (3: every node), its channels ``plain`` and ``ordered``
 created first. Then:
 

@@ -14,7 +14,7 @@ does not work gets its reason recorded instead of a number.
     .venv/bin/python bench/run_all.py --quick         # CI-sized
     .venv/bin/python bench/run_all.py --count 100000 --clients fastnsq,ansq --workloads consume
 
-``--real BIN`` starts the real nsqd of ``BIN`` (built by shared/real-servers/build-nsq.sh)
+``--real BIN`` starts the real nsqd of ``BIN`` (docs/testing.md, "Getting the binaries")
 on loopback with ``--mem-queue-size`` big enough for every pre-filled topic, and adds the
 Go side: the go-nsq library (``gonsq_bench`` in ``BIN``) and nsq's raw ``bench_reader`` /
 ``bench_writer``. A real run measures every client the same way: no warm-up, the clock
@@ -577,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workloads", default=None,
                         help="comma-separated subset: pub,mpub,consume (and pub16 with --real)")
     parser.add_argument("--real", default=None, metavar="BIN",
-                        help="start the real nsqd of this folder (shared/real-servers/build-nsq.sh's bin/) and add "
+                        help="start the real nsqd of this folder (nsqd, nsqlookupd and nsq's bench tools) and add "
                         "the go-nsq library and nsq's raw bench tools from it")
     parser.add_argument("--real-port", type=int, default=REAL_PORT_BASE,
                         help="with --real: first port to try for nsqd's TCP (HTTP on the next one)")

@@ -1,7 +1,7 @@
 """Build and run yz_driver: youzan/go-nsq's own Consumer and Producer, for interop tests and benchmarks.
 
 The Go source is the project's (bench/go/src/yz_driver/main.go); youzan/go-nsq and its
-dependencies come from the GOPATH that ../shared/real-servers/build-youzan.sh extracts
+dependencies come from a GOPATH holding youzan/go-nsq v1.7.2-HA's source
 (``~/nsq-real/ha/gopath``, youzan/go-nsq v1.7.2-HA). The binary goes outside the checkout,
 to ``~/nsq-real/ha/yz_driver`` (``YZ_DRIVER`` to choose another path), and is rebuilt when
 the source is newer. Nothing of youzan's is copied into the project.
@@ -39,9 +39,9 @@ def build() -> Path:
         return BINARY
     go = shutil.which("go")
     if go is None:
-        raise DriverUnavailable("no go on PATH (apt-get install golang-go; ../shared/real-servers/README.md)")
+        raise DriverUnavailable("no go on PATH (apt-get install golang-go)")
     if not (GOPATH / "src" / "github.com" / "youzan" / "go-nsq").is_dir():
-        raise DriverUnavailable(f"no youzan/go-nsq under {GOPATH} (run ../shared/real-servers/build-youzan.sh)")
+        raise DriverUnavailable(f"no youzan/go-nsq under {GOPATH} (put youzan/go-nsq v1.7.2-HA and its dependencies there)")
     env = dict(
         os.environ, GO111MODULE="off", GOFLAGS="", GOPROXY="off", GOENV="off",
         GOPATH=f"{GOPATH}:{HERE / 'go'}", GOCACHE=str(HA_HOME / "gocache"),

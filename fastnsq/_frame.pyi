@@ -21,7 +21,7 @@ FRAME_ERROR: int  # 1
 FRAME_MESSAGE: int  # 2
 
 # Message layouts, combined with |. Fixed per connection by what it sent
-# (shared/protocol.md §9.5): upstream hex ids; HA binary ids; the HA ext header
+# (youzan/nsq's protocol, docs/ha.md): upstream hex ids; HA binary ids; the HA ext header
 # (IDENTIFY extend_support on an ext topic); the HA offset/size header
 # (SUB_ORDERED / SUB_ADVANCED). Ext comes before offset when both are set.
 LAYOUT_UPSTREAM: int  # 0

@@ -2,7 +2,7 @@
 """The NSQ wire codec in C: the hot path of fastnsq.
 
 ``_frame.pyi`` documents the API; ``_frame_py.py`` is the pure-Python twin that
-behaves the same. Why it is fast (shared/design.md, "The hot path"):
+behaves the same. Why it is fast (docs/architecture.md):
 
 * the read buffer is malloc'd memory that the event loop reads into directly
   (``get_buffer``/``buffer_updated`` of ``asyncio.BufferedProtocol``); frames are

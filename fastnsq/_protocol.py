@@ -1,6 +1,6 @@
 """NSQ protocol constants and small types shared by both codec implementations.
 
-Values come from nsqd 1.3 and the HA nsqd (shared/protocol.md); the C extension
+Values come from nsqd 1.3 and the HA nsqd (nsq's TCP protocol spec, youzan/nsq's source); the C extension
 mirrors the numeric ones in C enums and checks them against this module at import.
 """
 

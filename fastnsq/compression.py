@@ -1,6 +1,6 @@
 """The stream transforms NSQ switches on after IDENTIFY: snappy framing and raw deflate.
 
-Once IDENTIFY has negotiated ``snappy`` or ``deflate`` (shared/protocol.md §4), every
+Once IDENTIFY has negotiated ``snappy`` or ``deflate`` (nsq's TCP protocol spec, IDENTIFY), every
 byte after the IDENTIFY response goes through one of these streams, in both
 directions. This module turns plain bytes into the compressed stream and back,
 incrementally: callers push whatever the socket gave them and get back whatever

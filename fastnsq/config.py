@@ -3,7 +3,7 @@
 Durations are seconds (floats), as everywhere in asyncio; the wire gets milliseconds.
 A bad value raises :class:`~fastnsq.errors.InvalidValueError` naming the option,
 the value and the accepted range. ``Consumer`` and ``Producer`` take these options
-as keyword arguments and add their own (shared/peers.md §2 lists go-nsq's).
+as keyword arguments and add their own (go-nsq's ``config.go`` lists its own).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The connection is the ``asyncio.BufferedProtocol``: the event loop reads straight
 into the codec's read buffer, the codec splits frames and calls back here (or,
-for messages, straight into the consumer). What it does (shared/protocol.md):
+for messages, straight into the consumer). What it does (nsq's TCP protocol spec and youzan/nsq's source):
 
 * magic and IDENTIFY; acts on the flags nsqd answers, not on what was asked;
   TLS through ``loop.start_tls``; snappy or deflate, with the bytes already read

@@ -2,7 +2,7 @@
 
 An nsqd error frame is ``"<CODE> <description>"``. Whether the server closes the
 connection after it depends on the code, on the dialect (upstream nsqd or the HA
-nsqd of youzan) and, on HA, on which command it answers (shared/protocol.md §6).
+nsqd of youzan) and, on HA, on which command it answers (nsq's TCP protocol spec, youzan/nsq's ``nsqd/protocol_v2.go``).
 :func:`is_fatal` encodes those rules; :func:`server_error` builds the exception.
 
 This module is a leaf: it imports nothing from fastnsq, so every layer may use it.

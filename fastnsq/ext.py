@@ -4,7 +4,7 @@ One job: build and read the header youzan/go-nsq builds with ``MsgExt{TraceID, D
 Custom}.ToJson()`` and reads with ``Message.GetJsonExt()`` (``producer.go``, ``message.go``):
 a JSON object of strings, where ``##trace_id`` carries the trace id (a decimal string) and
 ``##client_dispatch_tag`` the tag that routes the message to consumers with that
-``desired_tag`` (shared/protocol.md §9.10).
+``desired_tag`` (youzan/go-nsq's ``MsgExt``).
 
 >>> header = msg_ext({"k": "v"}, dispatch_tag="red")
 >>> header

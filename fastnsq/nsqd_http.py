@@ -5,7 +5,7 @@ the NSQ TCP protocol cannot say: how many clients a channel of one partition has
 position only takes on the channel's first client), where the partition ends, and
 ``POST /channel/setoffset``, the only way to start one partition of a node that leads
 several (``SUB_ADVANCED`` with a start position ignores the partition it names on such a
-node: shared/protocol.md §9.4). youzan/nsq ``nsqdserver/http.go`` doSetChannelOffset.
+node). youzan/nsq ``nsqdserver/http.go`` doSetChannelOffset.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ __all__ = [
 #: is_starved() threshold: in-flight count over the RDY last sent (the client guide, go-nsq, pynsq).
 STARVED_RATIO = 0.85
 
-# go-nsq's bounds (shared/peers.md §2), in seconds.
+# go-nsq's bounds (go-nsq's ``config.go``), in seconds.
 _BOUNDS: dict[str, tuple[float, float]] = {
     "low_rdy_idle_timeout": (1.0, 300.0),
     "low_rdy_timeout": (1.0, 300.0),

@@ -1,4 +1,4 @@
-"""The codec against real nsqd 1.3.0 conversations (../shared/captures): ground truth.
+"""The codec against real nsqd conversations (tests/captures): ground truth.
 
 Every byte the server sent decodes, through both implementations, to the frames the
 capture lists (compressed streams are decompressed first, as a connection does); every

@@ -1,6 +1,6 @@
 """Tests of fastnsq.compression: the snappy framing stream and the raw deflate stream.
 
-Ground truth is the real nsqd 1.3.0 conversations in shared/captures; independent
+Ground truth is the real nsqd 1.3.0 conversations in tests/captures; independent
 decoders (python-snappy, cramjam, zlib) check what our encoders write.
 """
 
@@ -12,7 +12,6 @@ import json
 import random
 import re
 import zlib
-from pathlib import Path
 from typing import Any
 
 import cramjam
@@ -32,8 +31,11 @@ from fastnsq.compression import (
     make_stream,
 )
 from fastnsq.errors import InvalidValueError, ProtocolError
+from fastnsq.testing.nsqd import MASTER
 
-CAPTURES = Path(__file__).resolve().parents[1].parent / "shared" / "captures" / "nsqd-1.3.0"
+from .captures import DIRECTORIES
+
+CAPTURES = DIRECTORIES[MASTER]
 OK_FRAME = bytes.fromhex("00000006000000004f4b")
 SYNC_FLUSH_MARKER = b"\x00\x00\xff\xff"
 

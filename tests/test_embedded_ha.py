@@ -1,7 +1,7 @@
 """Conformance tests of the HA (youzan "redesigned NSQ") dialect, over the wire.
 
 Every test talks to the servers only through TCP (a raw client on the project's codec)
-and HTTP, and checks what shared/protocol.md §9-11 says a youzan nsqd and nsqlookupd
+and HTTP, and checks what youzan/nsq's source says a youzan nsqd and nsqlookupd
 answer, byte for byte where it matters: partitions and ``E_TOPIC_NOT_EXIST``, the SUB
 family and its checks, binary ids, the four message layouts, the PUB family, traced
 replies, ext headers, every HA error code with its fatality, the MPUB_EXT desync, and

@@ -420,7 +420,7 @@ async def test_errors_are_v1_json_with_the_real_status(
 async def test_answers_are_v1_with_or_without_the_accept_header(
     lookupd: Any, http: aiohttp.ClientSession, registrar: Registrar, path: str
 ) -> None:
-    # Upstream nsqlookupd 1.x ignores Accept (shared/protocol.md §8): same bytes either way.
+    # Upstream nsqlookupd 1.x ignores Accept (nsqlookupd's ``http.go``): same bytes either way.
     topic = unique("acc")
     node = await registrar.node()
     await registrar.register(node, topic, "ch")

@@ -1,4 +1,4 @@
-"""Imports flow one way (shared/design.md): no module of fastnsq imports one that imports it back.
+"""Imports flow one way (docs/architecture.md): no module of fastnsq imports one that imports it back.
 
 The import graph is read from the sources (``ast``), with the imports made only for
 type checking counted too: a cycle there is a cycle in the design, even when Python

@@ -2,7 +2,7 @@
 
 The parsing tests need no sockets. The client and poller tests start small aiohttp
 servers on 127.0.0.1 that replay the answers of a real nsqlookupd 1.3.0
-(shared/captures/nsqd-1.3.0/http.json) and the HA forms of shared/protocol.md §9.12,
+(tests/captures/nsqd-master/http.json) and the HA forms of youzan nsqlookupd's ``http.go``,
 so every request goes over real HTTP and TCP.
 """
 
@@ -15,7 +15,6 @@ import random
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -49,21 +48,27 @@ from fastnsq.lookupd import (
     parse_nodes,
     parse_topics,
 )
+from fastnsq.testing.nsqd import MASTER
 
-CAPTURE_FILE = Path(__file__).resolve().parents[1].parent / "shared" / "captures" / "nsqd-1.3.0" / "http.json"
+from .captures import DIRECTORIES
+
+CAPTURE_FILE = DIRECTORIES[MASTER] / "http.json"
 CAPTURES: dict[str, dict[str, Any]] = json.loads(CAPTURE_FILE.read_text())
 
 V1 = {"Content-Type": "application/json; charset=utf-8", "X-Nsq-Content-Type": "nsq; version=1.0"}
 LEGACY = {"Content-Type": "application/json; charset=utf-8"}
 
-# The nsqd of the captures, as its lookupd describes it.
+# The nsqd of the captures, as its lookupd describes it: read from the recorded /nodes body
+# with plain json (the recorder's ports are whatever was free), so the parsers are checked
+# against the raw fields rather than against themselves.
+_RECORDED_PEER = json.loads(CAPTURES["lookupd_nodes"]["body"])["producers"][0]
 CAPTURED_NODE = NodeInfo(
-    broadcast_address="127.0.0.1",
-    tcp_port=24150,
-    http_port=24151,
-    version="1.3.0",
-    hostname="vm",
-    remote_address="127.0.0.1:53638",
+    broadcast_address=_RECORDED_PEER["broadcast_address"],
+    tcp_port=_RECORDED_PEER["tcp_port"],
+    http_port=_RECORDED_PEER["http_port"],
+    version=_RECORDED_PEER["version"],
+    hostname=_RECORDED_PEER["hostname"],
+    remote_address=_RECORDED_PEER["remote_address"],
 )
 
 
@@ -140,7 +145,7 @@ class TestCapturedUpstreamAnswers:
         assert result == LookupResult(channels=("cap_channel", "cap_err"), producers=(CAPTURED_NODE,))
         assert result.is_ha is False
         assert result.meta is None
-        assert result.endpoints() == {Endpoint("127.0.0.1:24150", None): CAPTURED_NODE}
+        assert result.endpoints() == {Endpoint(f"127.0.0.1:{CAPTURED_NODE.tcp_port}", None): CAPTURED_NODE}
 
     def test_lookup_of_unknown_topic_means_no_producers(self) -> None:
         status, _, body = capture("lookupd_lookup_missing")
@@ -184,7 +189,7 @@ class TestCapturedUpstreamAnswers:
 
 
 class TestHALookup:
-    """The youzan /lookup forms of shared/protocol.md §9.12."""
+    """The youzan /lookup forms of youzan nsqlookupd's ``http.go``."""
 
     EXPECTED = LookupResult(
         channels=("ch1",),

@@ -2,7 +2,7 @@
 
 Two clients, one driver (standard library only, like the other drivers):
 
-* ``--tool library``: ``gonsq_bench`` (shared/real-servers/gonsq_bench, go-nsq v1.1.0's
+* ``--tool library``: ``gonsq_bench`` (a Go program of ours on go-nsq v1.1.0's
   ``Consumer`` and ``Producer``: what a go-nsq user runs). Modes consume, pub
   (synchronous ``Publish`` from ``--concurrency`` goroutines, ``--shared`` for one
   Producer, else one each) and mpub. It counts: the clock runs from connect (consume)
@@ -71,7 +71,7 @@ def availability(bin_dir: str | None) -> dict[str, Any]:
     raw = [w for w, tool in RAW_TOOLS.items() if found[tool]]
     reason = "" if library or raw else (
         f"no gonsq_bench, bench_reader or bench_writer in {bin_dir or 'PATH'} "
-        "(build them with shared/real-servers/build-nsq.sh)")
+        "(docs/testing.md, "Getting the binaries")")
     version = go_nsq_version(found["gonsq_bench"]) if found["gonsq_bench"] else "go-nsq"
     return {"found": found, "library_workloads": library, "raw_workloads": raw, "reason": reason,
             "client_version": version}

@@ -1,6 +1,6 @@
 """Consumer: discovery, reconnects, RDY, backoff, handlers, batches and graceful stop.
 
-The rules are the NSQ client guide's (shared/peers.md lists where the peers break
+The rules are the NSQ client guide's (the peers' sources show where they break
 them). The :class:`Consumer` (``consumer``) owns the connections; what happens to each
 message is its dispatcher's (``dispatch``); what it knows of each partition is in
 ``partitions``; ``batch`` is what ``Consumer.batches()`` yields. The RDY and backoff

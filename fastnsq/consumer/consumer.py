@@ -65,7 +65,7 @@ __all__ = ["CONSUMER_DEFAULTS", "ConnectionStats", "Consumer", "StopReport"]
 
 logger = logging.getLogger(__name__)
 
-#: go-nsq's names and defaults (shared/peers.md §2), durations in seconds.
+#: go-nsq's names and defaults (go-nsq's ``config.go``), durations in seconds.
 CONSUMER_DEFAULTS: dict[str, Any] = {
     "max_in_flight": 1,
     "max_attempts": 5,

@@ -10,7 +10,7 @@ Three layers, each usable alone:
   the HTTP status, headers and body and return typed results; they know both
   answer forms (the bare v1 object and the legacy ``{"status_code", "status_txt",
   "data"}`` wrapper), the HA ``partitions``/``meta`` additions, ``null`` lists
-  and empty bodies (shared/protocol.md §8, §9.12, §11.6 item 17);
+  and empty bodies (upstream and youzan nsqlookupd's ``http.go``);
 * :class:`LookupdClient`, one aiohttp request per call, always with
   ``Accept: application/vnd.nsq; version=1.0``;
 * :class:`LookupdPoller`, which polls every lookupd concurrently, keeps the last

@@ -3,7 +3,7 @@
 The parsers take the HTTP status, headers and body and return typed results; they know
 both answer forms (the bare v1 object and the legacy ``{"status_code", "status_txt",
 "data"}`` wrapper), the HA ``partitions``/``meta`` additions, ``null`` lists and empty
-bodies (shared/protocol.md §8, §9.12, §11.6 item 17). No I/O here.
+bodies (upstream and youzan nsqlookupd's ``http.go``). No I/O here.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ _V1_HEADER = "x-nsq-content-type"
 
 # Texts of lookup errors that only mean "nobody has this topic (for this access mode)":
 # upstream's unknown topic, HA's etcd ErrKeyNotFound with access=w, and HA's
-# no-channel filter with access=w (shared/protocol.md §8, §9.12).
+# no-channel filter with access=w (upstream and youzan nsqlookupd's ``http.go``).
 _NO_PRODUCER_MESSAGES = ("TOPIC_NOT_FOUND", "Key not found")
 _NO_PRODUCER_PREFIX = "Topic has no channel"
 _HA_ONLY_MESSAGES = ("Key not found",)
@@ -96,7 +96,7 @@ class TopicMeta:
     """The HA topic meta an HA lookupd adds with ``metainfo=true`` (cluster mode only).
 
     ``extend_support`` says whether connections to this topic must set
-    ``extend_support`` in IDENTIFY (shared/protocol.md §11.6 item 15).
+    ``extend_support`` in IDENTIFY (youzan/nsq's ``nsqd/protocol_v2.go``).
     ``partition_num == 0`` means the lookupd did not find the meta.
     """
 

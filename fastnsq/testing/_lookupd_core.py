@@ -26,7 +26,7 @@ What it does, as upstream does it (nsqio/nsq ``nsqlookupd/``):
   ``/channel/create``, ``/channel/delete``, ``/topic/tombstone`` (POST), every
   answer in the v1 form (bare JSON, ``X-Nsq-Content-Type: nsq; version=1.0``,
   errors ``{"message": "..."}`` with the real status) whatever the ``Accept``
-  header says (shared/protocol.md §8); anything else is ``404 NOT_FOUND`` or
+  header says (nsqlookupd's ``http.go``); anything else is ``404 NOT_FOUND`` or
   ``405 METHOD_NOT_ALLOWED`` (so ``/listlookup`` is a 404, as upstream).
 
 Tests that run no nsqd can put producers in directly with :meth:`NSQLookupd.register_node`.
@@ -38,7 +38,7 @@ Example::
         node.register("events", "archive")
         # GET http://{lookupd.http_address}/lookup?topic=events now lists the node
 
-``NSQLookupd(ha=True)`` is youzan's HA lookupd instead (shared/protocol.md §9.12,
+``NSQLookupd(ha=True)`` is youzan's HA lookupd instead (youzan nsqlookupd's ``http.go``,
 ``_lookupd_ha``): ``REGISTER topic partition [channel]``, answers in the
 negotiated form, ``/lookup`` with ``partitions`` (and ``meta``), ``/listlookup``.
 """

@@ -1,4 +1,4 @@
-"""The HA dialect of the embedded nsqlookupd: youzan's partitioned lookupd (shared/protocol.md §9.12).
+"""The HA dialect of the embedded nsqlookupd: youzan's partitioned lookupd (youzan nsqlookupd's ``http.go``).
 
 One job: answer what youzan's ``nsqlookupd`` (``0.3.7-HA.1.13.0``) answers:
 

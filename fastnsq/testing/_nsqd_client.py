@@ -1,7 +1,7 @@
 """One client connection of the embedded nsqd: protocol V2 as nsqd 1.3 speaks it.
 
 Every command, check and error text follows nsqio/nsq ``nsqd/protocol_v2.go`` and
-``nsqd/client_v2.go`` (and the captures in shared/captures): the magic, IDENTIFY
+``nsqd/client_v2.go`` (and the recordings in tests/captures): the magic, IDENTIFY
 with its validation and its exact JSON answer, the TLS / snappy / deflate upgrades,
 AUTH against an auth HTTP server, SUB/RDY/FIN/REQ/TOUCH/CLS/NOP, PUB/MPUB/DPUB,
 heartbeats and the read deadline (2 x heartbeat interval), and output buffering

@@ -98,7 +98,7 @@ MALFORMED_FRAMES: dict[str, bytes] = {
 _PUBLISH_COMMANDS = frozenset(
     {b"PUB", b"MPUB", b"DPUB", b"PUB_TRACE", b"MPUB_TRACE", b"PUB_EXT", b"MPUB_EXT"}
 )
-# The server's own rules (shared/protocol.md §6), kept apart from the client's copy so
+# The server's own rules (nsq's TCP protocol spec, youzan/nsq's ``nsqd/protocol_v2.go``), kept apart from the client's copy so
 # that a test of the client is not checked against the client's own belief.
 _NON_FATAL_UPSTREAM = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 _NON_FATAL_HA = _NON_FATAL_UPSTREAM | {
@@ -229,7 +229,7 @@ class Faults:
         The command is not executed (a failed PUB publishes nothing, a failed FIN
         leaves the message in flight). ``fatal`` says whether the server closes the
         connection after the error frame; by default it follows the dialect's rule for
-        that code (shared/protocol.md §6; on HA a NOT_LEADER answering a publish is not
+        that code (nsqd's ``protocol_v2.go``; on HA a NOT_LEADER answering a publish is not
         fatal).
         """
         if not command or not isinstance(command, str):

@@ -1,4 +1,4 @@
-"""The HA dialect of the embedded nsqd: youzan's "redesigned NSQ", as shared/protocol.md §9-11 describe it.
+"""The HA dialect of the embedded nsqd: youzan's "redesigned NSQ", as youzan/nsq's source has it.
 
 One job: speak what a youzan nsqd (``0.3.7-HA.1.13.0``) speaks, byte for byte where
 the protocol notes show it, on top of the upstream server of ``_nsqd_client`` and

@@ -12,7 +12,7 @@ start position, ``<type>:<value>``, applied whatever clients the channel has).
 Answers follow youzan's content negotiation: with ``Accept: application/vnd.nsq;
 version=1.0`` the bare answer and ``X-Nsq-Content-Type``, otherwise the legacy
 wrapper ``{"status_code","status_txt","data"}`` in which every error is a 500
-(shared/protocol.md §9.12); the routes youzan declares v1-only always answer bare.
+(youzan nsqlookupd's ``http.go``); the routes youzan declares v1-only always answer bare.
 """
 
 from __future__ import annotations

@@ -335,7 +335,7 @@ async def is_ha(server: object, *, timeout: float = 5.0) -> bool:
     """Whether ``server`` speaks the HA (youzan) dialect.
 
     Embedded servers and clusters say so (``.ha``); a real nsqd is asked with an
-    IDENTIFY (HA when its ``version`` contains ``"HA"``, shared/protocol.md §11.6),
+    IDENTIFY (HA when its ``version`` contains ``"HA"``, youzan/nsq's ``nsqd/protocol_v2.go``),
     a real lookupd with ``/info``. The answer is cached on the object.
     """
     if isinstance(server, (ExternalNSQD, ExternalLookupd)):

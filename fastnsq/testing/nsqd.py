@@ -1,7 +1,7 @@
 """An embedded nsqd for tests: an in-process asyncio server that behaves like nsqd 1.3.
 
 :class:`NSQD` speaks the TCP protocol V2 of nsqio/nsq 1.3 byte for byte (the answers
-recorded from a real nsqd 1.3.0 in shared/captures replay identically, see
+recorded from a real nsqd 1.3.0 in tests/captures replay identically, see
 tests/test_captures_replay.py) and its HTTP API, and registers with nsqlookupd over
 lookupd's TCP protocol. It is what fastnsq's own test suite, its demo and its users'
 tests run against when no real nsqd is around.
@@ -22,7 +22,7 @@ Example::
         ...
 
 ``NSQD(ha=True)`` speaks the HA dialect instead (youzan's "redesigned NSQ",
-shared/protocol.md §9-11; see ``_nsqd_ha``): partitioned topics created with
+youzan/nsq's source; see ``_nsqd_ha``): partitioned topics created with
 ``INTERNAL_CREATE_TOPIC`` or :meth:`NSQD.create_topic`, binary ids, ordered and
 traced subscriptions, traced and ext publishing, its error codes. Faults are injected
 through :attr:`NSQD.faults` and :attr:`NSQD.refuse_connections` (see ``_nsqd_faults``).

@@ -257,7 +257,7 @@ class NSQLookupdProcess(ServerProcess):
 def _executable(path: str | os.PathLike[str]) -> Path:
     found = Path(path).expanduser()
     if not (found.is_file() and os.access(found, os.X_OK)):
-        raise ServerProcessError(f"no executable {found} (build the real servers: ../shared/real-servers)")
+        raise ServerProcessError(f"no executable {found} (how to get real servers: fastnsq's docs/testing.md, 'Getting the binaries')")
     return found
 
 

@@ -17,8 +17,8 @@ from ``nsqd --help``: nsq master has ``--topology-zone``, the released 1.3.0 doe
     python -m fastnsq.testing.real ~/nsq-real/ha/bin --ha -- python -m pytest tests/test_ha.py
 
 starts youzan's HA cluster instead (:class:`RealHACluster`): etcd from PATH, a youzan
-nsqlookupd and three youzan nsqd with the cluster coordinator (the flags of
-../shared/real-servers/run-youzan-cluster.sh), plus one youzan nsqd without a
+nsqlookupd and three youzan nsqd with the cluster coordinator (etcd's v2 API, loopback
+broadcast), plus one youzan nsqd without a
 coordinator, the single nsqd of ``FASTNSQ_TEST_NSQD`` (a cluster node refuses the
 ``INTERNAL_CREATE_TOPIC`` that single-node tests create topics with).
 """
@@ -78,7 +78,7 @@ class RealServerError(RuntimeError):
 def binary(bin_dir: Path, name: str) -> Path:
     path = bin_dir / name
     if not (path.is_file() and os.access(path, os.X_OK)):
-        raise RealServerError(f"no executable {name} in {bin_dir} (build the real servers: ../shared/real-servers)")
+        raise RealServerError(f"no executable {name} in {bin_dir} (how to get real servers: fastnsq's docs/testing.md, 'Getting the binaries')")
     return path
 
 
@@ -394,8 +394,8 @@ class _Node:
 class RealHACluster:
     """etcd + youzan nsqlookupd + ``nsqds`` youzan nsqd in cluster mode, on loopback.
 
-    The flags are those of ../shared/real-servers/run-youzan-cluster.sh (etcd's v2 API,
-    ``--broadcast-interface=lo``, lookupd ``--allow-write-with-nochannels=true``, nsqd
+    The flags (etcd's v2 API, which etcd 3.4 turns off by default;
+    ``--broadcast-interface=lo``, as the default interface is eth0; lookupd ``--allow-write-with-nochannels=true``, nsqd
     ``--lookup-ping-interval=5s``). ``standalone`` adds one youzan nsqd without the
     coordinator (no ``--rpc-port``, no etcd): what a single-node HA test talks to.
     Ports are the kernel's choice, or ``base_port`` and the ones after it (29 for

@@ -3,10 +3,13 @@
 Two recordings of the same conversations, one per upstream version:
 
 * ``master``: nsq master 3103474b (reports 1.3.0, adds the topology fields), in
-  ``../shared/captures/nsqd-1.3.0`` (read-only, next to the project);
-* ``v1.3.0``: the released nsqd v1.3.0 (tag v1.3.0), in ``tests/captures/nsqd-v1.3.0``,
-  recorded by ``tests/captures/record.py`` (``python3 dev.py captures --real BIN_DIR``),
-  which replays the client side of the master recording against the released server.
+  ``tests/captures/nsqd-master``;
+* ``v1.3.0``: the released nsqd v1.3.0 (tag v1.3.0), in ``tests/captures/nsqd-v1.3.0``.
+
+Both are made by ``tests/captures/record.py`` (``python3 dev.py captures --real BIN_DIR``,
+which tells the two servers apart and writes the matching folder): it replays the client
+side of the master recording against the server. ``tests/captures/README.md`` says which
+server, commit and command made each folder.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from fastnsq.testing.nsqd import MASTER, RELEASED
 HERE = Path(__file__).resolve().parent
 #: Where each version's recording lives.
 DIRECTORIES = {
-    MASTER: HERE.parents[1].parent / "shared" / "captures" / "nsqd-1.3.0",
+    MASTER: HERE / "nsqd-master",
     RELEASED: HERE / "nsqd-v1.3.0",
 }
 #: The recording that the client side of every conversation comes from.

@@ -1,14 +1,15 @@
-"""Record the conversations from a real nsqd: the released v1.3.0's answers to the master recording's client side.
+"""Record the conversations from a real nsqd: its answers to the master recording's client side.
 
     python -m tests.captures.record --nsqd-tcp 127.0.0.1:4150 --nsqd-http 127.0.0.1:4151 \\
         --lookupd-http 127.0.0.1:4161 --out tests/captures/nsqd-v1.3.0 --server "nsqd v1.3.0"
 
 (``python3 dev.py captures --real BIN_DIR`` starts fresh servers from a folder of
-binaries and runs this.) The nsqd must be fresh: no topic yet, registered with the
-lookupd. Every scenario of ``../shared/captures/nsqd-1.3.0`` is replayed step by step
-(publish first, then consume, which reads what publish left, then the others), what
-the server answers is written in the same format (``../shared/captures/README.md``),
-and :mod:`http_requests` asks the HTTP questions last.
+binaries and runs this, into ``nsqd-v1.3.0`` or ``nsqd-master`` by the server it finds.)
+The nsqd must be fresh: no topic yet, registered with the lookupd. Every scenario of the
+reference recording (``--reference``, by default ``tests/captures/nsqd-master``) is
+replayed step by step (publish first, then consume, which reads what publish left, then
+the others), what the server answers is written in the same format
+(``tests/captures/README.md``), and :mod:`http_requests` asks the HTTP questions last.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from . import CAPTURES, http_requests, load, scenario_names
+from . import CAPTURES, http_requests
 from .wire import FRAME_MESSAGE, Conversation, expected_frames, split_frames
 
 FIRST = ["publish", "consume"]
@@ -50,9 +51,17 @@ def _frames_for_reading(data: bytes) -> list[dict[str, Any]]:
     return out
 
 
-async def record_scenario(name: str, nsqd_tcp: str, server: str) -> dict[str, Any]:
-    """Replay the client side of scenario ``name`` and return the new recording."""
-    reference = load(name)
+def _reference_names(reference: Path) -> list[str]:
+    return sorted(p.stem for p in reference.glob("*.json") if p.stem != "http")
+
+
+def _load_reference(reference: Path, name: str) -> dict[str, Any]:
+    recording: dict[str, Any] = json.loads((reference / f"{name}.json").read_text())
+    return recording
+
+
+async def record_scenario(reference: dict[str, Any], name: str, nsqd_tcp: str, server: str) -> dict[str, Any]:
+    """Replay the client side of ``reference`` (scenario ``name``) and return the new recording."""
     wanted = iter(expected_frames(reference))
     conversation = await Conversation.open(nsqd_tcp, reference)
     steps: list[dict[str, Any]] = []
@@ -72,20 +81,26 @@ async def record_scenario(name: str, nsqd_tcp: str, server: str) -> dict[str, An
             steps.append(entry)
     finally:
         await conversation.close()
+    note = reference.get("note", "").split(" [recorded from ")[0]
     return {
         "scenario": name,
-        "note": f"{reference.get('note', '')} [recorded from {server} by tests/captures/record.py, "
-        f"replaying the client side of shared/captures/nsqd-1.3.0/{name}.json]",
+        "note": f"{note} [recorded from {server} by tests/captures/record.py, "
+        f"replaying the client side of tests/captures/nsqd-master/{name}.json]",
         "variable": reference.get("variable", []),
         "steps": steps,
     }
 
 
-async def record(nsqd_tcp: str, nsqd_http: str, lookupd_http: str, out: Path, server: str) -> None:
+async def record(
+    nsqd_tcp: str, nsqd_http: str, lookupd_http: str, out: Path, server: str, reference: Path = CAPTURES
+) -> None:
+    # Every reference scenario is read before the first write: --out may be the reference itself.
+    scenarios = _reference_names(reference)
+    references = {name: _load_reference(reference, name) for name in scenarios}
     out.mkdir(parents=True, exist_ok=True)
-    names = FIRST + [n for n in scenario_names() if n not in FIRST]
+    names = FIRST + [n for n in scenarios if n not in FIRST]
     for name in names:
-        recording = await record_scenario(name, nsqd_tcp, server)
+        recording = await record_scenario(references[name], name, nsqd_tcp, server)
         (out / f"{name}.json").write_text(json.dumps(recording, indent=1) + "\n")
         print(f"recorded {name}: {sum('recv' in s for s in recording['steps'])} answers", flush=True)
     answers = await http_requests.run(nsqd_tcp, nsqd_http, lookupd_http)
@@ -100,10 +115,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lookupd-http", required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--server", default="a real nsqd", help="what to call the server in the notes")
+    parser.add_argument("--reference", type=Path, default=CAPTURES,
+                        help="the recording whose client side is replayed (default: %(default)s)")
     args = parser.parse_args(argv)
-    if not CAPTURES.is_dir():
-        parser.error(f"the reference recording {CAPTURES} is missing")
-    asyncio.run(record(args.nsqd_tcp, args.nsqd_http, args.lookupd_http, args.out, args.server))
+    if not args.reference.is_dir():
+        parser.error(f"the reference recording {args.reference} is missing")
+    asyncio.run(record(args.nsqd_tcp, args.nsqd_http, args.lookupd_http, args.out, args.server, args.reference))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 // yz_driver: youzan/go-nsq's Consumer and Producer, driven by fastnsq's interop tests and benchmarks.
 //
 // Built in GOPATH mode against youzan/go-nsq's public source (v1.7.2-HA, as
-// ../shared/real-servers/build-youzan.sh extracts it), outside the checkout; see bench/yz_driver.py.
+// a GOPATH holding youzan/go-nsq v1.7.2-HA and its dependencies), outside the checkout; see bench/yz_driver.py.
 //
 // Modes (one JSON object per line on stdout):
 //
