@@ -92,13 +92,15 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     """Planted faults in a scratch tree are found: the two checks above can fail."""
     (tmp_path / "tests" / "deep").mkdir(parents=True)
     (tmp_path / "docs").mkdir()
+    # Spelled apart, or the checks would find them in this very file.
+    beside, here = "../" + "shared", "Path(__" + "file__)"
     planted = {
-        "tests/beside.py": 'CAPTURES = ROOT / "../shared/captures"\n',
-        "tests/climb.py": 'DATA = Path(__file__).resolve().parents[1].parent / "data"\n',
-        "tests/deep/climb.py": "DATA = Path(__file__).parents[3]\n",
-        "docs/page.md": "Build them with shared/real-servers/build-nsq.sh.\n",
-        "tests/inside.py": "ROOT = Path(__file__).resolve().parents[1]\nHERE = Path(__file__).parent\n",
-        "tests/deep/inside.py": "ROOT = Path(__file__).parents[2]\n",
+        "tests/beside.py": f'CAPTURES = ROOT / "{beside}/captures"\n',
+        "tests/climb.py": f'DATA = {here}.resolve().parents[1].parent / "data"\n',
+        "tests/deep/climb.py": f"DATA = {here}.parents[3]\n",
+        "docs/page.md": f"Build them with {beside[3:]}/real-servers/build-nsq.sh.\n",
+        "tests/inside.py": f"ROOT = {here}.resolve().parents[1]\nHERE = {here}.parent\n",
+        "tests/deep/inside.py": f"ROOT = {here}.parents[2]\n",
         "prometheus_client-0.26.0-py3-none-any.whl": "PK",
         "tests/nsqd": "\x7fELF\x02\x01\x01",
     }
