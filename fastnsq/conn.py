@@ -25,6 +25,7 @@ import itertools
 import json
 import logging
 import ssl
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -117,8 +118,9 @@ class Connection(asyncio.BufferedProtocol):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._transport: asyncio.Transport | None = None
         self._pending: deque[tuple[asyncio.Future[Any], int]] = deque()
-        # When commands went out, for expire_pending(): (commands expected up to then, loop time of
-        # the write), one entry per write rather than per command, and nothing kept once answered.
+        # When commands went out, for expire_pending() and the round trips: (commands expected up to
+        # then, time.perf_counter() of the write), one entry per write rather than per command, and
+        # nothing kept once answered. Not the loop's clock: uvloop's is in ms, cached per pass.
         self._answered = 0  # commands popped from _pending so far
         self._marked = 0  # _answered + len(_pending) at the last mark
         self._expired_upto = 0  # commands up to here were already failed by expire_pending()
@@ -668,17 +670,17 @@ class Connection(asyncio.BufferedProtocol):
             marks = self._write_marks
             while marks and marks[0][0] <= self._answered:
                 marks.popleft()  # everything written up to it has been answered
-            marks.append((expected, self._loop.time()))
+            marks.append((expected, time.perf_counter()))
 
     def _observe_round_trip(self) -> None:
         marks = self._write_marks
         if marks and marks[0][0] <= self._answered and self.round_trip_observer is not None:
             written = marks.popleft()[1]
-            assert self._loop is not None
-            self.round_trip_observer(self._loop.time() - written)
+            self.round_trip_observer(time.perf_counter() - written)
 
     def expire_pending(self, written_before: float, error: Callable[[], BaseException]) -> int:
-        """Fail (with ``error()``) the commands written before loop time ``written_before`` that
+        """Fail (with ``error()``) the commands written before ``written_before`` (a
+        ``time.perf_counter()`` reading, the clock of the write marks) that
         nsqd has not answered; returns how many. Their answers, if they still come, are ignored.
 
         nsqd answers in command order, so these are the oldest ones; the producer calls this

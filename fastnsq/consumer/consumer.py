@@ -303,7 +303,8 @@ class Consumer:
             link.fast = False  # every answer now goes through the dispatcher, which watches the drain
         self._dispatch.on_answer_while_stopping = self._answered_while_stopping
         assert self._loop is not None
-        started = self._loop.time()
+        # The deadline on the loop's clock; the duration on a real one (uvloop's is in ms, cached per pass).
+        started, measured_from = self._loop.time(), time.perf_counter()
         finished0, requeued0 = self.total_finished, self.total_requeued
         for task in list(self._reconnecting.values()):
             task.cancel()
@@ -338,7 +339,7 @@ class Consumer:
         self._running = False
         report.finished = self.total_finished - finished0
         report.requeued = self.total_requeued - requeued0
-        report.duration = self._loop.time() - started
+        report.duration = time.perf_counter() - measured_from
         return report
 
     def _answered_while_stopping(self) -> None:
@@ -489,8 +490,7 @@ class Consumer:
             backoff_level=self._rdy.backoff_level,
             duplicates_dropped=self.duplicates_dropped,
             reconnects=self.reconnects,
-            finish_dropped=self._dispatch.finish_dropped,
-            requeue_dropped=self._dispatch.requeue_dropped,
+            finish_dropped=self._dispatch.finish_dropped, requeue_dropped=self._dispatch.requeue_dropped,
             errors=dict(self._errors),
             connections=tuple(self._connection_stats(link) for link in links),
         )

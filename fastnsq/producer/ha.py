@@ -17,6 +17,7 @@ and what they change:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -85,14 +86,14 @@ class HAProducer:
 
     # ---- the per-node figures ------------------------------------------------------------
 
-    def timed(self, address: str, future: asyncio.Future[Any], loop: asyncio.AbstractEventLoop) -> None:
+    def timed(self, address: str, future: asyncio.Future[Any]) -> None:
         """Record the round trip of the command ``future`` answers, when it is answered."""
-        sent = loop.time()
-        future.add_done_callback(lambda done: self._answered(address, sent, loop, done))
+        sent = time.perf_counter()  # a real clock: uvloop's loop.time() is in ms, cached per pass
+        future.add_done_callback(lambda done: self._answered(address, sent, done))
 
-    def _answered(self, address: str, sent: float, loop: asyncio.AbstractEventLoop, done: asyncio.Future[Any]) -> None:
+    def _answered(self, address: str, sent: float, done: asyncio.Future[Any]) -> None:
         if not done.cancelled() and done.exception() is None:
-            self.loads.record(address, loop.time() - sent)
+            self.loads.record(address, time.perf_counter() - sent)
 
     def node_stats(self) -> dict[str, NodeStats]:
         """go-nsq's ``TopicProducerMgr.Stat()``: each nsqd's pending commands and average round trip."""

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import logging
 import random
+import time
 from collections.abc import Callable
 
 from ..config import ConnectionOptions, LoggerLike
@@ -236,8 +237,7 @@ class ConnectionPool:
 
     def _sweep(self) -> None:
         """Fail commands unanswered for publish_timeout (each connection knows when it wrote them)."""
-        assert self._loop is not None
-        cutoff = self._loop.time() - self.publish_timeout
+        cutoff = time.perf_counter() - self.publish_timeout  # the clock of the connections' write marks
         for conn in self.open:
             conn.expire_pending(cutoff, self._timeout_error)
         self._sweeper = None

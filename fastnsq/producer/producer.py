@@ -572,7 +572,7 @@ class Producer:
                     else:
                         conn = await self._pool.connection_for(target[0], deadline)
                         future = send(conn, target[1])
-                        self._ha.timed(conn.address, future, self._loop)
+                        self._ha.timed(conn.address, future)
                     result = await self._await_answer(future, deadline, timeout is not None)
                     if send is not None:
                         self.published += messages
@@ -614,8 +614,7 @@ class Producer:
     def _flush_batches(self, batches: dict[Any, Any]) -> None:
         """Once per loop pass (called by the coalescer): one PUB or MPUB per batch."""
         self._router.new_pass()  # the next pass takes the next partition
-        ha, loop = self._ha, self._loop
-        assert loop is not None
+        ha = self._ha
         for key, batch in batches.items():
             if type(key) is str:
                 topic, address, pid = key, None, None
@@ -640,7 +639,7 @@ class Producer:
                         unsent.fail(exc)
                     break
                 sent.add_done_callback(part.resolve)
-                ha.timed(conn.address, sent, loop)
+                ha.timed(conn.address, sent)
             if len(batch) >= _FLUSH_AT or batch.nbytes >= _FLUSH_BYTES:
                 conn.flush()  # a full batch: let nsqd start on it while this pass goes on
 

@@ -1,0 +1,110 @@
+"""Durations reported to users are measured with a real clock, not the event loop's.
+
+uvloop's ``loop.time()`` is libuv's loop time: milliseconds, cached once per loop pass.
+A publish round trip on loopback (well under a millisecond) measured with it reads 0.0,
+or 0.001 when a tick falls in between (issue 36). These tests run on uvloop, through
+``fastnsq.run``, against the embedded nsqd started on that loop, or the real one of
+``FASTNSQ_TEST_NSQD`` (``python -m fastnsq.testing.real BIN_DIR -- pytest ...``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+
+import fastnsq
+from fastnsq import Consumer, Producer
+from fastnsq.testing import NSQD, external_nsqd_from_env, external_servers_configured
+
+from .helpers import unique
+
+uvloop = pytest.importorskip("uvloop", reason="the millisecond loop clock is uvloop's")
+
+T = TypeVar("T")
+PUBLISHES = 20
+
+
+@contextlib.asynccontextmanager
+async def nsqd_address() -> AsyncIterator[str]:
+    """The real nsqd when one is configured, else an embedded one on the running loop."""
+    external = external_nsqd_from_env()
+    if external is not None:
+        yield external.tcp_address
+        return
+    if external_servers_configured():
+        pytest.skip("real servers are configured, but no nsqd")
+    async with NSQD() as nsqd:
+        yield nsqd.tcp_address
+
+
+def on_uvloop(scenario: Callable[[str], Awaitable[T]]) -> T:
+    async def main() -> T:
+        assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
+        async with nsqd_address() as address:
+            return await scenario(address)
+
+    return fastnsq.run(main())
+
+
+def is_whole_milliseconds(seconds: float) -> bool:
+    """What a difference of two readings of a millisecond clock looks like (to float error)."""
+    return abs(seconds * 1000 - round(seconds * 1000)) < 1e-6
+
+
+def test_publish_round_trips_are_timed_below_a_millisecond() -> None:
+    async def scenario(address: str) -> list[float]:
+        observed: list[float] = []
+        async with Producer([address]) as producer:
+            producer.set_round_trip_observer(observed.append)
+            topic = unique("rtt")
+            for i in range(PUBLISHES):  # one at a time: one write, one answer, one observation each
+                await producer.publish(topic, b"%d" % i)
+        return observed
+
+    observed = on_uvloop(scenario)
+    assert len(observed) == PUBLISHES
+    assert all(0 < seconds < 0.005 for seconds in observed), observed
+    assert not all(is_whole_milliseconds(seconds) for seconds in observed), observed
+
+
+def test_publish_round_trip_histogram_has_a_real_sum() -> None:
+    prometheus_client = pytest.importorskip("prometheus_client", reason="metrics need the 'metrics' extra")
+    from fastnsq.metrics import NSQMetrics
+
+    registry = prometheus_client.CollectorRegistry()
+
+    async def scenario(address: str) -> None:
+        metrics = NSQMetrics(registry)
+        async with Producer([address]) as producer:
+            metrics.track(producer, name="rtt")
+            for i in range(3):
+                await producer.publish(unique("rtt"), b"%d" % i)
+
+    on_uvloop(scenario)
+    get = registry.get_sample_value
+    labels = {"producer": "rtt"}
+    assert get("nsq_producer_publish_round_trip_seconds_count", labels) == 3
+    total = get("nsq_producer_publish_round_trip_seconds_sum", labels)
+    assert 0 < total < 3 * 0.005 and not is_whole_milliseconds(total)
+    assert get("nsq_producer_publish_round_trip_seconds_bucket", {**labels, "le": "0.005"}) == 3
+
+
+def test_stop_report_duration_is_not_whole_milliseconds() -> None:
+    async def scenario(address: str) -> Any:
+        topic = unique("stop")
+        async with Producer([address]) as producer:
+            await producer.publish(topic, b"one")
+        got: list[bytes] = []
+        consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[address], handler=lambda m: got.append(m.body))
+        await consumer.start()
+        while not got:
+            await asyncio.sleep(0.01)
+        return await consumer.stop()
+
+    durations = [on_uvloop(scenario).duration for _ in range(3)]
+    assert all(0 < d < 5 for d in durations), durations
+    assert not all(is_whole_milliseconds(d) for d in durations), durations
