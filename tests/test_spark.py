@@ -407,6 +407,7 @@ def test_runtime_bookkeeping_is_session_aware_and_drops_redeliveries() -> None:
     class FakeMessage:
         def __init__(self, mid: bytes) -> None:
             self.id = mid
+            self.partition = None  # upstream nsqd: the id alone is the key
             self.has_responded = False
             self.answers: list[str] = []
 

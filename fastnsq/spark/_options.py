@@ -234,6 +234,10 @@ class SourceOptions:
             auto_touch=True,
             max_backoff_duration=0,  # the source never requeues with backoff
         )
+        if self.ha:
+            # SUB_ADVANCED: every HA message then carries its queue offset (the `offset`
+            # column); a plain SUB delivers it without one.
+            kwargs["enable_trace"] = True
         if self.msg_timeout_ms is not None:
             kwargs["msg_timeout"] = self.msg_timeout_ms / 1000
         return kwargs

@@ -10,11 +10,12 @@ Bookkeeping, all on the loop thread:
 
 * ``buffer``: delivered, not yet part of a batch;
 * ``sealed``: part of a batch (``seq`` numbers ``base .. next_seq-1``), not FINed;
-* ``held``: message id -> its first delivery (the row), and ``redelivered``: id ->
-  later deliveries. A redelivery of an id still held (its timeout passed during a
+* ``held``: message key -> its first delivery (the row), and ``redelivered``: key ->
+  later deliveries. A redelivery of a key still held (its timeout passed during a
   stall, or its connection was replaced) does not become a new row: it is answered
   with the first, newest first, so the FIN/REQ reaches the delivery nsqd currently
-  has in flight.
+  has in flight. The key is (partition, id): an HA nsqd numbers the messages of each
+  partition from 1, so partitions share ids (upstream: partition None, the id alone).
 
 The offsets Spark checkpoints are ``{"session": <this process>, "seq": n}``:
 a batch whose end belongs to another session was planned by a process that is
@@ -54,6 +55,7 @@ __all__ = ["SIGTERM_EXIT_CODE", "SourceRuntime"]
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+MessageKey = tuple[int | None, bytes]  # (partition, id)
 SIGTERM_EXIT_CODE = 128 + signal.SIGTERM
 _START_TIMEOUT = 60.0
 _CALL_TIMEOUT = 120.0
@@ -61,7 +63,10 @@ _SHUTDOWN_TIMEOUT = 15.0  # CLS, CLOSE_WAIT, REQ and close; past it the process 
 _PARENT_CHECK_INTERVAL = 1.0
 _HTTP_TIMEOUT = 10.0
 _TAKE_AT_ONCE = 100_000  # messages taken from the consumer per loop pass, at most
-_ID = attrgetter("id")
+# (partition, id): HA ids are unique only within a partition (youzan's nsqd and the
+# embedded one number each partition's messages 1, 2, ...); keyed by the id alone,
+# partition 1's messages were taken for redeliveries of partition 0's and dropped.
+_KEY = attrgetter("partition", "id")
 
 
 class SourceRuntime:
@@ -82,8 +87,8 @@ class SourceRuntime:
         self.buffer: deque[Any] = deque()
         self.sealed: list[Any] = []  # sealed[i] has seq base + i
         self.base = 0
-        self.held: dict[bytes, Any] = {}  # id -> its first delivery, the row
-        self.redelivered: dict[bytes, list[Any]] = {}  # id -> later deliveries of a held id
+        self.held: dict[MessageKey, Any] = {}  # (partition, id) -> its first delivery, the row
+        self.redelivered: dict[MessageKey, list[Any]] = {}  # key -> later deliveries of a held key
         self.arrived = threading.Event()  # set by the loop thread when the buffer grows
         self._arrived_flag = False
         self.redeliveries_dropped = 0
@@ -106,6 +111,8 @@ class SourceRuntime:
             return
         self._started = True
         self._delivery_cap = delivery_cap
+        if self.options.ha:
+            warn_of_new_ha_channel(self.options)  # before the SUB that would create it
         self._thread.start()
         future = asyncio.run_coroutine_threadsafe(self._start_consumer(), self.loop)
         try:
@@ -256,18 +263,18 @@ class SourceRuntime:
     # ---- messages (loop thread) -------------------------------------------------------
 
     def _on_messages(self, messages: list[Any]) -> None:
-        """Messages delivered together: rows, unless an id is held already (then one by one)."""
+        """Messages delivered together: rows, unless a key is held already (then one by one)."""
         held = self.held
-        ids = list(map(_ID, messages))
+        keys = list(map(_KEY, messages))
         before = len(held)
-        if not held.keys().isdisjoint(ids):
+        if not held.keys().isdisjoint(keys):
             for message in messages:
                 self._on_message(message)
             return
-        held.update(zip(ids, messages))
-        if len(held) != before + len(ids):  # an id twice in this lot: undo, then one by one
-            for mid in ids:
-                held.pop(mid, None)
+        held.update(zip(keys, messages))
+        if len(held) != before + len(keys):  # a key twice in this lot: undo, then one by one
+            for key in keys:
+                held.pop(key, None)
             for message in messages:
                 self._on_message(message)
             return
@@ -275,12 +282,12 @@ class SourceRuntime:
         self._after_arrival()
 
     def _on_message(self, message: Any) -> None:
-        mid = message.id
+        key = _KEY(message)
         held = self.held
-        if mid in held:
-            self._redelivered(mid, message)
+        if key in held:
+            self._redelivered(key, message)
             return
-        held[mid] = message
+        held[key] = message
         self.buffer.append(message)
         self._after_arrival()
 
@@ -291,10 +298,10 @@ class SourceRuntime:
             self._arrived_flag = True
             self.arrived.set()
 
-    def _redelivered(self, mid: bytes, message: Any) -> None:
-        """An id still held came again (its timeout passed in a stall, or its connection was
+    def _redelivered(self, key: MessageKey, message: Any) -> None:
+        """A key still held came again (its timeout passed in a stall, or its connection was
         replaced): no second row; it is answered with the first delivery, newest first."""
-        self.redelivered.setdefault(mid, []).append(message)
+        self.redelivered.setdefault(key, []).append(message)
         self.redeliveries_dropped += 1
 
     @property
@@ -344,9 +351,10 @@ class SourceRuntime:
         self.base += count
         held, redelivered = self.held, self.redelivered
         for message in done:
-            held.pop(message.id, None)
+            key = _KEY(message)
+            held.pop(key, None)
             if redelivered:  # the delivery nsqd has in flight now is the newest
-                finish_all(reversed(redelivered.pop(message.id, ())))
+                finish_all(reversed(redelivered.pop(key, ())))
         finish_all(done)
         self.finished += count
         if self._delivery_cap is not None:
@@ -511,27 +519,81 @@ def _create_channel(http_address: str, topic: str, channel: str) -> None:
             raise
 
 
-def _channel_stats(http_address: str, topic: str, channel: str) -> dict[str, int]:
-    """Of ``topic/channel`` on one nsqd (``GET /stats``): the channel's depth, in-flight count
-    and consumers, and the topic's depth (messages not yet moved into its channels; with no
-    channel yet, all of them: nsqd gives them to the first channel).
-    """
+def _topic_entries(http_address: str, topic: str) -> list[dict[str, Any]]:
+    """``topic``'s entries in one nsqd's ``GET /stats`` (one per partition it holds on an HA nsqd)."""
     url = f"{_base_url(http_address)}/stats?format=json&topic={quote(topic)}"
     request = urllib.request.Request(url, headers={"Accept": "application/vnd.nsq; version=1.0"})
     with urllib.request.urlopen(request, timeout=_HTTP_TIMEOUT) as response:
         payload = json.loads(response.read())
     if isinstance(payload, dict) and "data" in payload and "topics" not in payload:
         payload = payload["data"]  # nsqd before 1.0 wrapped every answer
+    return [entry for entry in payload.get("topics") or () if entry.get("topic_name") == topic]
+
+
+def _find_channel(entry: dict[str, Any], channel: str) -> dict[str, Any] | None:
+    for chan in entry.get("channels") or ():
+        if chan.get("channel_name") == channel:
+            return dict(chan)
+    return None
+
+
+def _client_count(chan: dict[str, Any]) -> int:
+    clients = chan.get("client_count", chan.get("client_num"))  # upstream's name, then youzan's
+    return int(clients) if clients is not None else len(chan.get("clients") or ())
+
+
+def _channel_stats(http_address: str, topic: str, channel: str) -> dict[str, int]:
+    """Of ``topic/channel`` on one nsqd (``GET /stats``): the channel's depth, in-flight count
+    and consumers, and the topic's depth (messages not yet moved into its channels; with no
+    channel yet, all of them: nsqd gives them to the first channel).
+
+    On an HA nsqd the node lists every partition it holds: the ones it leads are summed
+    (``clients`` is the most any one has); a replica's entry is skipped, its leader counts
+    it. An HA topic has no queue of its own (its channels read the partition's log, and
+    youzan's topic ``depth`` is in bytes), so ``topic_depth`` stays 0 there.
+    """
     found = {"depth": 0, "in_flight": 0, "clients": 0, "topic_depth": 0}
-    for entry in payload.get("topics") or ():
-        if entry.get("topic_name") != topic:
+    for entry in _topic_entries(http_address, topic):
+        if entry.get("is_leader") is False:
             continue
-        found["topic_depth"] = int(entry.get("depth", 0))
-        for chan in entry.get("channels") or ():
-            if chan.get("channel_name") == channel:
-                clients = chan.get("client_count")
-                if clients is None:
-                    clients = len(chan.get("clients") or ())
-                found.update(depth=int(chan.get("depth", 0)), in_flight=int(chan.get("in_flight_count", 0)),
-                             clients=int(clients))
+        if "topic_partition" not in entry:
+            found["topic_depth"] += int(entry.get("depth", 0))
+        chan = _find_channel(entry, channel)
+        if chan is not None:
+            found["depth"] += int(chan.get("depth", 0))
+            found["in_flight"] += int(chan.get("in_flight_count", 0))
+            found["clients"] = max(found["clients"], _client_count(chan))
     return found
+
+
+def _partitions_without_channel(http_address: str, topic: str, channel: str) -> list[int]:
+    """The HA partitions this nsqd leads that have no ``channel`` yet (none on upstream nsqd)."""
+    return sorted(
+        int(entry["topic_partition"])
+        for entry in _topic_entries(http_address, topic)
+        if "topic_partition" in entry and entry.get("is_leader") is not False and _find_channel(entry, channel) is None
+    )
+
+
+def warn_of_new_ha_channel(options: SourceOptions) -> list[int]:
+    """Warn when the source's SUB is about to create its channel on partitions of an HA topic.
+
+    youzan's nsqd starts a new channel at the partition's end: the query reads only what is
+    published after it subscribed, and nothing else would tell (0 rows, no error).
+    Returns the partitions warned about. Without an HTTP address (``nsqd`` without
+    ``nsqdHttp``) there is nothing to ask, and no warning.
+    """
+    try:
+        missing = sorted({p for address in http_addresses(options)
+                          for p in _partitions_without_channel(address, options.topic, options.channel)})
+    except (NSQError, OSError, ValueError) as exc:
+        logger.debug("could not check whether channel %s exists: %s", options.channel, exc)
+        return []
+    if missing:
+        logger.warning(
+            "channel %r does not exist on partition(s) %s of HA topic %r: the subscription creates it "
+            "at each partition's end, so this query reads only messages published from now on "
+            "(create the channel before publishing, or read the backlog with readMode=offsets)",
+            options.channel, ", ".join(map(str, missing)), options.topic,
+        )
+    return missing
