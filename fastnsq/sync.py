@@ -20,11 +20,12 @@ import asyncio
 import concurrent.futures
 import signal
 import threading
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .config import check_range
+from .consumer import Batch, StopReport
 from .consumer import Consumer as AsyncConsumer
-from .consumer import StopReport
 from .errors import InvalidValueError
 from .loop import new_event_loop
 from .producer import Producer as AsyncProducer
@@ -192,30 +193,72 @@ class _ThreadSafeMessage:
     def __repr__(self) -> str:
         return repr(self._message)
 
-    def _on_loop(self, method: str, *args: Any) -> None:
-        done: concurrent.futures.Future[None] = concurrent.futures.Future()
-
-        def call() -> None:
-            try:
-                getattr(self._message, method)(*args)
-                done.set_result(None)
-            except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
-                done.set_exception(exc)
-
-        self._loop.call_soon_threadsafe(call)
-        done.result(30)
-
     def finish(self) -> None:
-        self._on_loop("finish")
+        _answer_on_loop(self._loop, self._message.finish)
 
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
-        self._on_loop("requeue", delay, backoff)
+        _answer_on_loop(self._loop, self._message.requeue, delay, backoff)
 
     def touch(self) -> None:
-        self._on_loop("touch")
+        _answer_on_loop(self._loop, self._message.touch)
 
     def disable_auto_response(self) -> None:
-        self._on_loop("disable_auto_response")
+        _answer_on_loop(self._loop, self._message.disable_auto_response)
+
+
+class _ThreadSafeBatch(Sequence[Any]):
+    """A :class:`fastnsq.Batch` handed to a plain thread: its messages are thread-safe, and
+    ``finish``/``requeue`` are written by the loop thread (still one write per connection)."""
+
+    __slots__ = ("_batch", "_loop")
+
+    def __init__(self, batch: Batch, loop: asyncio.AbstractEventLoop) -> None:
+        self._batch = batch
+        self._loop = loop
+
+    def __len__(self) -> int:
+        return len(self._batch)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [_ThreadSafeMessage(message, self._loop) for message in self._batch[index]]
+        return _ThreadSafeMessage(self._batch[index], self._loop)
+
+    def __iter__(self) -> Iterator[Any]:
+        return (_ThreadSafeMessage(message, self._loop) for message in self._batch.messages)
+
+    @property
+    def messages(self) -> list[Any]:
+        return list(self)
+
+    def finish(self) -> None:
+        """FIN every message not answered yet."""
+        _answer_on_loop(self._loop, self._batch.finish)
+
+    def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
+        """REQ every message not answered yet (backoff counts once per batch)."""
+        _answer_on_loop(self._loop, self._batch.requeue, delay, backoff)
+
+
+def _answer_on_loop(loop: asyncio.AbstractEventLoop, answer: Callable[..., None], *args: Any) -> None:
+    """Run a message's or a batch's answer on the loop thread, which owns the connections;
+    block until it ran and raise what it raised."""
+    done: concurrent.futures.Future[None] = concurrent.futures.Future()
+
+    def call() -> None:
+        try:
+            answer(*args)
+            done.set_result(None)
+        except BaseException as exc:  # noqa: BLE001 - handed back to the caller's thread
+            done.set_exception(exc)
+
+    try:
+        loop.call_soon_threadsafe(call)
+    except RuntimeError:
+        # The loop is closed: the consumer has stopped and requeued everything in flight, so
+        # no connection is touched (a batch skips answered messages; a message raises).
+        call()
+    done.result(30)
 
 
 class Consumer:
@@ -228,7 +271,8 @@ class Consumer:
     >>> consumer.run()          # blocks until stop() is called or SIGINT/SIGTERM arrives
 
     ``start()`` returns at once (the consumer runs in the background); ``stop()``
-    drains as :meth:`fastnsq.Consumer.stop` does and returns its report.
+    drains as :meth:`fastnsq.Consumer.stop` does and returns its report. Without a
+    ``handler``, iterate :meth:`batches` instead, from any thread.
     """
 
     def __init__(
@@ -236,13 +280,13 @@ class Consumer:
         topic: str,
         channel: str,
         *,
-        handler: Callable[[Any], Any],
+        handler: Callable[[Any], Any] | None = None,
         workers: int = 1,
         nsqd_tcp_addresses: str | Sequence[str] | None = None,
         lookupd_http_addresses: str | Sequence[str] | None = None,
         **options: Any,
     ) -> None:
-        if not callable(handler):
+        if handler is not None and not callable(handler):
             raise InvalidValueError("handler must be a callable taking one message")
         if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= 1024:
             raise InvalidValueError(f"workers must be an int in 1..1024, got {workers!r}")
@@ -254,16 +298,50 @@ class Consumer:
             channel,
             nsqd_tcp_addresses=nsqd_tcp_addresses,
             lookupd_http_addresses=lookupd_http_addresses,
-            handler=self._handle,
+            handler=None if handler is None else self._handle,
             **options,
         )
         self._thread: _LoopThread | None = None
-        self._stopped = threading.Event()
+        self._stopped = threading.Event()  # run() returns: stop() was called or a signal came
+        self._stop_lock = threading.Lock()  # one drain; a second stop() waits for its report
+        self._closed = False  # the loop is gone: calls read the consumer directly
         self._report: StopReport | None = None
+        # A second signal hurries the drain (run()); the loop thread owns these three.
+        self._hurrying = False
+        self._held: set[Any] = set()  # messages handed to a worker thread, not returned yet
+        self._abandoned = 0  # held messages requeued when the hurried drain ended
+        self._hurry_timeout = 1.0
 
     async def _handle(self, message: Any) -> None:
+        if self._hurrying:  # the drain is cut short: nothing new starts
+            message.requeue(0, backoff=False)
+            return
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, self._user_handler, _ThreadSafeMessage(message, loop))
+        done: asyncio.Future[bool] = loop.create_future()
+        self._held.add(message)
+        try:
+            self._pool.submit(self._work, message, loop, done)
+            ran = await done
+        finally:
+            self._held.discard(message)
+        if not ran and not message.has_responded:
+            message.requeue(0, backoff=False)
+
+    def _work(self, message: Any, loop: asyncio.AbstractEventLoop, done: asyncio.Future[bool]) -> None:
+        """In a worker thread: the user's handler, its outcome handed back to the loop."""
+        ran = not self._hurrying  # not ran: it waited for a worker past a second signal
+        error: BaseException | None = None
+        if ran:
+            try:
+                self._user_handler(_ThreadSafeMessage(message, loop))  # type: ignore[misc]
+            except BaseException as exc:  # noqa: BLE001 - the dispatcher requeues it with backoff
+                # A SystemExit or StopIteration would break the loop's task: pass it on as an error.
+                plain = isinstance(exc, Exception) and not isinstance(exc, StopIteration)
+                error = exc if plain else RuntimeError(f"handler raised {exc!r}")
+        try:
+            loop.call_soon_threadsafe(_settle, done, ran, error)
+        except RuntimeError:
+            pass  # the loop is closed: stop() requeued this message at its deadline
 
     def start(self) -> None:
         """Connect and consume in the background."""
@@ -278,61 +356,183 @@ class Consumer:
             raise
 
     def stop(self, timeout: float = 30.0) -> StopReport:
-        """Drain (handlers finish until ``timeout``), requeue the rest, close. Idempotent."""
-        if self._report is not None:
-            return self._report
-        if self._thread is None:
-            return StopReport()
-        try:
-            self._report = self._thread.call(self._consumer.stop(timeout), timeout + _RESULT_MARGIN)
-        finally:
-            self._thread.stop()
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._stopped.set()
-        return self._report
+        """Drain (handlers finish until ``timeout``), requeue the rest, close. Idempotent, and
+        safe from any thread: a call while another drains waits for that drain's report."""
+        with self._stop_lock:
+            if self._report is not None:
+                return self._report
+            if self._thread is None:
+                return StopReport()
+            try:
+                report = self._thread.call(self._consumer.stop(timeout), timeout + _RESULT_MARGIN)
+            finally:
+                self._closed = True  # the async consumer is stopped: nothing on the loop changes it now
+                self._thread.stop()
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._stopped.set()
+            if self._abandoned:  # requeued by a hurried drain (run()): abandoned at its deadline
+                report.abandoned += self._abandoned
+                report.timed_out = True
+            self._report = report
+            return report
 
-    def run(self, stop_signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)) -> StopReport:
-        """Start, block until ``stop()`` or one of ``stop_signals`` (main thread only), then drain."""
-        self.start()
+    def run(
+        self,
+        stop_signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+        *,
+        timeout: float = 30.0,
+        hurry_timeout: float = 1.0,
+    ) -> StopReport:
+        """Start, block until ``stop()`` or one of ``stop_signals`` (main thread only), then drain
+        as ``stop(timeout)`` does and return its report.
+
+        The signal handlers stay installed until the drain is over, so a duplicated signal (a
+        process manager, ``timeout``, a shell and its child all signalled) cannot kill the drain.
+        A second signal hurries it: no handler starts any more, and the drain ends at most
+        ``hurry_timeout`` seconds later; what the handlers still hold then is requeued and
+        counted in the report's ``abandoned``. Later signals change nothing.
+        """
+        self._hurry_timeout = check_range("hurry_timeout", hurry_timeout, 0, 3600)
         previous = {}
         if threading.current_thread() is threading.main_thread():
+            # Before start(): a message may be handled before start() returns, and a signal then
+            # must find the handler already there.
             for sig in stop_signals:
-                previous[sig] = signal.signal(sig, lambda *_: self._stopped.set())
+                previous[sig] = signal.signal(sig, self._on_signal)
         try:
+            self.start()
             while not self._stopped.wait(0.2):
                 pass
-        finally:
+            return self.stop(timeout)
+        finally:  # only now: a signal during the drain must not reach the default (kill) action
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        return self.stop()
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        """run()'s handler, in the main thread: the first signal stops, the next ones hurry."""
+        if not self._stopped.is_set():
+            self._stopped.set()
+            return
+        thread = self._thread
+        if thread is not None:
+            try:
+                thread.loop.call_soon_threadsafe(self._hurry)
+            except RuntimeError:
+                pass  # the loop is closed: the drain is over
+
+    def _hurry(self) -> None:
+        """On the loop: start nothing new; in ``hurry_timeout`` seconds requeue what is held."""
+        if self._hurrying:
+            return
+        self._hurrying = True
+        asyncio.get_running_loop().call_later(self._hurry_timeout, self._requeue_held)
+
+    def _requeue_held(self) -> None:
+        """On the loop: as stop() does at its deadline, and the drain sees nothing left in flight."""
+        for message in list(self._held):
+            if not message.has_responded:
+                message.requeue(0, backoff=False)
+                self._abandoned += 1
+
+    def batches(self, max_size: int = 100, max_wait: float = 1.0) -> Iterator[_ThreadSafeBatch]:
+        """Blocking :meth:`fastnsq.Consumer.batches`, for a consumer made without a handler.
+
+        Starts the consumer if needed; each batch is a sequence of messages whose
+        ``finish()``/``requeue()`` (the batch's and each message's) may be called from any
+        thread. The iteration ends when the consumer stops (``stop()``, from another thread).
+        """
+        if self._user_handler is not None:
+            raise RuntimeError("this consumer has a handler; batches() is for consumers without one")
+        check_range("max_size", max_size, 1, 10**7, integer=True)
+        check_range("max_wait", max_wait, 0.0, 86400)
+        return self._iterate_batches(max_size, max_wait)
+
+    def _iterate_batches(self, max_size: int, max_wait: float) -> Iterator[_ThreadSafeBatch]:
+        self.start()
+        thread = self._thread
+        assert thread is not None
+        batches = self._consumer.batches(max_size, max_wait)
+        try:
+            while (batch := self._next_batch(thread, batches)) is not None:
+                yield _ThreadSafeBatch(batch, thread.loop)
+        finally:
+            if not self._closed:
+                self._call(thread, _aclose(batches))
+
+    def _next_batch(self, thread: _LoopThread, batches: AsyncIterator[Batch]) -> Batch | None:
+        """The next batch, however long it takes to come; None once the consumer has stopped."""
+        if self._closed:
+            return None
+        coro = _next_or_none(batches)
+        try:
+            future = asyncio.run_coroutine_threadsafe(coro, thread.loop)
+        except RuntimeError:  # the loop closed a moment ago
+            coro.close()
+            return None
+        while True:
+            try:
+                return future.result(0.5)
+            except concurrent.futures.TimeoutError:
+                if self._closed:  # stopped while waiting, and the loop is gone
+                    future.cancel()
+                    return None
+
+    def is_starved(self) -> bool:
+        """:meth:`fastnsq.Consumer.is_starved`, read on the consumer's loop."""
+        return self._read(self._consumer.is_starved)
+
+    def set_max_in_flight(self, max_in_flight: int) -> None:
+        """:meth:`fastnsq.Consumer.set_max_in_flight` (0 pauses), on the consumer's loop."""
+        self._control(self._consumer.set_max_in_flight, max_in_flight)
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._consumer.max_in_flight
 
     def pause_partition(self, partition: int | None) -> None:
-        """:meth:`fastnsq.Consumer.pause_partition`, on the consumer's loop."""
-        self._on_loop(self._consumer.pause_partition, partition)
+        """:meth:`fastnsq.Consumer.pause_partition` (None: an upstream nsqd's connections), on the
+        consumer's loop."""
+        self._control(self._consumer.pause_partition, partition)
 
     def resume_partition(self, partition: int | None) -> None:
-        self._on_loop(self._consumer.resume_partition, partition)
+        """:meth:`fastnsq.Consumer.resume_partition`, on the consumer's loop."""
+        self._control(self._consumer.resume_partition, partition)
 
     @property
     def partitions(self) -> Any:
         """The async consumer's :class:`~fastnsq.consumer.PartitionState` objects (HA: starts, positions)."""
         return self._consumer.partitions
 
-    def _on_loop(self, method: Callable[..., Any], *args: Any) -> None:
-        if self._thread is None:
-            method(*args)
-            return
+    def _control(self, method: Callable[..., None], *args: Any) -> None:
+        """A run-time control: before start() it sets what start() uses; after stop() there is
+        nothing left to control (and no loop to run it on)."""
+        if not self._closed:
+            self._read(method, *args)
 
-        async def run() -> None:
-            method(*args)
+    def _read(self, method: Callable[..., T], *args: Any) -> T:
+        """``method(*args)`` on the loop thread, which owns the consumer's state; directly when no
+        loop runs it (not started, or stopped: nothing changes it then)."""
+        thread = self._thread
+        if thread is None or self._closed:
+            return method(*args)
+        try:
+            return self._call(thread, _call_async(method, *args))
+        except RuntimeError:
+            if not self._closed:
+                raise
+            return method(*args)  # the loop closed as we asked: the consumer has stopped
 
-        self._thread.call(run(), 10)
+    def _call(self, thread: _LoopThread, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            return thread.call(coro, 10)
+        except RuntimeError:
+            coro.close()  # refused by a loop closed a moment ago: never to be awaited
+            raise
 
     def snapshot(self) -> ConsumerStats:
-        """The async consumer's :meth:`~fastnsq.Consumer.snapshot`, taken on its loop."""
-        if self._thread is None:
-            return self._consumer.snapshot()  # not started: nothing runs that could change it
-        return self._thread.call(_call_async(self._consumer.snapshot), 10)
+        """The async consumer's :meth:`~fastnsq.Consumer.snapshot`, taken on its loop; after
+        ``stop()``/``run()``, the final figures."""
+        return self._read(self._consumer.snapshot)
 
     def stats(self) -> dict[str, Any]:
         """Deprecated: :meth:`snapshot`."""
@@ -349,5 +549,26 @@ class Consumer:
         self.stop()
 
 
-async def _call_async(func: Callable[[], T]) -> T:
-    return func()
+async def _call_async(func: Callable[..., T], *args: Any) -> T:
+    return func(*args)
+
+
+async def _next_or_none(batches: AsyncIterator[Batch]) -> Batch | None:
+    try:
+        return await batches.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def _aclose(batches: AsyncIterator[Batch]) -> None:
+    await batches.aclose()  # type: ignore[attr-defined]
+
+
+def _settle(done: asyncio.Future[bool], ran: bool, error: BaseException | None) -> None:
+    """On the loop: a worker's outcome for ``_handle`` (unless stop() cancelled it meanwhile)."""
+    if done.done():
+        return
+    if error is None:
+        done.set_result(ran)
+    else:
+        done.set_exception(error)
