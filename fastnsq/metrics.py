@@ -48,6 +48,7 @@ _CONSUMER_COUNTERS = (
     ("requeue_dropped", "REQs not sent: their connection had closed (nsqd gives the message out again)"),
     ("timed_out", "messages answered after their msg_timeout (nsqd had given them out again)"),
     ("given_up", "messages past max_attempts, finished and handed to the give-up hook"),
+    ("duplicates_dropped", "HA ordered channels: repeated deliveries of a partition's head, not handed out again"),
 )
 _CONSUMER_GAUGES = (
     ("in_flight", "messages received and not answered yet"),

@@ -8,6 +8,7 @@ code runs against upstream nsqd in test_same_code_on_upstream/_on_ha.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter, defaultdict
 
 import pytest
@@ -89,6 +90,39 @@ async def test_ordered_consumption_keeps_publish_order_per_partition(nsq_cluster
         offsets = [offset for _, offset in entries]
         assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
     assert len(failed_once) == PARTITIONS
+
+
+async def test_the_repeated_heads_of_a_channel_turning_ordered_are_no_errors(nsq_cluster_ha, caplog):
+    """Issue 36: each head a channel sends twice when it first turns ordered is finished twice
+    (its copy too, so that the partition goes on), and one of the two FINs fails with
+    E_FIN_FAILED. That is the documented duplicate: counted in duplicates_dropped, logged at
+    debug, not an error."""
+    prometheus_client = pytest.importorskip("prometheus_client", reason="metrics need the 'metrics' extra")
+    from fastnsq.metrics import NSQMetrics
+
+    topic = await ha_topic(nsq_cluster_ha)  # "ch" exists, plain: the first SUB_ORDERED turns it ordered
+    async with Producer(lookupd_http_addresses=nsq_cluster_ha.lookupd_http_addresses) as producer:
+        for partition in range(PARTITIONS):
+            await producer.mpublish(topic, [b"%d:%d" % (partition, i) for i in range(5)], partition=partition)
+    got: list[bytes] = []
+    consumer = consumer_on(nsq_cluster_ha, topic, handler=lambda m: got.append(m.body), ordered=True)
+    registry = prometheus_client.CollectorRegistry()
+    NSQMetrics(registry).track(consumer)
+    with caplog.at_level(logging.DEBUG, logger="fastnsq"):
+        await consumer.start()
+        await eventually(lambda: len(got) == 5 * PARTITIONS, timeout=20)
+        await asyncio.sleep(0.5)  # the failed FINs' answers
+        snapshot = consumer.snapshot()
+        scraped = prometheus_client.generate_latest(registry).decode()
+        await consumer.stop()
+    assert sorted(got) == sorted(b"%d:%d" % (p, i) for p in range(PARTITIONS) for i in range(5))
+    assert snapshot.duplicates_dropped == PARTITIONS
+    assert snapshot.errors == {}
+    logged = [r for r in caplog.records if "E_FIN_FAILED" in r.getMessage()]
+    assert len(logged) == PARTITIONS and all(r.levelno == logging.DEBUG for r in logged), logged
+    assert "nsq_consumer_errors_total{" not in scraped
+    labels = f'channel="ch",topic="{topic}"'
+    assert f"nsq_consumer_messages_duplicates_dropped_total{{{labels}}} {float(PARTITIONS)}" in scraped
 
 
 async def test_a_sharding_key_always_lands_on_the_same_partition(nsq_cluster_ha):

@@ -509,8 +509,7 @@ class Consumer:
         """Deprecated: :meth:`snapshot` (the same figures, typed)."""
         deprecated_spelling("Consumer.stats()", "Consumer.snapshot()")
         figures = self.snapshot().as_dict()
-        figures["connections"] = list(figures["connections"])
-        return figures
+        return {**figures, "connections": list(figures["connections"])}
 
     # ---- connections --------------------------------------------------------------------
 
@@ -606,8 +605,9 @@ class Consumer:
             self._topology.refresh_soon(self.topic)
 
     def _on_server_error(self, link: Link, error: ServerError) -> None:
-        self._errors[error.code] += 1
-        self._log.warning("%s: %s", link.endpoint.address, error)
+        if not self._dispatch.expected_error(link, error):  # an expected one is logged at debug there
+            self._errors[error.code] += 1
+            self._log.warning("%s: %s", link.endpoint.address, error)
 
     def _reconnect_later(self, endpoint: Endpoint) -> None:
         """Direct nsqd: one task per endpoint restores connections_per_nsqd, backing off with jitter."""

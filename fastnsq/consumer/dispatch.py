@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -194,7 +195,7 @@ class Dispatcher:
         self._done(link, message, Outcome.SUCCESS)
         if link.closed:
             self.finish_dropped += 1
-            self._log.debug("FIN of %r dropped: the connection to %s is closed", message, link.endpoint.address)
+            self._log.debug("FIN of %r dropped: connection to %s closed", message, link.endpoint.address)
         else:
             link.finished += 1
             link.conn.fin(message)
@@ -205,7 +206,7 @@ class Dispatcher:
         self._done(link, message, Outcome.FAILURE if backoff else Outcome.NEUTRAL)
         if link.closed:
             self.requeue_dropped += 1
-            self._log.debug("REQ of %r dropped: the connection to %s is closed", message, link.endpoint.address)
+            self._log.debug("REQ of %r dropped: connection to %s closed", message, link.endpoint.address)
         else:
             link.requeued += 1
             link.conn.req(message, delay_ms)
@@ -251,7 +252,22 @@ class Dispatcher:
         state.duplicates_dropped += 1
         self._log.debug("%s: the repeated delivery of %r", link.endpoint.address, copy)
         if first.has_responded and state.last_finished and not link.closed:
+            state.finished_twice = bytes(copy.id)
             link.conn.fin(copy)
+
+    def expected_error(self, link: Link, error: Any) -> bool:
+        """Whether nsqd's ``error`` is the E_FIN_FAILED of a repeated head finished twice
+        (:meth:`_repeated`): nsqd held one copy, so one of the two FINs was bound to fail. That
+        is the documented duplicate (counted in ``duplicates_dropped``), not an error."""
+        partition = link.endpoint.partition
+        if error.code != "E_FIN_FAILED" or not self.settings.ordered or partition not in self._partitions:
+            return False
+        state = self._partitions[partition]
+        if state.finished_twice is None or _fin_failed_id(error.description) != state.finished_twice:
+            return False
+        state.finished_twice = None  # only one of the two fails
+        self._log.debug("%s: %s: the repeated head's other FIN went through", link.endpoint.address, error)
+        return True
 
     def _auto_answer(self, message: Any, *, failed: bool) -> None:
         if message.has_responded or not message.auto_response:
@@ -380,6 +396,20 @@ async def resume(coro: Any, yielded: Any) -> Any:
 def is_async_callable(func: Any) -> bool:
     # An object whose __call__ is a coroutine function is an async handler too.
     return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(type(func).__call__)
+
+
+#: An HA nsqd's FIN error names the full id as Go prints a byte array: ``FIN [0 0 ... 7] failed ...``.
+_FIN_FAILED_ID = re.compile(r"FIN \[([0-9 ]+)\]")
+
+
+def _fin_failed_id(description: str) -> bytes | None:
+    match = _FIN_FAILED_ID.match(description)
+    if match is None:
+        return None
+    try:
+        return bytes(int(b) for b in match.group(1).split())
+    except ValueError:  # a number above 255: not a byte array
+        return None
 
 
 def _no_loop_time() -> float:

@@ -44,6 +44,8 @@ class PartitionState:
     # Ordered: the last message delivered, and whether it was finished (Dispatcher.repeated).
     last_delivered: Any = field(default=None, repr=False)
     last_finished: bool = field(default=False, repr=False)
+    # Ordered: the id of a repeated head finished twice, whose one E_FIN_FAILED is expected.
+    finished_twice: bytes | None = field(default=None, repr=False)
 
     @property
     def backoff_level(self) -> int:
