@@ -11,7 +11,9 @@ publishes from many threads still share connections and are coalesced.
 A :class:`Consumer` runs a plain function handler in worker threads (``workers``,
 default 1), so a slow handler never blocks the connection's heartbeats. In the
 handler, return to finish the message and raise to requeue it; the message's
-``finish``/``requeue``/``touch`` are safe to call from the handler's thread.
+``finish``/``requeue``/``touch`` are safe to call from the handler's thread. Made
+without a handler, it hands out :meth:`Consumer.batches` to plain threads instead.
+``Consumer.run()`` drains on SIGINT/SIGTERM; a second signal hurries the drain.
 """
 
 from __future__ import annotations

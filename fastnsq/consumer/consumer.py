@@ -111,8 +111,8 @@ class StopReport:
 
     finished: int = 0  # messages finished while draining
     requeued: int = 0  # messages requeued while draining (by handlers, or by stop at the deadline)
-    abandoned: int = 0  # handlers still running at the deadline (their messages were requeued)
-    timed_out: bool = False  # the deadline passed before every handler had finished
+    abandoned: int = 0  # messages unanswered at the deadline (by handlers or in batches): stop requeued them
+    timed_out: bool = False  # the deadline passed with messages still unanswered
     duration: float = 0.0
 
 
