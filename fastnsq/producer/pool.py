@@ -197,7 +197,9 @@ class ConnectionPool:
         if slot.conn is conn:
             slot.conn = None
         if not self.closing and slot in self._slots.get(slot.address, ()):  # not removed on purpose
-            self._log.info("connection to %s lost (%s); reconnecting", slot.address, error)
+            # connection_lost(None): nsqd closed it (an EOF); our own closes do not come here.
+            why = "closed by the server" if error is None else (str(error) or type(error).__name__)
+            self._log.info("connection to %s lost (%s); reconnecting", slot.address, why)
             self._reconnect_later(slot)
 
     def _reconnect_later(self, slot: _Slot) -> None:
