@@ -110,6 +110,26 @@ LOOKUPD_TEST = """
 """
 
 
+def docs_block(language: str, index: int = 0) -> str:
+    """The ``index``-th fenced ``language`` block of docs/testing.md."""
+    text = (REPO / "docs" / "testing.md").read_text()
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)[index]
+
+
+@pytest.mark.parametrize("config", ["pyproject.toml", "pytest.ini"])
+def test_the_documented_setup_runs_without_a_warning(inner: pytest.Pytester, config: str) -> None:
+    """Issue 36: docs/testing.md's set-up and first example, as a user copies them, pass under
+    ``-W error`` (pytest-asyncio warned that asyncio_default_fixture_loop_scope was unset)."""
+    (inner.path / "tox.ini").unlink()  # inner's own set-up: the page's only
+    if config == "pyproject.toml":
+        inner.makepyprojecttoml(docs_block("toml"))
+    else:
+        inner.makefile(".ini", pytest=docs_block("ini"))
+    inner.makeconftest(f"pytest_plugins = [{PLUGIN!r}]")  # what the pytest11 entry point does once installed
+    inner.makepyfile(test_my_consumer=docs_block("python"))
+    run(inner, "-W", "error").assert_outcomes(passed=1)
+
+
 def test_fixture_from_a_conftest_in_auto_mode(inner: pytest.Pytester) -> None:
     inner.makeconftest(f"pytest_plugins = [{PLUGIN!r}]")
     inner.makepyfile(test_it=LOOKUPD_TEST)
