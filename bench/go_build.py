@@ -1,7 +1,7 @@
 """Build bench/go/src/gonsq_latency (go-nsq's side of bench/latency.py) in GOPATH mode.
 
-go-nsq v1.1.0 and golang.org/x/sys come from the GOPATH that
-a GOPATH holding go-nsq v1.1.0's source (``~/nsq-real/gopath``); this checkout's
+go-nsq v1.1.0 and golang.org/x/sys come from a GOPATH holding their sources
+(``~/nsq-real/gopath`` beside the binaries' folder); this checkout's
 ``bench/go`` is added to GOPATH for the program's own source. Nothing is fetched. The
 binary goes next to the real servers (never into the checkout):
 

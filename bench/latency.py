@@ -66,11 +66,16 @@ class Row:
     """One line of the chart: who publishes, who consumes, with which settings."""
 
     name: str
-    client: str  # "fastnsq" or "go-nsq"
-    config: str  # "defaults" or "tuned"
+    client: str  # the publisher's: "fastnsq" or "go-nsq"
+    config: str  # "defaults", "tuned", "knob", or a publishing pattern ("pattern a", ...)
     pub: list[str]
     sub: list[str]
     notes: dict[str, Any] = field(default_factory=dict)
+    sub_client: str = ""  # the consumer's, when another client's than the publisher's
+
+    @property
+    def consumer_client(self) -> str:
+        return self.sub_client or self.client
 
 
 def fastnsq_row(name: str, config: str, *, consume: str = "handler", sub_options: dict[str, Any] | None = None,
@@ -112,18 +117,42 @@ def default_rows(go_binary: Path | None) -> list[Row]:
     return rows
 
 
-def _flag(row: Row, name: str) -> str:
-    return f"-{name}" if row.client == "go-nsq" else f"--{name}"
+#: The publishing patterns of applications (issue 33), each as fastnsq and go-nsq write it:
+#: (a) a task per message, fire and forget / PublishAsync; (b) ``await publish()`` from 100
+#: request-like tasks / Publish from 100 goroutines; (c) the blocking facade from 8 threads /
+#: Publish from 8 goroutines. One consumer for all (fastnsq, unbuffered), so the rows differ
+#: only in the publisher.
+PATTERNS = [
+    ("(a) a task per message", ["--callers", "0"], ["-publishers", "0"]),
+    ("(b) 100 request tasks", ["--callers", "100"], ["-publishers", "100"]),
+    ("(c) blocking, 8 threads", ["--threads", "8"], ["-publishers", "8"]),
+]
 
 
-def _schedule_args(row: Row, server: Server, topic: str, rate: int, start_ns: int,
+def pattern_rows(go_binary: Path | None) -> list[Row]:
+    consumer = fastnsq_row("", "", sub_options={"output_buffer_size": -1}).sub
+    rows = []
+    for name, ours, theirs in PATTERNS:
+        rows.append(Row(f"fastnsq {name}", "fastnsq", f"pattern {name[1]}",
+                        [sys.executable, str(DRIVER), "--mode", "pub", *ours], consumer))
+        if go_binary is not None:
+            rows.append(Row(f"go-nsq {name}", "go-nsq", f"pattern {name[1]}", [str(go_binary), "-mode", "pub", *theirs],
+                            consumer, sub_client="fastnsq"))
+    return rows
+
+
+def _flag(client: str, name: str) -> str:
+    return f"-{name}" if client == "go-nsq" else f"--{name}"
+
+
+def _schedule_args(client: str, server: Server, topic: str, rate: int, start_ns: int,
                    args: argparse.Namespace) -> list[str]:
-    go = row.client == "go-nsq"
+    go = client == "go-nsq"
     values = [("nsqd-tcp-address", str(server.tcp)), ("topic", topic), ("rate", str(rate)),
               ("start-ns", str(start_ns)),
               ("warmup", f"{args.warmup}s" if go else str(args.warmup)),
               ("window", f"{args.window}s" if go else str(args.window))]
-    return [item for name, value in values for item in (_flag(row, name), value)]
+    return [item for name, value in values for item in (_flag(client, name), value)]
 
 
 def _result(process: subprocess.Popen[str], timeout: float) -> dict[str, Any]:
@@ -147,12 +176,13 @@ def run_point(row: Row, server: Server, rate: int, topic: str, args: argparse.Na
     server.create_channel(topic)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     start_ns = time.monotonic_ns() + int(args.lead * 1e9)
-    schedule = _schedule_args(row, server, topic, rate, start_ns, args)
-    drain = [_flag(row, "drain"), f"{args.drain}s" if row.client == "go-nsq" else str(args.drain)]
-    sub = subprocess.Popen([*row.sub, *schedule, _flag(row, "channel"), CHANNEL, *drain],
+    consumer = row.consumer_client
+    drain = [_flag(consumer, "drain"), f"{args.drain}s" if consumer == "go-nsq" else str(args.drain)]
+    sub = subprocess.Popen([*row.sub, *_schedule_args(consumer, server, topic, rate, start_ns, args),
+                            _flag(consumer, "channel"), CHANNEL, *drain],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    pub = subprocess.Popen([*row.pub, *schedule], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           env=env)
+    pub = subprocess.Popen([*row.pub, *_schedule_args(row.client, server, topic, rate, start_ns, args)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     total = args.lead + args.warmup + args.window + 0.5 + args.drain + 30
     load_before = os.getloadavg()[0]
     # nsqd's CPU over the measuring window only (idle time around it would swamp the low rates).
@@ -224,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=3.0)
     parser.add_argument("--drain", type=float, default=3.0)
     parser.add_argument("--lead", type=float, default=1.0, help="seconds between starting the processes and message 0")
+    parser.add_argument("--patterns", action="store_true",
+                        help="the publishing patterns of applications (a task per message, 100 request tasks, "
+                             "8 blocking threads) against go-nsq's, one consumer for all, instead of the client rows")
     parser.add_argument("--only", help="only the rows whose name contains this (alternatives separated by |)")
     parser.add_argument("--readme", action="store_true", help="put the table into README.md")
     parser.add_argument("--report", type=Path, help="render this JSON again instead of measuring")
@@ -237,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.real is None:
         raise SystemExit("--real BIN: the latency benchmark runs against a real nsqd only")
     go_binary = args.go_bin or go_build.build(Path(args.real).expanduser())
-    rows = default_rows(go_binary)
+    rows = pattern_rows(go_binary) if args.patterns else default_rows(go_binary)
     if args.only:
         wanted = args.only.split("|")
         rows = [row for row in rows if any(w in row.name for w in wanted)]
@@ -262,12 +295,13 @@ def main(argv: list[str] | None = None) -> int:
         "fastnsq": run_all.fastnsq_info(), "source": run_all.source_state(), "server": server.info,
         "settings": {"rates": rates, "rounds": args.rounds, "warmup_s": args.warmup, "window_s": args.window,
                      "drain_s": args.drain, "cooldown_s": 0.5, "body_size": 100, "max_in_flight": MAX_IN_FLIGHT,
-                     "saturation": SATURATION, "command": " ".join(sys.argv)},
+                     "saturation": SATURATION, "command": " ".join(sys.argv), "patterns": args.patterns},
         "rows": [{"name": r.name, "client": r.client, "config": r.config, "pub": r.pub[1:], "sub": r.sub[1:]}
                  for r in rows],
         "points": points, "summary": summarize(rows, points),
     }
-    out = args.out or RESULTS / f"latency-{dt.date.today()}-{platform.node().split('.')[0]}.json"
+    kind = "latency-patterns" if args.patterns else "latency"
+    out = args.out or RESULTS / f"{kind}-{dt.date.today()}-{platform.node().split('.')[0]}.json"
     out.write_text(json.dumps(document, indent=1) + "\n")
     print(f"wrote {out}")
     latency_report.render(document, out, readme=args.readme)

@@ -33,6 +33,7 @@ import math
 import os
 import resource
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -236,19 +237,63 @@ async def publish_open_loop(
         alarm.close()
         for worker in workers:
             worker.cancel()
+    api = f"Producer.publish from {callers} tasks" if callers else "Producer.publish, a task each"
+    return _publish_summary(schedule, sent, acks, cpu1 - cpu0, state["errors"], {"api": api, **(options or {})})
+
+
+def publish_from_threads(
+    address: str, topic: str, schedule: Schedule, *, threads: int, size: int = 100,
+    options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The blocking facade as a WSGI app or a thread pool uses it: ``threads`` threads share
+    one ``fastnsq.sync.Producer``, each taking the next message of the schedule, sleeping
+    until it is due and calling ``publish()``. Publish latency: due time to its return."""
+    from fastnsq.sync import Producer as BlockingProducer
+
+    count = schedule.count
+    sent = array.array("q", bytes(8 * count))
+    acks = array.array("q", bytes(8 * count))
+    numbers = iter(range(count))  # next() on a range iterator is atomic under the GIL
+    errors = [0]
+
+    def publish_in_turn(producer: Any) -> None:
+        for i in numbers:
+            wait = schedule.due(i) - time.monotonic_ns()
+            if wait > 0:
+                time.sleep(wait / 1e9)
+            sent[i] = time.monotonic_ns()
+            try:
+                producer.publish(topic, make_body(schedule.due(i), i, size))
+            except fastnsq.NSQError:
+                errors[0] += 1
+            acks[i] = time.monotonic_ns()
+
+    with BlockingProducer([address], **(options or {})) as producer:
+        workers = [threading.Thread(target=publish_in_turn, args=(producer,)) for _ in range(threads)]
+        cpu0 = cpu_seconds()
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        cpu1 = cpu_seconds()
+    return _publish_summary(schedule, sent, acks, cpu1 - cpu0, errors[0],
+                            {"api": f"fastnsq.sync.Producer.publish from {threads} threads", **(options or {})})
+
+
+def _publish_summary(schedule: Schedule, sent: array.array[int], acks: array.array[int], cpu_s: float, errors: int,
+                     config: dict[str, Any]) -> dict[str, Any]:
+    count = schedule.count
     dues = [schedule.due(i) for i in range(count)]
     window = [i for i in range(count) if schedule.in_window(dues[i])]
     latencies = [acks[i] - dues[i] for i in window]
-    late = [sent[i] - dues[i] for i in window]
-    api = f"Producer.publish from {callers} tasks" if callers else "Producer.publish, a task each"
     return {
         "mode": "pub", "client": "fastnsq", "rate": schedule.rate, "count": count, "done": count,
         "in_window": len(window),
         "achieved_rate": sum(1 for i in range(count) if schedule.in_window(sent[i])) / schedule.window,
         "latency_ms": percentiles(latencies),
         "thirds_p50_ms": thirds_p50(schedule, [dues[i] for i in window], latencies),
-        "late_send_p99_ms": percentiles(late).get("p99"), "cpu_s": cpu1 - cpu0, "errors": state["errors"],
-        "config": {"api": api, **(options or {})},
+        "late_send_p99_ms": percentiles([sent[i] - dues[i] for i in window]).get("p99"), "cpu_s": cpu_s,
+        "errors": errors, "config": config,
     }
 
 
@@ -365,6 +410,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cooldown", type=float, default=0.5, help="published after the window, not measured")
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--callers", type=int, default=1000, help="publishing tasks (0: a task per message)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="publish through fastnsq.sync.Producer from this many threads instead of tasks")
     parser.add_argument("--consume", choices=CONSUMER_MODES, default="handler")
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--batch-wait", type=float, default=0.001)
@@ -375,7 +422,10 @@ def main(argv: list[str] | None = None) -> None:
         logging.basicConfig(level=logging.DEBUG, format="%(relativeCreated)8.0f %(name)s %(message)s")
     schedule = Schedule(args.rate, args.start_ns, args.warmup, args.window, args.cooldown)
     options = json.loads(args.options)
-    if args.mode == "pub":
+    if args.mode == "pub" and args.threads:
+        result = publish_from_threads(args.nsqd_tcp_address, args.topic, schedule, threads=args.threads,
+                                      size=args.size, options=options)
+    elif args.mode == "pub":
         result = fastnsq.run(publish_open_loop(args.nsqd_tcp_address, args.topic, schedule,
                                                size=args.size, options=options, callers=args.callers))
     else:

@@ -190,8 +190,39 @@ def chart(data: dict[str, Any], path: Path) -> bool:
     return True
 
 
+def patterns_markdown(data: dict[str, Any], json_name: str) -> str:
+    """``latency.py --patterns``: per pattern and rate, go-nsq's publisher beside fastnsq's (one consumer)."""
+    lines = ["# Publishing as applications do: go-nsq and fastnsq publishers, one consumer", "",
+             f"{method_line(data, json_name)} Consumer of every row: fastnsq, unbuffered (output_buffer_size=-1).",
+             ("Cells: end-to-end p50 / p99 / p99.9 in ms (due time to the consumer's handler); "
+             "publish p99 = due time to the publish's answer."), ""]
+    patterns = sorted({row["config"] for row in data["rows"]})
+    for pattern in patterns:
+        names = {row["client"]: row["name"] for row in data["rows"] if row["config"] == pattern}
+        go, ours = _entries(data, names.get("go-nsq", "")), _entries(data, names.get("fastnsq", ""))
+        lines += [f"## {names.get('fastnsq', pattern).removeprefix('fastnsq ')}", "",
+                  "| rate (msg/s) | go-nsq | fastnsq | publish p99 go-nsq / fastnsq | fastnsq p99 ≤ go-nsq's |",
+                  "|---:|---:|---:|---:|---|"]
+        theirs = {e["rate"]: e for e in go}
+        for entry in ours:
+            other = theirs.get(entry["rate"])
+            verdict = "–"
+            if other and "e2e_p99" in other and "e2e_p99" in entry:
+                verdict = "yes" if entry["e2e_p99"] <= other["e2e_p99"] else "**no**"
+            pub = " / ".join(f"{e['pub_p99']:.2f}" if e and e.get("pub_p99") is not None else "–"
+                             for e in (other, entry))
+            lines.append(f"| {entry['rate']:,} | {_cell(other)} | {_cell(entry)} | {pub} | {verdict} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def render(data: dict[str, Any], json_path: Path, *, readme: bool = False) -> None:
     resolved = json_path.resolve()
+    if data.get("settings", {}).get("patterns"):
+        json_name = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
+        (RESULTS / "latency-patterns.md").write_text(patterns_markdown(data, json_name) + "\n")
+        print((RESULTS / "latency-patterns.md").read_text())
+        return
     json_name = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
     (RESULTS / "latency.md").write_text(markdown(data, json_name) + "\n")
     chart(data, RESULTS / "latency.png")

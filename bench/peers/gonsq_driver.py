@@ -71,7 +71,7 @@ def availability(bin_dir: str | None) -> dict[str, Any]:
     raw = [w for w, tool in RAW_TOOLS.items() if found[tool]]
     reason = "" if library or raw else (
         f"no gonsq_bench, bench_reader or bench_writer in {bin_dir or 'PATH'} "
-        "(docs/testing.md, "Getting the binaries")")
+        "(docs/testing.md, 'Getting the binaries')")
     version = go_nsq_version(found["gonsq_bench"]) if found["gonsq_bench"] else "go-nsq"
     return {"found": found, "library_workloads": library, "raw_workloads": raw, "reason": reason,
             "client_version": version}

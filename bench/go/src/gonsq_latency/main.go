@@ -4,7 +4,8 @@
 //
 //	pub  Producer.PublishAsync at a fixed rate: message i is due at start + i/rate (CLOCK_MONOTONIC),
 //	     planned in advance, so a late send still counts from its due time (no coordinated omission).
-//	     Publish latency: due time to the answer arriving on the done channel.
+//	     Publish latency: due time to the answer arriving on the done channel. With -publishers N,
+//	     N goroutines take the messages in turn and call the synchronous Publish instead.
 //	sub  Consumer with a handler: end-to-end latency = arrival in the handler - the due time the
 //	     body carries. Stops after -count messages or -drain after the last one was due.
 //
@@ -26,6 +27,7 @@ import (
 	"os"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -49,6 +51,7 @@ var (
 	outBufTimeout = flag.Duration("output-buffer-timeout", 0, "sub: Config.OutputBufferTimeout (0: go-nsq's default, 250ms; negative disables)")
 	drain         = flag.Duration("drain", 10*time.Second, "sub: stop this long after the last message was due")
 	logLevel      = flag.String("log-level", "error", "go-nsq log level: debug|info|warn|error")
+	publishers    = flag.Int("publishers", 0, "pub: 0 = PublishAsync from one goroutine; N = Publish (synchronous) from N goroutines taking the schedule's messages in turn")
 )
 
 // monotonic returns CLOCK_MONOTONIC in ns, the clock the Python side reads with time.monotonic_ns():
@@ -176,14 +179,20 @@ func publish() summary {
 		}
 	}()
 	u0, s0 := rusage()
-	for i := int64(0); i < n; i++ {
-		d := due(i)
-		if wait := d - monotonic(); wait > 0 {
-			time.Sleep(time.Duration(wait))
-		}
-		sent[i] = monotonic()
-		if err := p.PublishAsync(*topic, body(i), doneChan, i); err != nil {
-			log.Fatalf("PublishAsync: %s", err)
+	api := "Producer.PublishAsync"
+	if *publishers > 0 {
+		api = fmt.Sprintf("Producer.Publish from %d goroutines", *publishers)
+		publishFromGoroutines(p, n, sent, doneChan)
+	} else {
+		for i := int64(0); i < n; i++ {
+			d := due(i)
+			if wait := d - monotonic(); wait > 0 {
+				time.Sleep(time.Duration(wait))
+			}
+			sent[i] = monotonic()
+			if err := p.PublishAsync(*topic, body(i), doneChan, i); err != nil {
+				log.Fatalf("PublishAsync: %s", err)
+			}
 		}
 	}
 	wg.Wait()
@@ -207,8 +216,35 @@ func publish() summary {
 		Mode: "pub", Client: "go-nsq", Rate: *rate, Count: n, Done: n, InWindow: len(lat),
 		Achieved: float64(inWindowSent) / window.Seconds(), LatencyMs: percentiles(lat), ThirdsP50: th,
 		CPUUserS: u1 - u0, CPUSysS: s1 - s0, Errors: errors, LateSendMs: percentiles(late)["p99"],
-		Config: map[string]any{"api": "Producer.PublishAsync"},
+		Config: map[string]any{"api": api},
 	}
+}
+
+// publishFromGoroutines is how a Go server publishes from its request handlers: each of
+// -publishers goroutines takes the next message of the schedule, waits until it is due and
+// calls the synchronous Publish; the answer goes to doneChan as PublishAsync's would.
+func publishFromGoroutines(p *nsq.Producer, n int64, sent []int64, doneChan chan *nsq.ProducerTransaction) {
+	var next int64 = -1
+	var group sync.WaitGroup
+	for g := 0; g < *publishers; g++ {
+		group.Add(1)
+		go func() {
+			defer group.Done()
+			for {
+				i := atomic.AddInt64(&next, 1)
+				if i >= n {
+					return
+				}
+				if wait := due(i) - monotonic(); wait > 0 {
+					time.Sleep(time.Duration(wait))
+				}
+				sent[i] = monotonic()
+				err := p.Publish(*topic, body(i))
+				doneChan <- &nsq.ProducerTransaction{Error: err, Args: []interface{}{i}}
+			}
+		}()
+	}
+	group.Wait()
 }
 
 type handler struct {
