@@ -459,7 +459,10 @@ class Consumer:
                 yield _ThreadSafeBatch(batch, thread.loop)
         finally:
             if not self._closed:
-                self._call(thread, _aclose(batches))
+                try:
+                    self._call(thread, _aclose(batches))
+                except RuntimeError:
+                    pass  # the loop closed meanwhile, or the garbage collector closed us on the loop thread
 
     def _next_batch(self, thread: _LoopThread, batches: AsyncIterator[Batch]) -> Batch | None:
         """The next batch, however long it takes to come; None once the consumer has stopped."""

@@ -257,3 +257,21 @@ async def test_pause_and_resume_from_a_thread(nsqd):
 
     await asyncio.get_running_loop().run_in_executor(None, blocking)
     await eventually(lambda: sorted(handled) == [b"%d" % i for i in range(5)])
+
+
+async def test_an_async_batch_held_at_the_stop_deadline_is_requeued(nsqd):
+    """What docs/operating.md says of the async consumer: a batch still unanswered at the deadline
+    is requeued and counted in ``abandoned``; answering it afterwards sends nothing."""
+    from fastnsq import Consumer as AsyncConsumer
+
+    topic = unique("asyncbatchdeadline")
+    await publish_spread([nsqd.tcp_address], topic, 10)
+    consumer = AsyncConsumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], max_in_flight=10)
+    await consumer.start()
+    async for batch in consumer.batches(max_size=10, max_wait=1.0):
+        break
+    report = await consumer.stop(timeout=0.5)
+    batch.finish()
+    assert report.timed_out and report.abandoned == len(batch) and report.requeued == 10
+    assert consumer.snapshot().finished == 0
+    assert await _left_in_channel(nsqd, topic) == {"in_flight": 0, "queued": 10}
