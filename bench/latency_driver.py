@@ -121,6 +121,18 @@ def cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def runqueue_wait_seconds() -> float:
+    """Time this process's threads were runnable but waiting for a core (``/proc/.../schedstat``):
+    a single-threaded publisher's latency tail on a busy machine is its wait for the scheduler."""
+    total = 0
+    for stat in Path("/proc/self/task").glob("*/schedstat"):
+        try:
+            total += int(stat.read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
 class _Timespec(ctypes.Structure):
     _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
@@ -229,16 +241,17 @@ async def publish_open_loop(
         workers = [loop.create_task(caller(producer)) for _ in range(callers)]
         await asyncio.sleep(0)  # every caller waiting
         alarm = MonotonicAlarm(loop, publish_due)
-        cpu0 = cpu_seconds()
+        cpu0, wait0 = cpu_seconds(), runqueue_wait_seconds()
         # Every 1/rate, but at most every PERIOD_NS: above 10,000 msg/s a wake takes all that is due.
         alarm.arm(schedule.due(0), max(PERIOD_NS, round(1e9 / schedule.rate)))
         await finished
-        cpu1 = cpu_seconds()
+        cpu1, wait1 = cpu_seconds(), runqueue_wait_seconds()
         alarm.close()
         for worker in workers:
             worker.cancel()
     api = f"Producer.publish from {callers} tasks" if callers else "Producer.publish, a task each"
-    return _publish_summary(schedule, sent, acks, cpu1 - cpu0, state["errors"], {"api": api, **(options or {})})
+    return {**_publish_summary(schedule, sent, acks, cpu1 - cpu0, state["errors"], {"api": api, **(options or {})}),
+            "runqueue_wait_s": wait1 - wait0}
 
 
 def publish_from_threads(
@@ -270,14 +283,15 @@ def publish_from_threads(
 
     with BlockingProducer([address], **(options or {})) as producer:
         workers = [threading.Thread(target=publish_in_turn, args=(producer,)) for _ in range(threads)]
-        cpu0 = cpu_seconds()
+        cpu0, wait0 = cpu_seconds(), runqueue_wait_seconds()
         for worker in workers:
             worker.start()
         for worker in workers:
             worker.join()
-        cpu1 = cpu_seconds()
-    return _publish_summary(schedule, sent, acks, cpu1 - cpu0, errors[0],
-                            {"api": f"fastnsq.sync.Producer.publish from {threads} threads", **(options or {})})
+        cpu1, wait1 = cpu_seconds(), runqueue_wait_seconds()
+    api = f"fastnsq.sync.Producer.publish from {threads} threads"
+    return {**_publish_summary(schedule, sent, acks, cpu1 - cpu0, errors[0], {"api": api, **(options or {})}),
+            "runqueue_wait_s": wait1 - wait0}
 
 
 def _publish_summary(schedule: Schedule, sent: array.array[int], acks: array.array[int], cpu_s: float, errors: int,
