@@ -111,11 +111,11 @@ async def test_a_second_sigterm_hurries_the_drain_and_still_requeues_what_is_hel
 
 
 async def test_a_second_sigterm_still_lets_handlers_about_to_return_finish(nsqd, tmp_path):
-    """A duplicated SIGTERM with handlers that return 0.3 s after it: they finish within the
+    """A duplicated SIGTERM with handlers that return 0.1 s after it: they finish within the
     hurried drain (run()'s hurry_timeout, 1 s); nothing is abandoned."""
     topic = unique("twosigquick")
     await publish_spread([nsqd.tcp_address], topic, 10)
-    status, report, err = await _run_child(nsqd, topic, tmp_path, signals=2, release_after=0.3)
+    status, report, err = await _run_child(nsqd, topic, tmp_path, signals=2, release_after=0.1)
     assert status == 0, err
     assert report["finished"] == "4" and report["abandoned"] == "0" and report["timed_out"] == "False"
     assert report["snapshot_finished"] == "4"
