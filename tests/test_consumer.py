@@ -465,3 +465,23 @@ async def test_sync_consumer_with_worker_threads(nsqd):
     assert len(set(handled)) == 30
     assert all(name.startswith("fastnsq-handler") for name in threads)
     assert not report.timed_out
+
+
+def test_max_requeue_delay_is_documented_as_its_default_and_its_limit() -> None:
+    """Issue 36: the docstring said 900 s and the README "at most 60 min", which read as a
+    contradiction. Both are true (go-nsq's MaxRequeueDelay: default 15m, max 60m; nsqd 1.3's
+    --max-req-timeout, 1h, clamps REQ): the code keeps them and every place says both."""
+    from pathlib import Path
+
+    from fastnsq.consumer import CONSUMER_DEFAULTS
+
+    assert CONSUMER_DEFAULTS["max_requeue_delay"] == 900
+    for limit in ("max_requeue_delay", "default_requeue_delay"):
+        Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], **{limit: 3600})
+        with pytest.raises(InvalidValueError, match=limit):
+            Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], **{limit: 3601})
+    doc = " ".join((Consumer.__doc__ or "").split())
+    assert "``max_requeue_delay`` (900, go-nsq's 15 min; both at most 3600" in doc
+    consuming = (Path(__file__).resolve().parents[1] / "docs" / "consuming.md").read_text()
+    row = next(line for line in consuming.splitlines() if line.startswith("| `default_requeue_delay`"))
+    assert "| 90, 900 |" in row and "at most 3600" in row and "`--max-req-timeout` (1 h" in row

@@ -144,7 +144,7 @@ async def test_compressed_publishes_reach_the_handler_as_published(nsq_cluster_h
         ext = message.ext
         assert ext[COMPRESS_KEY] == str(CODECS[name]) and ext[SIZE_KEY] == str(len(BIG) + 1)
         assert decompress(message.body, CODECS[name], int(ext[SIZE_KEY])) in bodies
-    assert all(state.decompress_errors == 0 for state in consumers[0].partitions)
+    assert all(state.decompress_errors == 0 for state in consumers[0].partitions.values())
 
 
 async def test_a_body_marked_but_not_compressed_is_requeued_then_given_up(nsq_cluster_ha: Any) -> None:

@@ -53,7 +53,7 @@ async def test_a_single_partition_consumer_reads_only_its_partition(nsq_cluster_
     await asyncio.sleep(1.0)  # a poll or two: nothing from the other partitions
     await consumer.stop()
     assert sorted(m.body for m in got) == [b"2-%d" % s for s in range(5)]
-    assert [state.partition for state in consumer.partitions] == [2]
+    assert [state.partition for state in consumer.partitions.values()] == [2]
 
 
 async def test_direct_endpoints_name_their_partition(nsq_cluster_ha: Any) -> None:
@@ -170,7 +170,7 @@ async def test_the_blocking_facade_publishes_and_consumes_with_every_ha_argument
             time.sleep(0.05)
         consumer.pause_partition(0)
         consumer.resume_partition(0)
-        starts = {state.partition: state.start_applied for state in consumer.partitions}
+        starts = {state.partition: state.start_applied for state in consumer.partitions.values()}
         consumer.stop()
         return starts
 

@@ -99,7 +99,7 @@ async def test_a_start_at_a_timestamp_gets_exactly_what_was_published_from_then(
                                         consume_offset=ConsumeOffset.timestamp(second))
     await consumer.stop()
     assert_exactly(got, after, "after")
-    for state in consumer.partitions:
+    for state in consumer.partitions.values():
         assert state.start == ConsumeOffset("timestamp", second) and state.start_applied is True
         assert state.start_skipped <= 1  # the held message, finished unseen
 
@@ -136,7 +136,7 @@ async def test_a_start_at_the_end_gets_only_what_comes_after_the_subscribe(nsq_c
     await asyncio.sleep(0.5)
     await consumer.stop()
     assert_exactly(got, new, "new")
-    assert all(state.start_applied for state in consumer.partitions)
+    assert all(state.start_applied for state in consumer.partitions.values())
 
 
 async def test_a_start_at_a_message_count(nsq_cluster_ha: Any) -> None:
@@ -172,7 +172,7 @@ async def test_a_start_is_taken_only_from_the_first_client_and_the_consumer_says
         await asyncio.sleep(0.5)
     await first.stop()
     await second.stop()
-    assert all(state.start_applied is False for state in second.partitions)
+    assert all(state.start_applied is False for state in second.partitions.values())
     assert "ignores the start msgcount:1" in caplog.text
     bodies = [m.body for m in got_first + late_got]
     assert len(bodies) == len(set(bodies)) == PARTITIONS * (PER_PARTITION + 2)  # nothing read again

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Mapping
 
 import pytest
 
@@ -114,3 +115,23 @@ async def test_ordered_positions_are_kept_per_partition(nsq_cluster_ha):
 def test_backoff_scope_is_checked() -> None:
     with pytest.raises(InvalidValueError, match="backoff_scope must be one of .* got 'topic'"):
         consumer_on(type("C", (), {"lookupd_http_addresses": ["127.0.0.1:4161"]})(), "t", backoff_scope="topic")
+
+
+async def test_partitions_is_a_read_only_mapping(nsq_cluster_ha):
+    """Issue 36: the docs index ``consumer.partitions[p]``; it is a Mapping, ``.items()`` too."""
+    topic = await ha_topic(nsq_cluster_ha)
+    consumer = consumer_on(nsq_cluster_ha, topic, handler=lambda m: None)
+    await consumer.start()
+    try:
+        await eventually(lambda: len(consumer.partitions) == PARTITIONS, timeout=20, what="every partition")
+        partitions = consumer.partitions
+        assert isinstance(partitions, Mapping)
+        assert sorted(partitions) == list(range(PARTITIONS))
+        assert {p: state.partition for p, state in partitions.items()} == {p: p for p in range(PARTITIONS)}
+        assert partitions.get(PARTITIONS) is None and PARTITIONS not in partitions
+        with pytest.raises(KeyError):
+            partitions[PARTITIONS]
+        with pytest.raises(TypeError):
+            partitions[0] = partitions[1]  # type: ignore[index]
+    finally:
+        await consumer.stop()

@@ -126,10 +126,10 @@ class Consumer:
     ...                         handler=handle, max_in_flight=100):
     ...         await asyncio.sleep(60)
 
-    Options (go-nsq's names and defaults, durations in seconds): ``max_in_flight``
-    (1), ``max_attempts`` (5; 0 = unlimited), ``default_requeue_delay`` (90, times
-    the attempts), ``max_requeue_delay`` (900), ``backoff_strategy``
-    ("exponential", "full_jitter" or a callable level -> seconds),
+    Options (go-nsq's names and defaults, durations in seconds): ``max_in_flight`` (1), ``max_attempts``
+    (5; 0 = unlimited), ``default_requeue_delay`` (90, times the attempts), ``max_requeue_delay`` (900,
+    go-nsq's 15 min; both at most 3600, go-nsq's limit and nsqd's default ``--max-req-timeout``),
+    ``backoff_strategy`` ("exponential", "full_jitter" or a callable level -> seconds),
     ``max_backoff_duration`` (120; 0 disables backoff), ``backoff_multiplier`` (1),
     ``backoff_scope`` ("consumer", as go-nsq: a failure slows every connection down;
     "partition": only the failing partition's, as youzan's RequeueBackoffSingleConn),

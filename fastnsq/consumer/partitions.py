@@ -7,7 +7,7 @@ read from the RDY controller (:mod:`fastnsq.rdy`), which keys its connections by
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,10 +81,11 @@ class PartitionState:
         return problem
 
 
-class Partitions:
-    """The consumer's :class:`PartitionState` objects, one per partition subscribed so far.
+class Partitions(Mapping[int | None, PartitionState]):
+    """The consumer's :class:`PartitionState` objects, one per partition subscribed so far: a
+    read-only mapping of partition (None: an upstream nsqd's topic) to its state.
 
-    ``consumer.partitions[3].backoff_level``; iterate for all of them.
+    ``consumer.partitions[3].backoff_level``; ``.items()`` / ``.values()`` for all of them.
     """
 
     def __init__(self, rdy: RdyController) -> None:
@@ -102,8 +103,8 @@ class Partitions:
         """KeyError for a partition never subscribed."""
         return self._states[partition]
 
-    def __iter__(self) -> Iterator[PartitionState]:
-        return iter(list(self._states.values()))
+    def __iter__(self) -> Iterator[int | None]:
+        return iter(list(self._states))  # a copy: a partition subscribed meanwhile is no error
 
     def __len__(self) -> int:
         return len(self._states)
@@ -113,8 +114,8 @@ class Partitions:
 
     @property
     def ordering_errors(self) -> list[str]:
-        return [problem for state in self for problem in state.ordering_errors]
+        return [problem for state in self.values() for problem in state.ordering_errors]
 
     @property
     def duplicates_dropped(self) -> int:
-        return sum(state.duplicates_dropped for state in self)
+        return sum(state.duplicates_dropped for state in self.values())
