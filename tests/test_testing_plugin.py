@@ -113,7 +113,7 @@ LOOKUPD_TEST = """
 def docs_block(language: str, index: int = 0) -> str:
     """The ``index``-th fenced ``language`` block of docs/testing.md."""
     text = (REPO / "docs" / "testing.md").read_text()
-    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.S | re.M)[index]
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE)[index]
 
 
 @pytest.mark.parametrize("config", ["pyproject.toml", "pytest.ini"])
