@@ -108,3 +108,21 @@ def test_stop_report_duration_is_not_whole_milliseconds() -> None:
     durations = [on_uvloop(scenario).duration for _ in range(3)]
     assert all(0 < d < 5 for d in durations), durations
     assert not all(is_whole_milliseconds(d) for d in durations), durations
+
+
+def test_ha_node_stats_average_round_trip_is_timed_below_a_millisecond() -> None:
+    """``node_stats()`` (go-nsq's ``Stat()``): after one publish, its average is that round trip."""
+    if external_servers_configured():
+        pytest.skip("an embedded HA nsqd on the test's uvloop")
+
+    async def main() -> float:
+        assert isinstance(asyncio.get_running_loop(), uvloop.Loop)
+        async with NSQD(ha=True) as nsqd:
+            topic = unique("rtt")
+            nsqd.create_topic(topic, 1)
+            async with Producer([nsqd.tcp_address]) as producer:
+                await producer.publish(topic, b"one", partition=0)
+                return producer.node_stats()[nsqd.tcp_address].avg_rt
+
+    average = fastnsq.run(main())
+    assert 0 < average < 0.005 and not is_whole_milliseconds(average), average
