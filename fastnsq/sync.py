@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ._sync_publish import CALL, FORKS, PUBLISH, SEND, Bridge, settle_future
 from .config import check_range
 from .consumer import Batch, StopReport
 from .consumer import Consumer as AsyncConsumer
-from .errors import InvalidValueError
+from .errors import ConnectionClosedError, InvalidValueError
 from .loop import new_event_loop
 from .producer import Producer as AsyncProducer
 from .producer.ha import CloseReport
@@ -42,6 +44,7 @@ __all__ = ["Consumer", "Producer"]
 
 T = TypeVar("T")
 _RESULT_MARGIN = 5.0  # seconds added to a call's own timeout before the caller stops waiting
+_LATE = 0.25  # seconds a publish with its own timeout waits past it for the loop's answer (or error)
 
 
 class _LoopThread:
@@ -64,6 +67,8 @@ class _LoopThread:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
+            if future.done():
+                raise  # the call's own TimeoutError (PublishTimeoutError is one), not this wait's
             future.cancel()
             raise TimeoutError(f"no result within {timeout} s") from None
 
@@ -82,6 +87,15 @@ class Producer:
     and ``mpublish`` take the same keyword arguments as the async ones and block until nsqd
     has the message(s), returning its answer; ``publish_async`` returns at once with a
     ``concurrent.futures.Future`` of that answer (go-nsq's ``PublishAsync``).
+
+    The constructor returns at once and connects in the background (go-nsq's
+    ``NewProducer``): a publish waits for that first attempt; while no connection is open
+    and the attempts failed, a publish raises ``NoConnectionError`` at once, naming each
+    nsqd and why, and the producer reconnects behind the scenes. ``lazy_connect=False``
+    connects in the constructor instead and raises ``NoConnectionError`` there when no nsqd
+    answers. After ``os.fork()`` the child gets a loop, a thread and connections of its own
+    at its first call (gunicorn ``--preload``, ``multiprocessing``); the parent's are never
+    touched there.
     """
 
     def __init__(
@@ -89,20 +103,44 @@ class Producer:
         nsqd_tcp_addresses: str | Sequence[str] | None = None,
         *,
         lookupd_http_addresses: str | Sequence[str] | None = None,
+        lazy_connect: bool = True,
         **options: Any,
     ) -> None:
-        # Built here, in the caller's thread, so bad options raise at once.
-        self._producer = AsyncProducer(nsqd_tcp_addresses, lookupd_http_addresses=lookupd_http_addresses, **options)
-        self._thread = _LoopThread("fastnsq-producer")
-        try:
-            self._thread.call(self._producer.start())
-        except BaseException:
-            self._thread.stop()
-            raise
+        self._arguments = (nsqd_tcp_addresses, lookupd_http_addresses, options)
         self._closed = False
+        self._start(background=bool(lazy_connect))
 
-    def _timeout(self, timeout: float | None) -> float:
-        return (self._producer.publish_timeout if timeout is None else timeout) * (1 + self._producer.max_retries) + _RESULT_MARGIN
+    def _start(self, background: bool) -> None:
+        # Built here, in the caller's thread, so bad options raise at once.
+        nsqd, lookupd, options = self._arguments
+        producer = AsyncProducer(nsqd, lookupd_http_addresses=lookupd, **options)
+        thread = _LoopThread("fastnsq-producer")
+        try:
+            thread.call(producer.start(background=background))
+        except BaseException:
+            thread.stop()
+            raise
+        self._producer, self._thread = producer, thread
+        self._bridge = Bridge(thread.loop, producer)
+
+    def _current(self) -> Bridge:
+        """The bridge to this process's loop: after a fork, the child builds its own (the
+        parent's loop, thread and connections were left alone at the fork)."""
+        bridge = self._bridge
+        if bridge.generation != FORKS.generation:
+            with FORKS.lock:
+                if self._closed:
+                    raise ConnectionClosedError("the producer is closed")
+                if self._bridge.generation != FORKS.generation:
+                    self._start(background=True)
+            bridge = self._bridge
+        return bridge
+
+    def _wait(self, timeout: float | None) -> float:
+        """How long a caller waits: its own timeout, or each attempt's publish_timeout."""
+        if timeout is not None:
+            return timeout + _LATE
+        return self._producer.publish_timeout * (1 + self._producer.max_retries) + _RESULT_MARGIN
 
     def publish(
         self,
@@ -117,15 +155,25 @@ class Producer:
         ext: Mapping[str, Any] | None = None,
     ) -> Any:
         """Publish one message and block until nsqd acknowledged it (or raise); the arguments are
-        :meth:`fastnsq.Producer.publish`'s."""
-        call = self._producer.publish(topic, body, defer=defer, timeout=timeout, partition=partition,
-                                      sharding_key=sharding_key, trace_id=trace_id, ext=ext)
-        return self._thread.call(call, self._timeout(timeout))
+        :meth:`fastnsq.Producer.publish`'s. With ``timeout``, returns or raises within it."""
+        bridge = self._current()
+        if defer is None and timeout is None and partition is None and sharding_key is None \
+                and trace_id is None and ext is None:
+            return bridge.publish(topic, body, self._wait(None))  # coalesced with the other threads'
+        send = functools.partial(self._producer.publish, topic, body, defer=defer, timeout=timeout,
+                                 partition=partition, sharding_key=sharding_key, trace_id=trace_id, ext=ext)
+        return bridge.run(SEND, send, self._wait(timeout))
 
     def publish_async(self, topic: str, body: Any, **arguments: Any) -> concurrent.futures.Future[Any]:
         """:meth:`publish` without waiting: a future of nsqd's answer (or of the error)."""
-        call = self._producer.publish(topic, body, **arguments)
-        return asyncio.run_coroutine_threadsafe(call, self._thread.loop)
+        bridge = self._current()
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        done = functools.partial(settle_future, future)
+        if not arguments:
+            bridge.put(PUBLISH, topic, body, done)
+        else:
+            bridge.put(SEND, functools.partial(self._producer.publish, topic, body, **arguments), None, done)
+        return future
 
     def mpublish(
         self,
@@ -140,38 +188,48 @@ class Producer:
     ) -> Any:
         """Publish a batch and block until nsqd acknowledged it (or raise); the arguments are
         :meth:`fastnsq.Producer.mpublish`'s."""
-        call = self._producer.mpublish(topic, bodies, timeout=timeout, partition=partition,
-                                       sharding_key=sharding_key, trace_ids=trace_ids, exts=exts)
-        return self._thread.call(call, self._timeout(timeout))
+        bridge = self._current()
+        send = functools.partial(self._producer.mpublish, topic, bodies, timeout=timeout, partition=partition,
+                                 sharding_key=sharding_key, trace_ids=trace_ids, exts=exts)
+        return bridge.run(SEND, send, self._wait(timeout))
 
     def publish_and_retry_background(self, topic: str, body: Any, **arguments: Any) -> bool:
         """:meth:`fastnsq.Producer.publish_and_retry_background`: True if nsqd has it, False if it
         waits for a background retry (the retries run on the facade's loop)."""
-        return self._thread.call(self._producer.publish_and_retry_background(topic, body, **arguments),
-                                 self._timeout(None))
+        bridge = self._current()
+        call = functools.partial(self._producer.publish_and_retry_background, topic, body, **arguments)
+        return bool(bridge.run(CALL, call, self._wait(None)))
 
     def node_stats(self) -> dict[str, NodeStats]:
         """:meth:`fastnsq.Producer.node_stats`, taken on its loop."""
         if self._closed:
             return self._producer.node_stats()
+        self._current()
         return self._thread.call(_call_async(self._producer.node_stats), 10)
 
     def snapshot(self) -> ProducerStats:
         """The async producer's :meth:`~fastnsq.Producer.snapshot`, taken on its loop."""
         if self._closed:
             return self._producer.snapshot()
+        self._current()
         return self._thread.call(_call_async(self._producer.snapshot), 10)
 
     def close(self, timeout: float = 5.0) -> CloseReport:
         """Wait for publishes in flight (up to ``timeout``), close connections, stop the thread;
-        returns what was left unsent (background retries)."""
+        returns what was left unsent (background retries). Publishes queued before it are sent."""
         if self._closed:
             return CloseReport()
+        if self._bridge.generation != FORKS.generation:  # a fork's child that never used it
+            self._closed = True
+            return CloseReport()
+        bridge = self._current()
         self._closed = True
         try:
-            return self._thread.call(self._producer.close(timeout), timeout + _RESULT_MARGIN)
+            report = bridge.run(CALL, functools.partial(self._producer.close, timeout), timeout + _RESULT_MARGIN)
         finally:
+            bridge.fail_leftovers()  # calls that raced with this one
             self._thread.stop()
+        return report
 
     def __enter__(self) -> Self:
         return self

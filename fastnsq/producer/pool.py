@@ -21,13 +21,18 @@ logger = logging.getLogger(__name__)
 class _Slot:
     """One pooled connection to one nsqd, reconnecting in the background."""
 
-    __slots__ = ("address", "conn", "failures", "task")
+    __slots__ = ("address", "conn", "error", "failures", "last_attempt", "sleeping", "task")
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.conn: Connection | None = None
         self.task: asyncio.Task[None] | None = None
         self.failures = 0
+        #: Why the last attempt failed or the connection was lost; None while open or before
+        #: the first attempt ended (what :meth:`ConnectionPool.down_error` reports).
+        self.error: BaseException | None = None
+        self.last_attempt = 0.0  # loop time the last attempt to connect began
+        self.sleeping = False  # the reconnect task waits out its backoff (reconnect_soon may cut it)
 
 
 class ConnectionPool:
@@ -148,6 +153,7 @@ class ConnectionPool:
         for slot, result in zip(slots, results):
             if isinstance(result, BaseException):
                 self._log.warning("cannot connect to nsqd %s: %s", address, result)
+                slot.error = result
                 self._reconnect_later(slot)
         failures = [r for r in results if isinstance(r, BaseException)]
         if len(failures) == len(slots):
@@ -179,9 +185,12 @@ class ConnectionPool:
     async def _open_slot(self, slot: _Slot) -> None:
         conn = Connection(slot.address, self.options, on_close=functools.partial(self._on_close, slot))
         conn.round_trip_observer = self._round_trip_observer
+        assert self._loop is not None
+        slot.last_attempt = self._loop.time()
         await conn.connect()
         slot.conn = conn
         slot.failures = 0
+        slot.error = None
         self.open.append(conn)
         self._open_by_address.setdefault(slot.address, []).append(conn)
         assert self._connected is not None
@@ -196,6 +205,7 @@ class ConnectionPool:
             same_node.remove(conn)
         if slot.conn is conn:
             slot.conn = None
+            slot.error = error or ConnectionClosedError("nsqd closed the connection")
         if not self.closing and slot in self._slots.get(slot.address, ()):  # not removed on purpose
             # connection_lost(None): nsqd closed it (an EOF); our own closes do not come here.
             why = "closed by the server" if error is None else (str(error) or type(error).__name__)
@@ -207,17 +217,53 @@ class ConnectionPool:
             return
         slot.task = asyncio.get_running_loop().create_task(self._reconnect(slot))
 
-    async def _reconnect(self, slot: _Slot) -> None:
+    async def _reconnect(self, slot: _Slot, wait: bool = True) -> None:
         while not self.closing:
             slot.failures += 1
-            ceiling = min(self.max_reconnect_delay, self.reconnect_delay * 2 ** min(slot.failures - 1, 30))
-            await asyncio.sleep(random.uniform(ceiling / 2, ceiling))  # jitter: reconnects don't stampede
+            if wait:
+                ceiling = min(self.max_reconnect_delay, self.reconnect_delay * 2 ** min(slot.failures - 1, 30))
+                slot.sleeping = True
+                try:
+                    await asyncio.sleep(random.uniform(ceiling / 2, ceiling))  # jitter: reconnects don't stampede
+                finally:
+                    slot.sleeping = False
+            wait = True
             try:
                 await self._open_slot(slot)
                 self.reconnects += 1
                 return
             except (OSError, asyncio.TimeoutError, NSQError) as exc:
+                slot.error = exc
                 self._log.debug("reconnect to %s failed: %s", slot.address, exc)
+
+    # ---- while no connection is open ------------------------------------------------------
+
+    def down_error(self) -> str | None:
+        """Why no connection is open: each nsqd and the last failure, for an error message.
+
+        None while a connection is open, while no nsqd was added yet (lookupd may still name
+        some) and while a first attempt to connect is still under way.
+        """
+        if self.open or not self._slots:
+            return None
+        slots = [slot for pool in self._slots.values() for slot in pool]
+        if any(slot.error is None for slot in slots):
+            return None
+        causes = {slot.address: _describe(slot.error) for slot in slots}
+        return "; ".join(f"{address} ({cause})" for address, cause in causes.items())
+
+    def reconnect_soon(self) -> None:
+        """Try now the reconnects that wait out their backoff, at most once per ``reconnect_delay``
+        per connection: a publish while nsqd is down finds it as soon as it is back (go-nsq
+        connects on a publish), without a connect per publish."""
+        assert self._loop is not None
+        now = self._loop.time()
+        for pool in self._slots.values():
+            for slot in pool:
+                if slot.sleeping and slot.task is not None and now - slot.last_attempt >= self.reconnect_delay:
+                    slot.task.cancel()
+                    slot.sleeping = False
+                    slot.task = self._loop.create_task(self._reconnect(slot, wait=False))
 
     async def close(self) -> None:
         """Stop reconnecting and close every connection."""
@@ -248,3 +294,13 @@ class ConnectionPool:
 
     def _timeout_error(self) -> PublishTimeoutError:
         return PublishTimeoutError(f"no answer from nsqd within {self.publish_timeout} s (publish_timeout)")
+
+
+def _describe(error: BaseException | None) -> str:
+    """An error for a one-line message: its text, or its kind when it has none (timeouts)."""
+    if error is None:
+        return "not connected"
+    text = str(error)
+    if isinstance(error, (asyncio.TimeoutError, TimeoutError)) and not text:
+        return "timed out"
+    return text or type(error).__name__

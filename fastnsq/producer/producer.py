@@ -16,9 +16,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import codec, tracing
@@ -177,6 +178,8 @@ class Producer:
         self._mpub_max_count = (self.options.max_body_size - 4) // 5
         self._ready_topics: set[str] = set()
         self._coalescer: Any = None
+        self._connecting: asyncio.Task[None] | None = None  # start(background=True)'s connects
+        self._soon_tasks: set[asyncio.Task[Any]] = set()  # publish_soon()'s, referenced until done
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle_waiter: asyncio.Future[None] | None = None
         self._active = 0
@@ -189,8 +192,13 @@ class Producer:
 
     # ---- lifecycle ----------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Connect to every nsqd; at least one must answer (others keep retrying)."""
+    async def start(self, *, background: bool = False) -> None:
+        """Connect to every nsqd; at least one must answer (others keep retrying).
+
+        ``background=True`` returns at once and connects in the background, logging what
+        fails (the blocking facade's lazy start, go-nsq's ``NewProducer``): publishes wait
+        for the first connection within their timeout; :meth:`connecting` is the attempt.
+        """
         if self._started:
             return
         self._started = True
@@ -199,6 +207,19 @@ class Producer:
         self._coalescer = codec.Coalescer(
             self._loop, self._flush_batches, self._max_msg_size, _FLUSH_AT, _FLUSH_BYTES
         )
+        if background:
+            self._connecting = self._loop.create_task(self._connect_in_background())
+            return
+        await self._connect(must_open=True)
+
+    async def _connect_in_background(self) -> None:
+        try:
+            await self._connect(must_open=False)
+        except Exception as exc:  # noqa: BLE001 - nobody awaits this task: say it, reconnects go on
+            self._log.warning("connecting in the background: %s", _describe(exc))
+
+    async def _connect(self, must_open: bool) -> None:
+        """Open every nsqd's connections; ``must_open``: raise when none opened."""
         addresses = list(self._nsqd_addresses)
         topology = self._router.topology
         if topology is not None:
@@ -206,7 +227,7 @@ class Producer:
         results = await asyncio.gather(*(self._pool.add_node(a) for a in addresses), return_exceptions=True)
         if topology is not None:
             topology.watch_nodes(self._pool.add_nodes)
-        if addresses and not self._pool.open:
+        if must_open and addresses and not self._pool.open:
             errors = "; ".join(
                 f"{a}: {_describe(r)}" for a, r in zip(addresses, results) if isinstance(r, BaseException)
             )
@@ -221,6 +242,8 @@ class Producer:
         """
         if self._closing:
             return CloseReport()
+        if self._connecting is not None and not self._connecting.done():
+            self._connecting.cancel()
         report = await self._ha.close()
         self._closing = True
         self._ready_topics.clear()
@@ -405,6 +428,67 @@ class Producer:
                 )
                 return call.answer
         return await self._publish_slow(topic, body, defer, timeout, partition, sharding_key, trace_id, ext)
+
+    # ---- for callers that do not await: the blocking facade --------------------------------
+
+    def connecting(self) -> asyncio.Task[None] | None:
+        """The background start's connection attempts while they run (``start(background=True)``)."""
+        task = self._connecting
+        return task if task is not None and not task.done() else None
+
+    def unreachable(self) -> NoConnectionError | None:
+        """An error naming every nsqd and why it is down, when no connection is open and every
+        attempt so far failed; None otherwise. While it is so, reconnects waiting out their
+        backoff are tried now (at most once per ``reconnect_delay``), so a publish finds nsqd
+        as soon as it is back."""
+        if self._pool.open:
+            return None
+        causes = self._pool.down_error()
+        if causes is None:
+            return None
+        self._pool.reconnect_soon()
+        return NoConnectionError(f"no connection to nsqd: {causes}; reconnecting in the background")
+
+    def publish_soon(self, topic: str, body: Any, done: Callable[[Any, BaseException | None], object]) -> None:
+        """:meth:`publish` for a caller that does not await (the blocking facade): ``done(answer,
+        error)`` runs on this loop once nsqd answered or the publish failed. The coalescing fast
+        path takes no coroutine and no task; anything else runs :meth:`publish` in a task."""
+        try:
+            self._check_topic(topic)
+            if self.coalesce and not tracing.ENABLED:
+                key = topic if self._router.topology is None else self._router.coalescing_key(topic)
+                if key is not None:
+                    future = self._coalescer.add(key, body)  # checks the body; counted by the coalescer
+                    future.add_done_callback(functools.partial(self._soon_answered, topic, body, done))
+                    return
+        except Exception as exc:  # noqa: BLE001 - this caller's error (a bad topic or body, closed)
+            done(None, exc)
+            return
+        self._soon_task(self.publish(topic, body), done)
+
+    def _soon_answered(self, topic: str, body: Any, done: Callable[[Any, BaseException | None], object],
+                       future: asyncio.Future[Any]) -> None:
+        """A coalesced publish_soon() answered: as publish()'s fast path, a lost link goes on
+        to the slow path, which retries."""
+        error = ConnectionClosedError("the command was cancelled") if future.cancelled() else future.exception()
+        if error is None:
+            done(future.result(), None)
+            return
+        if isinstance(error, (ConnectionClosedError, NoConnectionError, ServerError)):
+            self._note_error(error, 1)
+            if _retryable(error) and not self._closing:
+                self._forget_route(topic, error)
+                self.retried += 1
+                self._soon_task(self._publish_slow(topic, body, None, None, None, None, None, None), done)
+                return
+            self.failed += 1
+        done(None, error)
+
+    def _soon_task(self, call: Coroutine[Any, Any, Any], done: Callable[[Any, BaseException | None], object]) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(call)
+        self._soon_tasks.add(task)
+        task.add_done_callback(functools.partial(_task_done, self._soon_tasks, done))
 
     async def _publish_slow(
         self,
@@ -667,6 +751,16 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, (asyncio.TimeoutError, TimeoutError)) and not text:
         return "timed out"
     return text or type(error).__name__
+
+
+def _task_done(tasks: set[asyncio.Task[Any]], done: Callable[[Any, BaseException | None], object],
+               task: asyncio.Task[Any]) -> None:
+    tasks.discard(task)
+    if task.cancelled():
+        done(None, ConnectionClosedError("the publish was cancelled: the producer closed"))
+    else:
+        error = task.exception()
+        done(None if error is not None else task.result(), error)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

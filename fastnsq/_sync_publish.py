@@ -1,0 +1,240 @@
+"""The blocking producer's hand-off: calls from any thread to the producer's event loop.
+
+A future handed to the loop per call (``run_coroutine_threadsafe``: a coroutine, a task, a
+concurrent future and a wake of the loop each) cost more than the publish itself. Here a call
+is a tuple in a deque; the loop is woken once when the deque goes from empty to non-empty,
+takes everything queued in one pass and gives the plain publishes to the producer's coalescer
+(one MPUB per topic and pass, no coroutine); each answer comes back through a lock its caller
+blocks on (:class:`Call`). The deque keeps each thread's calls in order.
+
+While no connection is open and every attempt failed, publishes fail at once with an error
+naming the nsqd and the cause (the producer keeps reconnecting); while the first attempt is
+under way they wait for it. After ``os.fork()`` the child's copy of the loop has no thread:
+right after the fork, :func:`abandon` makes sure the child never touches the parent's loop or
+sockets; at its first call the facade builds a new loop, producer and bridge
+(``FORKS.generation`` tells it a fork happened).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import os
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .errors import ConnectionClosedError, NoConnectionError, PublishTimeoutError
+from .producer import Producer
+
+__all__ = ["FORKS", "Bridge", "Call"]
+
+Done = Callable[[Any, BaseException | None], object]
+
+# What a queued call is: its first item.
+PUBLISH = 0  # (PUBLISH, topic, body, done): producer.publish_soon; fails fast while nsqd is down
+SEND = 1  # (SEND, make_coroutine, None, done): a publish in a task; fails fast while nsqd is down
+CALL = 2  # (CALL, make_coroutine, None, done): close, background retries: always run
+
+
+class _Forks:
+    """How many times this process is a fork's child; a lock made anew in each child."""
+
+    def __init__(self) -> None:
+        self.generation = 0
+        self.lock = threading.Lock()
+
+    def after_in_child(self) -> None:
+        self.generation += 1
+        self.lock = threading.Lock()  # another thread may have held the parent's at the fork
+        # Now, before the child's own code runs: the descriptors are still the parent's sockets.
+        for bridge in list(_LIVE):
+            _abandon(bridge)
+        _LIVE.clear()
+
+
+FORKS = _Forks()
+_LIVE: weakref.WeakSet[Bridge] = weakref.WeakSet()  # the bridges whose loop runs in this process
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=FORKS.after_in_child)
+
+
+class Call:
+    """One blocking call: the caller waits on ``lock``, which the loop thread releases."""
+
+    __slots__ = ("answer", "error", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.answer: Any = None
+        self.error: BaseException | None = None
+
+    def __call__(self, answer: Any, error: BaseException | None) -> None:  # the ``done`` of a call
+        self.answer = answer
+        self.error = error
+        self.lock.release()
+
+    def wait(self, timeout: float) -> Any:
+        if not self.lock.acquire(True, timeout):
+            raise PublishTimeoutError(f"no answer within {timeout:.3f} s (the call's own timeout)")
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+
+def settle_future(future: concurrent.futures.Future[Any], answer: Any, error: BaseException | None) -> None:
+    """The ``done`` of ``publish_async``: its concurrent future (unless the caller cancelled it)."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if error is None:
+            future.set_result(answer)
+        else:
+            future.set_exception(error)
+
+
+class Bridge:
+    """Queued calls from any thread, dispatched on ``loop`` to ``producer``, many per wake."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, producer: Producer) -> None:
+        self.loop = loop
+        self.producer = producer
+        self.generation = FORKS.generation
+        self.closed = False
+        self._queue: deque[tuple[int, Any, Any, Done]] = deque()
+        self._woken = False  # a _drain is scheduled: nobody needs to wake the loop
+        self._held: list[tuple[int, Any, Any, Done]] | None = None  # waiting for the first connect
+        _LIVE.add(self)
+
+    # ---- any thread -----------------------------------------------------------------------
+
+    def put(self, kind: int, first: Any, second: Any, done: Done) -> None:
+        """Queue a call; ``done(answer, error)`` runs on the loop thread (or here once closed)."""
+        self._queue.append((kind, first, second, done))
+        # The loop clears _woken before it takes the queue, so a call appended before this read
+        # saw True only if that drain is still to take it; two wakes at once are harmless.
+        if not self._woken:
+            self._woken = True
+            try:
+                self.loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: the producer is
+                self.closed = True
+        if self.closed:
+            self.fail_leftovers()
+
+    def publish(self, topic: str, body: Any, timeout: float) -> Any:
+        call = Call()
+        self.put(PUBLISH, topic, body, call)
+        return call.wait(timeout)
+
+    def run(self, kind: int, make: Callable[[], Coroutine[Any, Any, Any]], timeout: float) -> Any:
+        call = Call()
+        self.put(kind, make, None, call)
+        return call.wait(timeout)
+
+    def fail_leftovers(self) -> None:
+        """The loop is gone or going: every call still queued fails (each popped once)."""
+        self.closed = True
+        _LIVE.discard(self)
+        while True:
+            try:
+                _, _, _, done = self._queue.popleft()
+            except IndexError:
+                return
+            done(None, ConnectionClosedError("the producer is closed"))
+
+    # ---- the loop thread --------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        self._woken = False
+        queue = self._queue
+        items = [queue.popleft() for _ in range(len(queue))]
+        if self._held is not None:
+            self._held += items
+            return
+        if self.producer.connecting() is not None:
+            self._hold(items)
+            return
+        self._dispatch(items)
+
+    def _hold(self, items: list[tuple[int, Any, Any, Done]]) -> None:
+        """The first attempt to connect is under way: these wait for its outcome."""
+        task = self.producer.connecting()
+        assert task is not None
+        self._held = items
+        task.add_done_callback(self._release)
+
+    def _release(self, _task: object) -> None:
+        items, self._held = self._held or [], None
+        self._dispatch(items)
+
+    def _dispatch(self, items: list[tuple[int, Any, Any, Done]]) -> None:
+        producer = self.producer
+        down = producer.unreachable()
+        publish_soon = producer.publish_soon
+        for kind, first, second, done in items:
+            if kind == PUBLISH and down is None:
+                publish_soon(first, second, done)
+            elif kind == CALL or down is None:
+                self._run_task(first(), done)
+            else:
+                done(None, NoConnectionError(*down.args))  # one per caller: each raises its own
+
+    def _run_task(self, call: Coroutine[Any, Any, Any], done: Done) -> None:
+        task = self.loop.create_task(call)
+        task.add_done_callback(lambda finished: _task_outcome(finished, done))
+
+
+def _task_outcome(task: asyncio.Task[Any], done: Done) -> None:
+    if task.cancelled():
+        done(None, ConnectionClosedError("the call was cancelled: the producer closed"))
+        return
+    error = task.exception()
+    done(None if error is not None else task.result(), error)
+
+
+# ---- after a fork ------------------------------------------------------------------------------
+
+_ABANDONED: list[Any] = []
+
+
+def _abandon(bridge: Bridge) -> None:
+    """In a fork's child: never touch the parent's loop, producer or connections again.
+
+    The child's copies share the parent's open files: closing a connection here would take
+    it out of the parent's epoll set (libuv removes a closed descriptor from its epoll, which
+    the child shares), and the loop, "running" in a thread the child does not have, raises
+    when freed. So they are kept alive for good, and the child's descriptors of the
+    connections to nsqd now point at /dev/null: nsqd still sees the parent's connection
+    close when the parent closes it, and nothing here can read or write it.
+    """
+    _ABANDONED.append(bridge)
+    _keep_forever(bridge)
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            for conn in bridge.producer.connections:
+                fd = _socket_fd(conn)
+                if fd is not None:
+                    os.dup2(null, fd)
+        finally:
+            os.close(null)
+
+
+def _socket_fd(conn: Any) -> int | None:
+    transport = getattr(conn, "_transport", None)  # Connection keeps no public handle on it
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    fd = sock.fileno() if sock is not None else -1
+    return fd if fd >= 0 else None
+
+
+def _keep_forever(obj: object) -> None:
+    """One reference the interpreter's shutdown does not drop (module globals it does)."""
+    try:
+        import ctypes
+
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
+    except (ImportError, AttributeError):  # pragma: no cover - no ctypes: the list keeps it until exit
+        pass
