@@ -368,7 +368,8 @@ class Consumer:
         self._report: StopReport | None = None
         # A second signal hurries the drain (run()); the loop thread owns these three.
         self._hurrying = False
-        self._held: set[Any] = set()  # messages handed to a worker thread, not returned yet
+        self._held: set[Any] = set()  # messages handed to a handler, not answered yet (a superset)
+        self._prune_at = 64  # _held's size at which its answered messages are dropped
         self._abandoned = 0  # held messages requeued when the hurried drain ended
         self._hurry_timeout = 1.0
 
@@ -378,14 +379,22 @@ class Consumer:
             return
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()
-        self._held.add(message)
+        self._hold(message)
         try:
             self._pool.submit(self._work, message, loop, done)
             ran = await done
         finally:
-            self._held.discard(message)
+            if message.has_responded or message.auto_response:  # answered, or the dispatcher answers it now
+                self._held.discard(message)
+            # else the handler disabled the auto response: its code answers later, held until then
         if not ran and not message.has_responded:
             message.requeue(0, backoff=False)
+
+    def _hold(self, message: Any) -> None:
+        if len(self._held) >= self._prune_at:  # messages answered after their handler returned
+            self._held = {held for held in self._held if not held.has_responded}
+            self._prune_at = 2 * len(self._held) + 64
+        self._held.add(message)
 
     def _work(self, message: Any, loop: asyncio.AbstractEventLoop, done: asyncio.Future[bool]) -> None:
         """In a worker thread: the user's handler, its outcome handed back to the loop."""
@@ -449,8 +458,9 @@ class Consumer:
         The signal handlers stay installed until the drain is over, so a duplicated signal (a
         process manager, ``timeout``, a shell and its child all signalled) cannot kill the drain.
         A second signal hurries it: no handler starts any more, and the drain ends at most
-        ``hurry_timeout`` seconds later; what the handlers still hold then is requeued and
-        counted in the report's ``abandoned``. Later signals change nothing.
+        ``hurry_timeout`` seconds later; what the handlers still hold then (or kept, unanswered,
+        with the auto response disabled) is requeued and counted in the report's ``abandoned``.
+        Later signals change nothing.
         """
         self._hurry_timeout = check_range("hurry_timeout", hurry_timeout, 0, 3600)
         previous = {}

@@ -31,12 +31,17 @@ CHILD = r"""
 import os, sys, threading, time
 from fastnsq.sync import Consumer
 
-address, topic, release, hold = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+address, topic, release, hold, mode = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
 printing = threading.Lock()  # one line per handler, not interleaved
+kept = []
 
 def handle(message):
     with printing:
         print("handling " + message.body[:8].decode(), flush=True)
+    if mode == "keep":  # answered later, by other code (as a batching handler does): never here
+        message.disable_auto_response()
+        kept.append(message)
+        return
     until = time.monotonic() + hold
     while not os.path.exists(release) and time.monotonic() < until:
         time.sleep(0.01)
@@ -52,14 +57,15 @@ print(f"REPORT finished={report.finished} requeued={report.requeued} abandoned={
 
 
 async def _run_child(
-    nsqd: Any, topic: str, tmp_path: Path, *, signals: int, release_after: float | None, hold: float = 8.0
+    nsqd: Any, topic: str, tmp_path: Path, *, signals: int, release_after: float | None, hold: float = 8.0,
+    mode: str = "hold",
 ) -> tuple[int | None, dict[str, str], str]:
     """Start the child, wait until its four handlers hold a message, send ``signals`` SIGTERMs
     0.3 s apart, release the handlers ``release_after`` seconds after the last one (None: never);
     the child's exit status, its report's fields and its stderr."""
     release = tmp_path / "release"
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", CHILD, nsqd.tcp_address, topic, str(release), str(hold),
+        sys.executable, "-c", CHILD, nsqd.tcp_address, topic, str(release), str(hold), mode,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=ENV,
     )
     assert child.stdout is not None and child.stderr is not None
@@ -108,6 +114,18 @@ async def test_a_second_sigterm_hurries_the_drain_and_still_requeues_what_is_hel
     assert report["snapshot_in_flight"] == "0"
     assert await _left_in_channel(nsqd, topic) == {"in_flight": 0, "queued": 10}
     assert time.monotonic() - started < 30
+
+
+async def test_a_second_sigterm_requeues_messages_kept_past_their_handler(nsqd, tmp_path):
+    """Handlers that disable the auto response and keep their messages (to answer them later):
+    the second signal requeues those too, as the held ones."""
+    topic = unique("twosigkept")
+    await publish_spread([nsqd.tcp_address], topic, 10)
+    status, report, err = await _run_child(nsqd, topic, tmp_path, signals=2, release_after=None, mode="keep")
+    assert status == 0, err
+    assert report["abandoned"] == "4" and report["requeued"] == "4" and report["timed_out"] == "True"
+    assert float(report["duration"]) < 5.0
+    assert await _left_in_channel(nsqd, topic) == {"in_flight": 0, "queued": 10}
 
 
 async def test_a_second_sigterm_still_lets_handlers_about_to_return_finish(nsqd, tmp_path):
