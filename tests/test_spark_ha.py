@@ -6,8 +6,8 @@ the source must keep them apart (it once took partition 1's messages for redeliv
 partition 0's, wrote 1,000 rows of 2,000 and FINed the rest). Asserted here: every message
 exactly as published, each once, with its partition and queue offset, under
 Trigger.AvailableNow and the default trigger, on 2 and 4 partitions; the AvailableNow target
-counts each partition once (its leader's); and a channel the source would create (it starts
-at the partitions' end) is warned about.
+counts each partition once (its leader's), and its last messages reach every partition; and a
+channel the source would create (it starts at the partitions' end) is warned about.
 """
 
 from __future__ import annotations
@@ -109,6 +109,27 @@ def test_the_available_now_target_counts_each_partition_once(ha: ThreadedHAClust
 
     topic, sent = ha_topic(ha, "spk_target", 4)
     assert available_now_backlog(source_options(ha, topic)) == len(sent)
+
+
+def test_the_end_of_an_available_now_run_reaches_every_partition(ha: ThreadedHACluster) -> None:
+    """One message left, on any one of 4 partitions: the in-flight window is 1 for 4
+    connections, and the slot must reach that partition's. It moved on after 10 s idle
+    (checked every 5 s): the message on the partition served last waited 25 s and more."""
+    from fastnsq.spark._runtime import SourceRuntime, available_now_backlog
+
+    for partition in range(4):
+        topic = unique("spk_tail")
+        ha.run(ha.cluster.create_topic(topic, partitions=4, channels=["spark"]))
+        ha.publish(topic, partition, [b"the last one"])
+        options = source_options(ha, topic)
+        target = available_now_backlog(options)
+        assert target == 1
+        runtime = SourceRuntime(options)
+        runtime.start(delivery_cap=target)
+        try:
+            assert runtime.arrived.wait(8.0), f"the message on partition {partition} did not arrive within 8 s"
+        finally:
+            runtime.stop()
 
 
 def test_a_channel_the_source_would_create_is_warned_about(

@@ -67,6 +67,13 @@ _TAKE_AT_ONCE = 100_000  # messages taken from the consumer per loop pass, at mo
 # embedded one number each partition's messages 1, 2, ...); keyed by the id alone,
 # partition 1's messages were taken for redeliveries of partition 0's and dropped.
 _KEY = attrgetter("partition", "id")
+# Trigger.AvailableNow shrinks the in-flight window to what is left to take: at the end of a
+# run it holds fewer slots than there are connections, and a slot moves on only when its
+# connection has been idle that long (go-nsq's 10 s, checked every 5 s). Connections that see
+# different messages (HA partitions, several nsqd) then waited their turn one by one: the last
+# message of 4 partitions was not delivered within availableNowTimeoutMs (30 s). The consumer
+# only rotates slots when it has fewer than its connections, so this changes nothing else.
+_FAST_ROTATION = {"low_rdy_idle_timeout": 1.0, "rdy_redistribute_interval": 0.25}
 
 
 class SourceRuntime:
@@ -126,7 +133,7 @@ class SourceRuntime:
         opts = self.options
         # A micro-batch holds its messages far longer than nsqd's output buffer: no express lane
         # (a second connection per nsqd for nothing), unless the user's options ask for one.
-        kwargs = {"express_lane": False, **opts.consumer_kwargs()}
+        kwargs = {"express_lane": False, **_FAST_ROTATION, **opts.consumer_kwargs()}
         if self._delivery_cap is not None:
             kwargs["max_in_flight"] = max(1, self._delivery_window())  # 0 (nothing to take): paused below
         self.consumer = Consumer(opts.topic, opts.channel, **kwargs)
