@@ -173,14 +173,23 @@ class Bridge:
     def _dispatch(self, items: list[tuple[int, Any, Any, Done]]) -> None:
         producer = self.producer
         down = producer.unreachable()
-        publish_soon = producer.publish_soon
+        batches: dict[str, tuple[list[Any], list[Done]]] = {}  # the plain publishes, per topic, in order
         for kind, first, second, done in items:
             if kind == PUBLISH and down is None:
-                publish_soon(first, second, done)
+                if type(first) is str:
+                    batch = batches.get(first)
+                    if batch is None:
+                        batch = batches[first] = ([], [])
+                    batch[0].append(second)
+                    batch[1].append(done)
+                else:
+                    producer.publish_soon(first, second, done)  # raises for this caller alone
             elif kind == CALL or down is None:
                 self._run_task(first(), done)
             else:
                 done(None, NoConnectionError(*down.args))  # one per caller: each raises its own
+        for topic, (bodies, dones) in batches.items():
+            producer.publish_batch_soon(topic, bodies, dones)
 
     def _run_task(self, call: Coroutine[Any, Any, Any], done: Done) -> None:
         task = self.loop.create_task(call)

@@ -363,3 +363,41 @@ async def test_timeouts_are_honoured_when_nsqd_does_not_answer() -> None:
     # Each within its timeout plus the sweep's granularity (publish_timeout / 4) and a margin for a loaded machine.
     assert took[0] < 0.3 + 0.5 and took[2] < 0.3 + 0.5, took
     assert took[1] < 0.5 + 0.5 + 0.5, took
+
+
+async def test_an_nsqd_stopped_under_threads_loses_nothing_acknowledged() -> None:
+    """Batches on a connection that is lost go to the producer's retrying path: each publish
+    is acknowledged or raises, and every acknowledged one is in an nsqd afterwards."""
+    async with NSQD() as a, NSQD() as b:
+        topic = unique("failover")
+        acked: list[bytes] = []
+        failed: list[bytes] = []
+        producer = await blocking(lambda: Producer([a.tcp_address, b.tcp_address], reconnect_delay=0.05))
+
+        def worker(n: int) -> None:
+            for i in range(300):
+                body = b"%d-%04d" % (n, i)
+                try:
+                    producer.publish(topic, body)
+                    acked.append(body)
+                except (ConnectionClosedError, NoConnectionError, PublishTimeoutError):
+                    failed.append(body)
+
+        def run_all() -> None:
+            pool = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+            for thread in pool:
+                thread.start()
+            for thread in pool:
+                thread.join()
+
+        running = asyncio.get_running_loop().run_in_executor(None, run_all)
+        while len(acked) < 300:
+            await asyncio.sleep(0.005)
+        await b.stop(keep_messages=True)
+        await running
+        await blocking(producer.close)
+        assert len(acked) + len(failed) == 8 * 300
+        assert len(acked) > 8 * 300 / 2  # A kept taking publishes while B was down
+        await b.start()
+        consumed = set(await drain(a.tcp_address, topic)) | set(await drain(b.tcp_address, topic))
+        assert set(acked) <= consumed, f"lost {len(set(acked) - consumed)} acknowledged messages"

@@ -1,0 +1,98 @@
+"""Publishes handed over in batches by a caller that does not await: the blocking facade.
+
+The facade's loop thread takes the plain publishes of many threads at once, so per topic they
+are a batch already: one MPUB (chunked under nsqd's limits) on the next open connection,
+written at once rather than at the end of the loop pass, with no future and no callback per
+message; its answer resolves them all. A bad body fails only its own caller; a lost
+connection hands each of its messages to the producer's retrying path (``failed``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ConnectionClosedError, InvalidValueError, NoConnectionError
+from .ha import HAProducer
+from .messages import body_size, check_message_size, mpub_chunks
+from .pool import ConnectionPool
+
+__all__ = ["DirectPublisher", "Done"]
+
+#: Called once per publish with nsqd's answer, or None and the error.
+Done = Callable[[Any, BaseException | None], object]
+
+
+class DirectPublisher:
+    """One MPUB per topic and hand-over, answers handed back through each caller's ``done``."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        ha: HAProducer,
+        max_body_size: int,
+        max_msg_size: int,
+        failed: Callable[[str, Any, Done, BaseException], None],
+    ) -> None:
+        self._pool = pool
+        self._ha = ha
+        self._max_body_size = max_body_size
+        self._max_msg_size = max_msg_size
+        self._failed = failed  # the producer's: count it, retry it or hand the error over
+        self.published = 0  # messages nsqd acknowledged through here
+        self.pending = 0  # messages written, not answered yet (close() waits for them)
+
+    def send(self, topic: str, bodies: list[Any], dones: list[Done]) -> None:
+        """Publish ``bodies`` to ``topic`` now (a valid topic); ``dones[i]`` gets body i's outcome."""
+        items = []
+        for body, done in zip(bodies, dones):
+            try:
+                check_message_size(body_size(body), self._max_msg_size, 0)
+            except InvalidValueError as exc:  # this caller's mistake alone
+                done(None, exc)
+                continue
+            items.append((body, done))
+        if not items:
+            return
+        conn = self._pool.pick(None)
+        if conn is None:
+            for body, done in items:
+                self._failed(topic, body, done, NoConnectionError("no open connection to any nsqd"))
+            return
+        chunks = [items] if len(items) == 1 else mpub_chunks(items, self._max_body_size, self._max_msg_size,
+                                                             _no_header, _body)
+        for chunk in chunks:
+            try:
+                if len(chunk) == 1:
+                    sent = conn.publish(topic, chunk[0][0])
+                else:
+                    sent = conn.mpublish(topic, [body for body, _ in chunk])
+            except Exception as exc:  # noqa: BLE001 - e.g. the connection closed during this pass
+                for body, done in chunk:
+                    self._failed(topic, body, done, exc)
+                continue
+            self.pending += len(chunk)
+            sent.add_done_callback(functools.partial(self._answered, topic, chunk))
+            self._ha.timed(conn.address, sent)
+        conn.flush()  # this hand-over is the whole batch: no reason to wait for the pass's end
+
+    def _answered(self, topic: str, chunk: list[tuple[Any, Done]], sent: Any) -> None:
+        self.pending -= len(chunk)
+        error = ConnectionClosedError("the command was cancelled") if sent.cancelled() else sent.exception()
+        if error is None:
+            answer = sent.result()
+            self.published += len(chunk)
+            for _, done in chunk:
+                done(answer, None)
+            return
+        for body, done in chunk:
+            self._failed(topic, body, done, error)
+
+
+def _no_header(item: tuple[Any, Done]) -> int:
+    return 0
+
+
+def _body(item: tuple[Any, Done]) -> Any:
+    return item[0]
