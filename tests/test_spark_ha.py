@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -224,3 +225,39 @@ def test_the_default_trigger_reads_every_partition_of_an_ha_topic(
     finally:
         stop_query(query)
     assert_exactly(collected.rows, sent, partitions)
+
+
+def driver_stderr(request: pytest.FixtureRequest) -> str | None:
+    """What Spark's JVM (and the Python source process it runs) wrote to stderr so far, or None
+    when pytest does not capture (-s). The JVM writes to the descriptor it was started with,
+    pytest's session-wide capture, which capfd does not see; it is written back for the report."""
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    if capman is None or not capman.is_globally_capturing():
+        return None
+    captured = capman.read_global_capture()
+    sys.stderr.write(captured.err)
+    return str(captured.err)
+
+
+@spark_test
+def test_available_now_on_a_new_ha_channel_reads_nothing_and_says_why(
+    spark: Any, ha: ThreadedHACluster, tmp_path: Path, request: pytest.FixtureRequest,  # noqa: F811 - the fixture
+) -> None:
+    """The query's channel does not exist: the HA nsqd creates it at the end, so 0 rows; the
+    warning reaches the driver's stderr (from Spark's Python source process)."""
+    if not _has_available_now():
+        pytest.skip("this PySpark has no Trigger.AvailableNow for Python sources (PySpark < 4.2)")
+    topic, _ = ha_topic(ha, "spk_ha_new", 2, channel="keep")
+    driver_stderr(request)  # what came before this query
+    query = (ha_stream(spark, ha, topic).select("partition", "offset", "body").writeStream.format("parquet")
+             .option("path", str(tmp_path / "out")).option("checkpointLocation", str(tmp_path / "c"))
+             .trigger(availableNow=True).start())
+    try:
+        assert query.awaitTermination(180), "the AvailableNow query did not stop by itself"
+    finally:
+        stop_query(query)
+    assert query.exception() is None
+    assert spark.read.schema("partition int, offset bigint, body binary").parquet(str(tmp_path / "out")).count() == 0
+    err = driver_stderr(request)
+    if err is not None:
+        assert f"channel 'spark' does not exist on partition(s) 0, 1 of HA topic '{topic}'" in err, err[-2000:]
