@@ -31,7 +31,7 @@ from fastnsq import codec
 from fastnsq.testing import NSQLookupd, is_external
 from fastnsq.testing.nsqd import NSQD
 
-from .helpers import due_within
+from .helpers import due_within, stats_json
 from .test_embedded_nsqd import RawClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -1300,7 +1300,32 @@ async def test_a_standalone_first_channel_gets_what_is_not_flushed_yet() -> None
         await second.nothing(0.3)
 
 
-async def ordered_switch_sends_the_head_twice(address: str, topic: str, partition: int) -> tuple[Any, Any]:
+async def the_channel_holds_its_head(http_address: str, topic: str, partition: int, channel: str, depth: int) -> None:
+    """Until the channel's reader has read its first message and holds it for dispatch.
+
+    youzan's channel learns where the partition ends from the topic's flush, asynchronously
+    (``Topic.flushForChannels``, a topic job, or the sync timer): an MPUB's OK comes before.
+    Its pump then reads the head, sets ``waitingProcessMsgTs`` to the head's timestamp
+    (``/stats``: ``depth_ts_nano``, 0 before) and waits for a ready client. Only a head read
+    that way is dispatched twice when the channel turns ordered; a SUB_ORDERED that arrives
+    before it resets the reader first, which then reads the head once, and the next message
+    waits for its FIN (``nsqd/channel.go``, ``messagePump``, ``SetOrdered``). The embedded
+    nsqd queues a published message in the channel at once (``depth``), and has no such field.
+    """
+    deadline = time.monotonic() + 15.0
+    while True:
+        entries = (await stats_json(http_address, topic)).get("topics") or []
+        found = [ch for entry in entries if str(entry.get("topic_partition")) == str(partition)
+                 for ch in entry.get("channels") or () if ch.get("channel_name") == channel]
+        if found and found[0].get("depth") == depth and found[0].get("depth_ts_nano", 1) != 0:
+            return
+        assert time.monotonic() < deadline, f"the channel never read its head: {found}"
+        await asyncio.sleep(0.01)
+
+
+async def ordered_switch_sends_the_head_twice(
+    address: str, http_address: str, topic: str, partition: int
+) -> tuple[Any, Any]:
     """SUB_ORDERED on a plain channel with queued messages: (the client, the head's id)."""
     setup = await connect(address, heartbeat_interval=1000)
     await setup.sub_ha(topic, "c", partition, rdy=0)  # the channel, not ordered yet
@@ -1309,6 +1334,7 @@ async def ordered_switch_sends_the_head_twice(address: str, topic: str, partitio
     await setup.ok()
     setup.close()
     await setup.closed
+    await the_channel_holds_its_head(http_address, topic, partition, "c", 2)
     consumer = await connect(address, heartbeat_interval=1000)
     await consumer.sub_ha(topic, "c", partition, mode="ordered", rdy=10)
     first, again = await consumer.messages(2)
@@ -1324,7 +1350,9 @@ async def ordered_switch_sends_the_head_twice(address: str, topic: str, partitio
 async def test_turning_a_channel_ordered_delivers_its_head_twice(nsqd_ha: Any, topic: str) -> None:
     """The channel's reader is reset to the last confirmed message when it turns ordered,
     while the message it already read is dispatched anyway (§9.4): a duplicate."""
-    consumer, head = await ordered_switch_sends_the_head_twice(nsqd_ha.tcp_address, topic, 0)
+    if not nsqd_ha.http_address:
+        pytest.skip("FASTNSQ_TEST_NSQD_HTTP is not set: the test waits on the channel's /stats")
+    consumer, head = await ordered_switch_sends_the_head_twice(nsqd_ha.tcp_address, nsqd_ha.http_address, topic, 0)
     assert await consumer.error() == f"E_FIN_FAILED FIN {go_bytes(head)} failed Message ID not in flight"
 
 
