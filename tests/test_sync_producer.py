@@ -368,7 +368,8 @@ async def test_timeouts_are_honoured_when_nsqd_does_not_answer() -> None:
 async def test_an_nsqd_stopped_under_threads_loses_nothing_acknowledged() -> None:
     """Batches on a connection that is lost go to the producer's retrying path: each publish
     is acknowledged or raises, and every acknowledged one is in an nsqd afterwards."""
-    async with NSQD() as a, NSQD() as b:
+    a, b = await nsqd_on_port(free_port()), await nsqd_on_port(free_port())
+    try:
         topic = unique("failover")
         acked: list[bytes] = []
         failed: list[bytes] = []
@@ -401,3 +402,6 @@ async def test_an_nsqd_stopped_under_threads_loses_nothing_acknowledged() -> Non
         await b.start()
         consumed = set(await drain(a.tcp_address, topic)) | set(await drain(b.tcp_address, topic))
         assert set(acked) <= consumed, f"lost {len(set(acked) - consumed)} acknowledged messages"
+    finally:
+        await stop(a)
+        await stop(b)
