@@ -98,8 +98,9 @@ def settle_future(future: concurrent.futures.Future[Any], answer: Any, error: Ba
 class Bridge:
     """Queued calls from any thread, dispatched on ``loop`` to ``producer``, many per wake."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, producer: Producer) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, producer: Producer, loop_thread: int) -> None:
         self.loop = loop
+        self.loop_thread = loop_thread  # its ident: a blocking call from there would wait for itself
         self.producer = producer
         self.generation = FORKS.generation
         self.closed = False
@@ -125,11 +126,15 @@ class Bridge:
             self.fail_leftovers()
 
     def publish(self, topic: str, body: Any, timeout: float) -> Any:
+        if threading.get_ident() == self.loop_thread:
+            _deadlock()
         call = Call()
         self.put(PUBLISH, topic, body, call)
         return call.wait(timeout)
 
     def run(self, kind: int, make: Callable[[], Coroutine[Any, Any, Any]], timeout: float) -> Any:
+        if threading.get_ident() == self.loop_thread:
+            _deadlock()
         call = Call()
         self.put(kind, make, None, call)
         return call.wait(timeout)
@@ -194,6 +199,11 @@ class Bridge:
     def _run_task(self, call: Coroutine[Any, Any, Any], done: Done) -> None:
         task = self.loop.create_task(call)
         task.add_done_callback(lambda finished: _task_outcome(finished, done))
+
+
+def _deadlock() -> None:
+    raise RuntimeError("a blocking call from the facade's own event-loop thread would wait for itself "
+                       "(from a callback on that loop, use publish_async)")
 
 
 def _task_outcome(task: asyncio.Task[Any], done: Done) -> None:

@@ -121,7 +121,7 @@ class Producer:
             thread.stop()
             raise
         self._producer, self._thread = producer, thread
-        self._bridge = Bridge(thread.loop, producer)
+        self._bridge = Bridge(thread.loop, producer, thread._thread.ident or 0)
 
     def _current(self) -> Bridge:
         """The bridge to this process's loop: after a fork, the child builds its own (the

@@ -405,3 +405,25 @@ async def test_an_nsqd_stopped_under_threads_loses_nothing_acknowledged() -> Non
     finally:
         await stop(a)
         await stop(b)
+
+
+async def test_a_blocking_publish_from_the_facades_own_loop_raises_at_once(nsqd: Any) -> None:
+    """E.g. from a background_failure_handler, which runs on that loop: it would wait for itself."""
+    topic = unique("own")
+
+    def from_the_loop() -> tuple[Any, Any]:
+        with Producer([nsqd.tcp_address]) as producer:
+            async def inside() -> tuple[Any, Any]:
+                errors = []
+                for call in (lambda: producer.publish(topic, b"x"), lambda: producer.mpublish(topic, [b"x"])):
+                    try:
+                        call()
+                    except RuntimeError as exc:
+                        errors.append(exc)
+                return errors, await asyncio.wrap_future(producer.publish_async(topic, b"fine"))
+
+            return asyncio.run_coroutine_threadsafe(inside(), producer._bridge.loop).result(10)
+
+    errors, answer = await blocking(from_the_loop)
+    assert [type(e) for e in errors] == [RuntimeError, RuntimeError] and "own event-loop thread" in str(errors[0])
+    assert answer == b"OK"
