@@ -107,7 +107,8 @@ def test_fastnsq_has_no_import_cycle() -> None:
 
 #: The rooms that face the user; nothing below them may import them.
 TOP = ("fastnsq.consumer", "fastnsq.producer", "fastnsq.sync", "fastnsq.cli", "fastnsq.spark", "fastnsq.demo",
-       "fastnsq.benchmark", "fastnsq.testing", "fastnsq.metrics", "fastnsq.otel", "fastnsq.options")
+       "fastnsq.benchmark", "fastnsq.testing", "fastnsq.metrics", "fastnsq.otel", "fastnsq.options",
+       "fastnsq.runner")
 #: Below the clients: the wire, one connection, discovery, RDY and backoff, the shared figures.
 BELOW_THE_CLIENTS = ("fastnsq.codec", "fastnsq._frame_py", "fastnsq._delivery_py", "fastnsq._coalesce_py",
                      "fastnsq.conn", "fastnsq.compression", "fastnsq.config", "fastnsq.errors",
@@ -153,6 +154,22 @@ def test_topology_is_below_both_clients_and_they_share_it() -> None:
 def test_consumer_and_producer_do_not_import_each_other() -> None:
     assert offending_edges(("fastnsq.consumer",), ("fastnsq.producer",)) == []
     assert offending_edges(("fastnsq.producer",), ("fastnsq.consumer",)) == []
+
+
+def test_the_runner_sits_above_the_clients() -> None:
+    """``fastnsq.runner`` (the worker's supervisor and children) uses the public Consumer; neither
+    client, nor anything the clients stand on, nor the blocking facade imports it. Only the
+    command line does."""
+    assert offending_edges(("fastnsq.consumer", "fastnsq.producer", "fastnsq.sync", "fastnsq.metrics",
+                            "fastnsq.options", "fastnsq.testing", "fastnsq.spark"), ("fastnsq.runner",)) == []
+    graph = import_graph()
+    assert "fastnsq.consumer" in graph["fastnsq.runner.child"]  # the rule is read from real edges
+    users = {m for m, targets in graph.items() if any(in_room(t, ("fastnsq.runner",)) for t in targets)}
+    assert {m for m in users if not in_room(m, ("fastnsq.runner",))} <= {"fastnsq.cli.worker"}
+    # The runner reaches the Consumer through its package, never its insides.
+    assert offending_edges(("fastnsq.runner",), ("fastnsq.consumer.",)) == []
+    assert not [t for m, ts in graph.items() if in_room(m, ("fastnsq.runner",))
+                for t in ts if t.startswith("fastnsq.consumer.")]
 
 
 def test_the_state_machines_know_no_connection_discovery_or_client() -> None:

@@ -24,13 +24,14 @@ from .nsqd import _build_nsqd
 from .pub import _build_pub
 from .stats import _build_stats
 from .tail import _build_tail
+from .worker import _build_worker
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fastnsq`` argument parser (every subcommand)."""
     parser = Parser(
         prog="fastnsq",
-        description="fastnsq's command line: an embedded nsqd, publish, tail, stats and benchmarks.",
+        description="fastnsq's command line: an embedded nsqd, publish, tail, stats, benchmarks, and a worker service.",
         epilog="Run `fastnsq <command> --help` for a command's options. Errors exit with status 1, "
         "bad usage with 2.",
     )
@@ -43,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     _build_tail(commands, common, client)
     _build_stats(commands, common)
     _build_bench(commands, common)
+    _build_worker(commands, common, client)
     return parser
 
 

@@ -1,0 +1,277 @@
+"""A worker child: one process, one Consumer running the user's handler, told what to do over a pipe.
+
+Started by the supervisor as ``python -m fastnsq.runner.child`` with its end of the pipe
+inherited (:mod:`.channel`). It loads the handler, runs ``setup()``, consumes with its share
+of max_in_flight (and, with ``--split-nsqd``, only from the nsqd assigned to it), reports
+health every second and its metrics when asked, and on ``stop``, SIGTERM, SIGINT or the
+supervisor's end of the pipe closing, drains with ``Consumer.stop(drain_timeout)``, runs
+``teardown()`` and exits 0. A second stop request changes nothing: the drain goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .._version import __version__
+from ..consumer import Consumer
+from ..loop import run
+from .channel import FD_ENV, Channel
+from .loading import Handler, LoadError, load, run_hook
+from .settings import WorkerSettings
+
+logger = logging.getLogger("fastnsq.worker")
+
+#: Seconds between the health messages a child sends on its own.
+HEALTH_INTERVAL = 1.0
+
+
+class Child:
+    """The child's state: its settings, handler, consumer and the stop request."""
+
+    def __init__(self, settings: WorkerSettings, index: int, handler: Handler, channel: Channel,
+                 assignment: list[str] | None) -> None:
+        self.settings = settings
+        self.index = index
+        self.handler = handler
+        self.channel = channel
+        self.assignment = assignment  # None: every nsqd (no --split-nsqd)
+        self.consumer: Consumer | None = None
+        self.stop_requested = asyncio.Event()
+        self.draining = False
+        self.backoff_since: float | None = None
+        self.pool = ThreadPoolExecutor(settings.threads, "fastnsq-worker") if settings.threads else None
+        self.tasks: list[asyncio.Task[Any]] = []
+        self._assigning = asyncio.Lock()
+
+    # ---- the life of a child --------------------------------------------------------------
+
+    async def run(self) -> int:
+        await run_hook(self.handler.setup)
+        self._install_signals()
+        self.tasks.append(asyncio.create_task(self._listen()))
+        self.tasks.append(asyncio.create_task(self._report_health()))
+        if self.assignment is None or self.assignment:
+            await self._start_consumer(self.assignment)
+        self.channel.send({"type": "started", "pid": os.getpid()})
+        await self.stop_requested.wait()
+        report = await self._drain()
+        await run_hook(self.handler.teardown)
+        self.channel.send({"type": "stopped", "report": report, **self._report()})
+        await self.channel.flush()
+        for task in self.tasks:
+            task.cancel()
+        return 0
+
+    def request_stop(self, why: str) -> None:
+        if self.stop_requested.is_set():
+            logger.info("%s: already draining (deadline %.0f s after the first request)", why,
+                        self.settings.drain_timeout)
+            return
+        logger.info("%s: draining (at most %.0f s)", why, self.settings.drain_timeout)
+        self.draining = True
+        self.stop_requested.set()
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+
+    async def _drain(self) -> dict[str, Any]:
+        if self.consumer is None:
+            return {"finished": 0, "requeued": 0, "abandoned": 0, "timed_out": False}
+        report = await self.consumer.stop(self.settings.drain_timeout)
+        for task in self.tasks:
+            if task.get_name() == "batches":
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(task, 5.0)
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        logger.info("drained: %d finished, %d requeued, %d abandoned%s", report.finished, report.requeued,
+                    report.abandoned, " (deadline passed)" if report.timed_out else "")
+        return {"finished": report.finished, "requeued": report.requeued, "abandoned": report.abandoned,
+                "timed_out": report.timed_out}
+
+    # ---- the consumer ---------------------------------------------------------------------
+
+    async def _start_consumer(self, nsqd: list[str] | None) -> None:
+        settings = self.settings
+        options = {"user_agent": f"fastnsq-worker/{__version__} worker={self.index}",
+                   **settings.consumer_options, "max_in_flight": settings.share_of(self.index)}
+        self.consumer = Consumer(
+            settings.topic, settings.channel,
+            nsqd_tcp_addresses=nsqd if nsqd is not None else settings.nsqd_tcp_addresses,
+            lookupd_http_addresses=None if nsqd is not None else settings.lookupd_http_addresses,
+            handler=None if settings.batch else self._message_handler(), **options,
+        )
+        _track(self.consumer)
+        await self.consumer.start()
+        if settings.batch:
+            self.tasks.append(asyncio.create_task(self._consume_batches(self.consumer), name="batches"))
+
+    def _message_handler(self) -> Any:
+        call, pool = self.handler.call, self.pool
+        if pool is None or self.handler.is_async:
+            return call  # a sync function runs inline, a coroutine function as the Consumer runs it
+
+        async def in_thread(message: Any) -> None:
+            await asyncio.get_running_loop().run_in_executor(pool, call, message)
+
+        return in_thread
+
+    async def _consume_batches(self, consumer: Consumer) -> None:
+        assert self.settings.batch is not None
+        max_size, max_wait = self.settings.batch
+        running = asyncio.Semaphore(max(1, self.settings.threads))
+        async for batch in consumer.batches(max_size, max_wait):
+            await running.acquire()
+            if self.pool is None:
+                await self._answer_batch(batch, running)  # one batch at a time on the loop
+            else:
+                self.tasks.append(asyncio.create_task(self._answer_batch(batch, running)))
+
+    async def _answer_batch(self, batch: Any, running: asyncio.Semaphore) -> None:
+        try:
+            if self.handler.is_async:
+                await self.handler.call(batch)
+            elif self.pool is not None:
+                await asyncio.get_running_loop().run_in_executor(self.pool, self.handler.call, batch)
+            else:
+                self.handler.call(batch)
+        except Exception:
+            logger.warning("batch handler raised; requeueing %d messages", len(batch), exc_info=True)
+            batch.requeue()
+        else:
+            batch.finish()
+        finally:
+            running.release()
+
+    async def assign(self, nsqd: list[str]) -> None:
+        """--split-nsqd: consume from exactly these nsqd from now on."""
+        async with self._assigning:
+            if self.stop_requested.is_set():
+                return
+            if self.consumer is None:
+                if nsqd:
+                    await self._start_consumer(nsqd)
+                self.assignment = list(nsqd)
+                return
+            old = set(self.assignment or ())
+            for address in sorted(set(nsqd) - old):
+                logger.info("assigned nsqd %s", address)
+                await self.consumer.connect_to_nsqd(address)
+            for address in sorted(old - set(nsqd)):
+                logger.info("nsqd %s moved to another worker (or left): disconnecting", address)
+                await self.consumer.disconnect_from_nsqd(address, self.settings.drain_timeout)
+            self.assignment = list(nsqd)
+
+    # ---- the pipe -------------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        while True:
+            message = await self.channel.receive()
+            if message is None:
+                self.request_stop("the supervisor is gone")
+                return
+            kind = message.get("type")
+            if kind == "stop":
+                self.request_stop("asked by the supervisor")
+            elif kind == "report":
+                self.channel.send({"type": "report", **self._report()})
+            elif kind == "assign":
+                asyncio.create_task(self.assign(list(message["nsqd"])))
+
+    async def _report_health(self) -> None:
+        while True:
+            self.channel.send({"type": "health", "health": self._health()})
+            await asyncio.sleep(HEALTH_INTERVAL)
+
+    def _health(self) -> dict[str, Any]:
+        consumer = self.consumer
+        level = consumer.backoff_level if consumer is not None else 0
+        now = time.monotonic()
+        if level and self.backoff_since is None:
+            self.backoff_since = now
+        elif not level:
+            self.backoff_since = None
+        return {
+            "connections": len(consumer.connections) if consumer is not None else 0,
+            "nsqd": sorted({c.address for c in consumer.connections}) if consumer is not None else [],
+            "backoff_level": level,
+            "backoff_for": 0.0 if self.backoff_since is None else now - self.backoff_since,
+            "draining": self.draining,
+            "in_flight": consumer.snapshot().in_flight if consumer is not None else 0,
+        }
+
+    def _report(self) -> dict[str, Any]:
+        return {"metrics": _exposition(), "health": self._health()}
+
+
+# ---- metrics: the child's whole Prometheus registry, sent as text --------------------------------
+
+_metrics: Any = None
+
+
+def _track(consumer: Consumer) -> None:
+    """Report the consumer in the child's default registry (with the user's own metrics)."""
+    global _metrics
+    try:
+        from ..metrics import NSQMetrics
+    except ImportError:  # prometheus_client is an extra: no /metrics without it
+        return
+    if _metrics is None:
+        _metrics = NSQMetrics()
+    _metrics.track(consumer)
+
+
+def _exposition() -> str:
+    if _metrics is None:
+        return ""
+    import prometheus_client
+
+    return prometheus_client.generate_latest().decode()
+
+
+# ---- the process ----------------------------------------------------------------------------
+
+
+def configure_logging(index: int, level: str) -> None:
+    """Every line of this child carries its index and pid, so the group's stderr reads apart."""
+    logging.basicConfig(
+        level=level, force=True,
+        format=f"%(asctime)s fastnsq worker {index} [pid %(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+
+
+async def _main(sock: socket.socket) -> int:
+    channel = await Channel.open(sock)
+    first = await channel.receive()
+    if first is None or first.get("type") != "settings":
+        return 1
+    settings, index = WorkerSettings.from_json(first["settings"]), int(first["index"])
+    configure_logging(index, settings.log_level)
+    try:
+        child = Child(settings, index, load(settings.target), channel, first.get("nsqd"))
+        return await child.run()
+    except (LoadError, Exception) as exc:
+        logger.exception("worker %d failed", index)
+        channel.send({"type": "fatal", "error": f"{type(exc).__name__}: {exc}"})
+        await channel.flush()
+        return 1
+
+
+def main() -> int:
+    sock = socket.socket(fileno=int(os.environ[FD_ENV]))
+    return run(_main(sock))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

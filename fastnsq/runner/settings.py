@@ -1,0 +1,259 @@
+"""A worker group's settings: one place that merges flags, environment, a config file and defaults.
+
+Precedence, highest first: command-line flags, then environment variables
+(``FASTNSQ_WORKER_<SETTING>``, and ``FASTNSQ_CONSUMER_<OPTION>`` for a Consumer option),
+then the config file (TOML: the settings at the top level, Consumer options in a
+``[consumer]`` table), then the defaults below. Every value is checked here, before a
+process starts, and a bad one raises :class:`SettingsError` naming the setting, the value
+and what it takes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..errors import InvalidValueError
+from ..options import parse_duration, parse_options
+
+ENV_PREFIX = "FASTNSQ_WORKER_"
+CONSUMER_ENV_PREFIX = "FASTNSQ_CONSUMER_"
+
+#: Without --max-in-flight the group holds this many messages per process.
+MAX_IN_FLIGHT_PER_PROCESS = 100
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used: the command reports it as a usage error (exit status 2)."""
+
+
+@dataclass
+class WorkerSettings:
+    """Everything a supervisor and its children need; sent to each child as JSON."""
+
+    target: str = ""
+    topic: str = ""
+    channel: str = ""
+    nsqd_tcp_addresses: list[str] = field(default_factory=list)
+    lookupd_http_addresses: list[str] = field(default_factory=list)
+    max_in_flight: int = 0  # the group's total; 0 = MAX_IN_FLIGHT_PER_PROCESS x processes
+    consumer_options: dict[str, Any] = field(default_factory=dict)
+    processes: int = 1
+    threads: int = 0  # 0: a sync handler runs on the child's event loop
+    batch: tuple[int, float] | None = None
+    drain_timeout: float = 30.0
+    split_nsqd: bool = False
+    http_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    max_restarts: int = 5
+    restart_window: float = 60.0
+    backoff_grace: float = 60.0
+    log_level: str = "INFO"
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> WorkerSettings:
+        values = dict(data)
+        if values.get("batch") is not None:
+            values["batch"] = tuple(values["batch"])
+        return cls(**values)
+
+    def share_of(self, index: int) -> int:
+        """Child ``index``'s part of max_in_flight: equal parts, the remainder to the first ones,
+        so that the parts add up to the group's total."""
+        whole, rest = divmod(self.max_in_flight, self.processes)
+        return whole + (1 if index < rest else 0)
+
+
+#: Settings read from flags, environment and file, with the parser of a string value.
+_SCALARS: dict[str, Any] = {
+    "target": str, "topic": str, "channel": str,
+    "processes": lambda text: _processes(text), "threads": int,
+    "max_in_flight": int, "drain_timeout": parse_duration, "split_nsqd": lambda t: _boolean("split_nsqd", t),
+    "http_host": str, "metrics_port": int, "max_restarts": int, "restart_window": parse_duration,
+    "backoff_grace": parse_duration, "log_level": str, "batch": lambda text: _batch(text),
+}
+_LISTS = {"nsqd_tcp_addresses": "nsqd_tcp_address", "lookupd_http_addresses": "lookupd_http_address"}
+
+
+def merge(
+    flags: Mapping[str, Any], environ: Mapping[str, str], file_values: Mapping[str, Any], *,
+    connection: Mapping[str, Any] | None = None,
+) -> WorkerSettings:
+    """The settings from the four sources (flags > environment > file > defaults), checked.
+
+    ``flags``: the values given on the command line (None or absent: not given), with
+    ``consumer_opt`` the list of ``NAME=VALUE`` strings. ``connection``: TLS/AUTH/compression
+    options from the command's client flags.
+    """
+    file_consumer = file_values.get("consumer", {})
+    layers = [_from_file(file_values), _from_environ(environ), _from_flags(flags)]
+    values: dict[str, Any] = {}
+    for layer in layers:
+        values.update({name: value for name, value in layer.items() if value is not None})
+    consumer: dict[str, Any] = {}
+    for source, where in ((_stringify(file_consumer), "the config file's [consumer]"),
+                          (_consumer_environ(environ), "the environment"),
+                          (flags.get("consumer_opt") or [], "--consumer-opt")):
+        try:
+            consumer.update(parse_options(source, for_="consumer"))
+        except InvalidValueError as exc:
+            raise SettingsError(f"{where}: {exc}") from None
+    settings = WorkerSettings(**values)
+    settings.consumer_options = {**dict(connection or {}), **consumer}
+    return check(settings)
+
+
+def check(settings: WorkerSettings) -> WorkerSettings:
+    """Reject what cannot run, naming the setting, its value and the limit."""
+    if not settings.target:
+        raise SettingsError("a handler is required: MODULE:FUNCTION or MODULE:OBJECT")
+    if not settings.topic or not settings.channel:
+        raise SettingsError("--topic and --channel are required")
+    if not settings.nsqd_tcp_addresses and not settings.lookupd_http_addresses:
+        raise SettingsError("give --nsqd-tcp-address or --lookupd-http-address (at least one)")
+    if settings.processes < 1:
+        raise SettingsError(f"--processes {settings.processes}: must be at least 1 (or auto)")
+    if settings.threads < 0:
+        raise SettingsError(f"--threads {settings.threads}: must be 0 (the handler runs on the loop) or more")
+    option_mif = settings.consumer_options.pop("max_in_flight", None)
+    if not settings.max_in_flight:
+        settings.max_in_flight = option_mif or MAX_IN_FLIGHT_PER_PROCESS * settings.processes
+    if settings.max_in_flight < settings.processes:
+        raise SettingsError(
+            f"max_in_flight {settings.max_in_flight} is below --processes {settings.processes}: max_in_flight is "
+            f"the group's total, split across the processes, and each needs at least 1 "
+            f"(give --max-in-flight {settings.processes} or more, or fewer processes)")
+    if settings.drain_timeout <= 0:
+        raise SettingsError(f"--drain-timeout {settings.drain_timeout}: must be more than 0 seconds")
+    if settings.metrics_port is not None and not 0 <= settings.metrics_port <= 65535:
+        raise SettingsError(f"--metrics-port {settings.metrics_port}: must be 0-65535 (0: any free port)")
+    if settings.max_restarts < 0:
+        raise SettingsError(f"--max-restarts {settings.max_restarts}: must be 0 or more")
+    if settings.split_nsqd and "express_lane" not in settings.consumer_options:
+        # --split-nsqd promises one connection per nsqd for the group; the express lane would
+        # add a second one to each. Asking for it explicitly still works.
+        settings.consumer_options["express_lane"] = False
+    return settings
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    """A TOML config file's values (``tomllib``, or ``tomli`` before Python 3.11)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError:
+            raise SettingsError("--config needs Python 3.11+ or the tomli package on 3.10") from None
+    try:
+        with open(path, "rb") as handle:
+            data = tomllib.load(handle)
+    except OSError as exc:
+        raise SettingsError(f"--config {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"--config {path}: not TOML: {exc}") from None
+    unknown = set(data) - set(_SCALARS) - set(_LISTS) - set(_LISTS.values()) - {"consumer"}
+    if unknown:
+        raise SettingsError(f"--config {path}: unknown setting(s) {', '.join(sorted(unknown))} "
+                            f"(known: {', '.join(sorted([*_SCALARS, *_LISTS]))}, and a [consumer] table)")
+    return data
+
+
+def _from_flags(flags: Mapping[str, Any]) -> dict[str, Any]:
+    values = {name: flags.get(name) for name in _SCALARS}
+    for name, flag in _LISTS.items():
+        values[name] = flags.get(flag) or None
+    return values
+
+
+def _from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, parse in _SCALARS.items():
+        text = environ.get(ENV_PREFIX + name.upper())
+        if text is not None and text.strip():
+            values[name] = _parsed(ENV_PREFIX + name.upper(), text, parse)
+    for name in _LISTS:
+        text = environ.get(ENV_PREFIX + name.upper())
+        if text:
+            values[name] = [part.strip() for part in text.split(",") if part.strip()]
+    return values
+
+
+def _from_file(data: Mapping[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for name, parse in _SCALARS.items():
+        if name in data:
+            value = data[name]
+            values[name] = _parsed(f"config {name}", str(value), parse) if isinstance(value, str) else value
+    if isinstance(values.get("batch"), list):
+        values["batch"] = tuple(values["batch"])
+    for name, alias in _LISTS.items():
+        value = data.get(name, data.get(alias))
+        if value is not None:
+            values[name] = [value] if isinstance(value, str) else list(value)
+    return values
+
+
+def _consumer_environ(environ: Mapping[str, str]) -> dict[str, str]:
+    return {name[len(CONSUMER_ENV_PREFIX):].lower(): value
+            for name, value in environ.items() if name.startswith(CONSUMER_ENV_PREFIX)}
+
+
+def _stringify(table: Any) -> dict[str, str]:
+    if not isinstance(table, Mapping):
+        raise SettingsError("the config file's consumer must be a table ([consumer])")
+    return {name: str(value).lower() if isinstance(value, bool) else str(value) for name, value in table.items()}
+
+
+def parse_value(name: str, text: str) -> Any:
+    """A setting's value from a string (the command's flags use the same parsers)."""
+    return _SCALARS[name](text)
+
+
+def _parsed(where: str, text: str, parse: Any) -> Any:
+    try:
+        return parse(text)
+    except (ValueError, SettingsError) as exc:
+        raise SettingsError(f"{where}={text!r}: {exc}") from None
+
+
+def _processes(text: str) -> int:
+    """A count, or ``auto``: the cores this process may run on (its CPU affinity)."""
+    if text.strip().lower() == "auto":
+        return available_cores()
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be at least 1, or auto")
+    return value
+
+
+def available_cores() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # pragma: no cover - platforms without affinity
+
+
+def _boolean(name: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} takes true or false")
+
+
+def _batch(text: str) -> tuple[int, float]:
+    """``max_size,max_wait`` (``100,0.5`` or ``100,500ms``)."""
+    size, sep, wait = text.partition(",")
+    if not sep:
+        raise ValueError("is max_size,max_wait (e.g. 100,0.5)")
+    max_size, max_wait = int(size), parse_duration(wait)
+    if max_size < 1 or max_wait < 0:
+        raise ValueError("max_size must be at least 1 and max_wait 0 or more seconds")
+    return max_size, max_wait

@@ -1,0 +1,294 @@
+"""The supervisor: starts the children, forwards a stop, restarts a child that dies, and says why.
+
+One job: the group's lifecycle. It spawns ``processes`` children (``python -m
+fastnsq.runner.child``, each in a session of its own so that a terminal's Ctrl-C reaches
+the supervisor only, which then forwards one stop to each child), sends each its settings,
+share of max_in_flight and, with ``--split-nsqd``, its nsqd. A child that dies while the
+group runs is restarted after a backoff (0.5 s doubling, at most 30 s); one that died more
+than ``max_restarts`` times within ``restart_window`` seconds ends the group with exit
+status 3. The first SIGTERM or SIGINT drains every child (``Consumer.stop`` within
+``drain_timeout``); a second one is logged and changes nothing; a child still alive
+``KILL_GRACE`` seconds past the deadline is killed and the group exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .assign import rebalance
+from .channel import FD_ENV, Channel
+from .gather import Family, Gatherer, group_family
+from .settings import WorkerSettings
+
+logger = logging.getLogger("fastnsq.worker")
+
+#: Seconds past the drain deadline before a child that has not exited is killed.
+KILL_GRACE = 10.0
+#: Exit status when a child crashed too often.
+EXIT_CRASH_LOOP = 3
+#: How long /metrics waits for the children's fresh reports before using their last ones.
+REPORT_WAIT = 2.0
+
+
+@dataclass
+class Slot:
+    """Child ``index``: its current process (if any) and what it last said."""
+
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    channel: Channel | None = None
+    health: dict[str, Any] = field(default_factory=dict)
+    metrics: str = ""
+    reported: asyncio.Event = field(default_factory=asyncio.Event)
+    fatal: str = ""
+    crashes: list[float] = field(default_factory=list)
+    restarts: int = 0
+    started_at: float = 0.0
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+
+class Supervisor:
+    """Run the group until it is told to stop (or a child crash-loops); :meth:`run` returns the exit status."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.slots = [Slot(index) for index in range(settings.processes)]
+        self.assignments: dict[int, list[str]] = {index: [] for index in range(settings.processes)}
+        self.gatherer = Gatherer()
+        self.stopping = False
+        self.exit_status = 0
+        self.restarts = 0
+        self._done = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- the group ------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.on_signal, signal.Signals(sig).name)
+        if self.settings.split_nsqd:
+            self.assignments = rebalance({}, self.settings.nsqd_tcp_addresses, self.settings.processes)
+            self._spawn_task(self._watch_nsqd())
+        logger.info("starting %d worker process(es) for %s on %s/%s, max_in_flight %d in all",
+                    self.settings.processes, self.settings.target, self.settings.topic, self.settings.channel,
+                    self.settings.max_in_flight)
+        for slot in self.slots:
+            await self._start(slot)
+        await self._done.wait()
+        for task in list(self._tasks):
+            task.cancel()
+        return self.exit_status
+
+    def on_signal(self, name: str) -> None:
+        if self.stopping:
+            logger.warning("%s: already draining (each worker has at most %.0f s); not killing anything",
+                           name, self.settings.drain_timeout)
+            return
+        logger.info("%s: draining every worker (at most %.0f s)", name, self.settings.drain_timeout)
+        self.begin_stop()
+
+    def begin_stop(self) -> None:
+        self.stopping = True
+        for slot in self.slots:
+            if slot.alive and slot.channel is not None:
+                slot.channel.send({"type": "stop"})
+        self._spawn_task(self._kill_after_deadline())
+        self._check_done()
+
+    async def _kill_after_deadline(self) -> None:
+        await asyncio.sleep(self.settings.drain_timeout + KILL_GRACE)
+        for slot in self.slots:
+            if slot.alive and slot.process is not None:
+                logger.error("worker %d (pid %d) did not exit %.0f s after the drain deadline: killing it",
+                             slot.index, slot.process.pid, KILL_GRACE)
+                slot.process.kill()
+                self.exit_status = self.exit_status or 1
+
+    def _check_done(self) -> None:
+        if self.stopping and not any(slot.alive for slot in self.slots):
+            self._done.set()
+
+    # ---- one child ------------------------------------------------------------------------
+
+    async def _start(self, slot: Slot) -> None:
+        if self.stopping:
+            return
+        ours, theirs = socket.socketpair()
+        try:
+            slot.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "fastnsq.runner.child",
+                pass_fds=(theirs.fileno(),), env={**os.environ, FD_ENV: str(theirs.fileno())},
+                start_new_session=True,  # Ctrl-C reaches the supervisor only: one stop per child
+            )
+        finally:
+            theirs.close()
+        slot.channel = await Channel.open(ours)
+        slot.fatal, slot.health, slot.started_at = "", {}, time.monotonic()
+        first: dict[str, Any] = {"type": "settings", "settings": self.settings.as_json(), "index": slot.index}
+        if self.settings.split_nsqd:
+            first["nsqd"] = self.assignments[slot.index]
+        slot.channel.send(first)
+        logger.info("worker %d started (pid %d)", slot.index, slot.process.pid)
+        self._spawn_task(self._listen(slot, slot.channel))
+        self._spawn_task(self._wait(slot, slot.process))
+
+    async def _listen(self, slot: Slot, channel: Channel) -> None:
+        while (message := await channel.receive()) is not None:
+            kind = message.get("type")
+            if "health" in message:
+                slot.health = message["health"]
+            if "metrics" in message:
+                slot.metrics = message["metrics"]
+                slot.reported.set()
+            if kind == "fatal":
+                slot.fatal = str(message.get("error", ""))
+            elif kind == "started" and self.stopping:
+                channel.send({"type": "stop"})  # started while the group was being stopped
+
+    async def _wait(self, slot: Slot, process: asyncio.subprocess.Process) -> None:
+        status = await process.wait()
+        if slot.channel is not None:
+            slot.channel.close()
+        if slot.metrics:
+            self.gatherer.retire(slot.metrics)  # its counters stay in the group's totals
+            slot.metrics = ""
+        slot.health = {}
+        if self.stopping:
+            level = logging.INFO if status == 0 else logging.WARNING
+            logger.log(level, "worker %d (pid %d) %s", slot.index, process.pid, describe_exit(status, slot.fatal))
+            self._check_done()
+            return
+        self._crashed(slot, process.pid, status)
+
+    def _crashed(self, slot: Slot, pid: int, status: int) -> None:
+        now = time.monotonic()
+        slot.crashes = [t for t in slot.crashes if now - t < self.settings.restart_window] + [now]
+        why = describe_exit(status, slot.fatal)
+        if len(slot.crashes) > self.settings.max_restarts:
+            logger.error("worker %d (pid %d) %s: it died %d times within %.0f s, giving up (exit status %d)",
+                         slot.index, pid, why, len(slot.crashes), self.settings.restart_window, EXIT_CRASH_LOOP)
+            self.exit_status = EXIT_CRASH_LOOP
+            self.begin_stop()
+            return
+        delay = min(30.0, 0.5 * 2 ** (len(slot.crashes) - 1))
+        logger.warning("worker %d (pid %d) %s; restarting it in %.1f s", slot.index, pid, why, delay)
+        self._spawn_task(self._restart(slot, delay))
+
+    async def _restart(self, slot: Slot, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if not self.stopping:
+            slot.restarts += 1
+            self.restarts += 1
+            await self._start(slot)
+
+    def _spawn_task(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- --split-nsqd -----------------------------------------------------------------------
+
+    async def _watch_nsqd(self) -> None:
+        """Poll nsqlookupd for the topic's nsqd; on a change, give each child its new share."""
+        from ..lookupd import LookupdClient
+
+        options = self.settings.consumer_options
+        interval = float(options.get("lookupd_poll_interval", 60.0))
+        secret = options.get("auth_secret")
+        async with LookupdClient(timeout=float(options.get("lookupd_poll_timeout", 10.0)),
+                                 auth_secret=secret if isinstance(secret, str) else None) as client:
+            while not self.stopping:
+                found = await self._discover(client)
+                if found is not None:
+                    self._reassign(found)
+                await asyncio.sleep(interval)
+
+    async def _discover(self, client: Any) -> set[str] | None:
+        if not self.settings.lookupd_http_addresses:
+            return None  # only --nsqd-tcp-address: assigned once at start
+        found, answered = set(self.settings.nsqd_tcp_addresses), False
+        for address in self.settings.lookupd_http_addresses:
+            try:
+                result = await client.lookup(address, self.settings.topic)
+            except Exception as exc:  # noqa: BLE001 - a lookupd down is logged, the others still count
+                logger.warning("nsqlookupd %s: %s", address, exc)
+                continue
+            answered = True
+            found.update(node.address for node in result.producers)
+        return found if answered else None  # every lookupd failed: keep the assignment as it is
+
+    def _reassign(self, nsqd: set[str]) -> None:
+        new = rebalance(self.assignments, nsqd, self.settings.processes)
+        for index, addresses in new.items():
+            if addresses != self.assignments.get(index):
+                logger.info("worker %d consumes from %s", index, ", ".join(addresses) or "no nsqd")
+                slot = self.slots[index]
+                if slot.alive and slot.channel is not None:
+                    slot.channel.send({"type": "assign", "nsqd": addresses})
+        self.assignments = new
+
+    # ---- what the HTTP endpoints show -------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """The group's health, as /healthz and /readyz show it."""
+        live = [slot for slot in self.slots if slot.alive]
+        connections = sum(int(slot.health.get("connections", 0)) for slot in live)
+        grace = self.settings.backoff_grace
+        consuming = [s for s in live if s.health.get("connections")]
+        stuck = bool(consuming) and all(float(s.health.get("backoff_for", 0.0)) > grace for s in consuming)
+        return {
+            "connected": connections > 0,
+            "connections": connections,
+            "draining": self.stopping,
+            "stuck_in_backoff": stuck,
+            "workers": [
+                {"index": s.index, "pid": s.process.pid if s.process else None, "alive": s.alive,
+                 "restarts": s.restarts, **s.health}
+                for s in self.slots
+            ],
+        }
+
+    async def metrics_families(self) -> list[Family]:
+        """Ask every live child for a fresh report (up to REPORT_WAIT s), then add them up."""
+        live = [slot for slot in self.slots if slot.alive and slot.channel is not None]
+        for slot in live:
+            slot.reported.clear()
+            assert slot.channel is not None
+            slot.channel.send({"type": "report"})
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(slot.reported.wait() for slot in live)), REPORT_WAIT)
+        families = self.gatherer.merge(slot.metrics for slot in live if slot.metrics)
+        families += [
+            group_family("nsq_worker_processes", "gauge", "worker processes configured", self.settings.processes),
+            group_family("nsq_worker_processes_running", "gauge", "worker processes running",
+                         sum(slot.alive for slot in self.slots)),
+            group_family("nsq_worker_restarts", "counter", "worker processes restarted after dying", self.restarts),
+            group_family("nsq_worker_draining", "gauge", "1 while the group drains", int(self.stopping)),
+        ]
+        return families
+
+
+def describe_exit(status: int, fatal: str) -> str:
+    """``exited with status 1: ValueError: ...`` or ``was killed by SIGKILL``."""
+    if status < 0:
+        try:
+            name = signal.Signals(-status).name
+        except ValueError:
+            name = f"signal {-status}"
+        text = f"was killed by {name}"
+    else:
+        text = f"exited with status {status}"
+    return f"{text}: {fatal}" if fatal else text
