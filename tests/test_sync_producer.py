@@ -42,17 +42,17 @@ async def blocking(func: Callable[..., T], *args: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(None, func, *args)
 
 
-async def nsqd_on_port(port: int) -> Any:
-    """An nsqd listening on ``port``: embedded, or in the real pass the real binary."""
+async def nsqd_on_port(port: int, **options: Any) -> Any:
+    """An nsqd listening on ``port`` with ``options``: embedded, or in the real pass the real binary."""
     if external_nsqd_from_env() is None:
-        nsqd = NSQD(tcp_port=port)
+        nsqd = NSQD(tcp_port=port, **options)
         await nsqd.start()
         return nsqd
     binaries = real_bin_dir()
     if binaries is None:
         pytest.skip("starts its own nsqd: name the real binaries with FASTNSQ_TEST_REAL_BIN "
                     "(python -m fastnsq.testing.real sets it)")
-    server = RealNSQDServer(binaries)
+    server = RealNSQDServer(binaries, **options)
     server.process.tcp_address = f"127.0.0.1:{port}"  # ports set before start() are kept
     server.process.http_address = f"127.0.0.1:{free_port()}"
     await server.start()
@@ -427,3 +427,24 @@ async def test_a_blocking_publish_from_the_facades_own_loop_raises_at_once(nsqd:
     errors, answer = await blocking(from_the_loop)
     assert [type(e) for e in errors] == [RuntimeError, RuntimeError] and "own event-loop thread" in str(errors[0])
     assert answer == b"OK"
+
+
+async def test_a_burst_larger_than_one_mpub_is_split_under_max_body_size() -> None:
+    """nsqd refuses an MPUB over its --max-body-size: the burst must be split under it."""
+    topic = unique("chunks")
+    nsqd = await nsqd_on_port(free_port(), max_body_size=1000, max_msg_size=200)
+
+    def burst() -> list[Any]:
+        with Producer([nsqd.tcp_address], max_body_size=1000, max_msg_size=200) as producer:
+            futures = [producer.publish_async(topic, b"%03d" % i + b"z" * 97) for i in range(500)]
+            oversize = producer.publish_async(topic, b"y" * 201)
+            answers = [future.result(10) for future in futures]
+            with pytest.raises(InvalidValueError, match="exceeds max_msg_size 200"):
+                oversize.result(10)
+            return answers
+
+    try:
+        assert await blocking(burst) == [b"OK"] * 500
+        assert await drain(nsqd.tcp_address, topic, 500) == [b"%03d" % i + b"z" * 97 for i in range(500)]
+    finally:
+        await stop(nsqd)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import ConnectionClosedError, InvalidValueError, NoConnectionError
 from .ha import HAProducer
-from .messages import body_size, check_message_size, mpub_chunks
+from .messages import MPUB_FRAMING, body_size, check_message_size, mpub_chunks
 from .pool import ConnectionPool
 
 __all__ = ["DirectPublisher", "Done"]
@@ -39,6 +39,7 @@ class DirectPublisher:
         self._ha = ha
         self._max_body_size = max_body_size
         self._max_msg_size = max_msg_size
+        self._max_count = (max_body_size - 4) // 5  # as mpub_chunks counts nsqd's limit
         self._failed = failed  # the producer's: count it, retry it or hand the error over
         self.published = 0  # messages nsqd acknowledged through here
         self.pending = 0  # messages written, not answered yet (close() waits for them)
@@ -46,13 +47,16 @@ class DirectPublisher:
     def send(self, topic: str, bodies: list[Any], dones: list[Done]) -> None:
         """Publish ``bodies`` to ``topic`` now (a valid topic); ``dones[i]`` gets body i's outcome."""
         items = []
+        used = 4  # MPUB's message count, then 4 bytes of size before each body
         for body, done in zip(bodies, dones):
             try:
-                check_message_size(body_size(body), self._max_msg_size, 0)
+                size = body_size(body)
+                check_message_size(size, self._max_msg_size, 0)
             except InvalidValueError as exc:  # this caller's mistake alone
                 done(None, exc)
                 continue
             items.append((body, done))
+            used += 4 + size
         if not items:
             return
         conn = self._pool.pick(None)
@@ -60,8 +64,10 @@ class DirectPublisher:
             for body, done in items:
                 self._failed(topic, body, done, NoConnectionError("no open connection to any nsqd"))
             return
-        chunks = [items] if len(items) == 1 else mpub_chunks(items, self._max_body_size, self._max_msg_size,
-                                                             _no_header, _body)
+        if used <= self._max_body_size - MPUB_FRAMING + 4 and len(items) <= self._max_count:
+            chunks = [items]  # the common case: the sizes are known already
+        else:
+            chunks = mpub_chunks(items, self._max_body_size, self._max_msg_size, _no_header, _body)
         for chunk in chunks:
             try:
                 if len(chunk) == 1:

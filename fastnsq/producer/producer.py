@@ -455,12 +455,11 @@ class Producer:
     def publish_batch_soon(self, topic: str, bodies: list[Any], dones: list[Done]) -> None:
         """:meth:`publish_soon` for many plain publishes to one topic: one MPUB, written now, when
         nothing asks otherwise (coalescing on, no lookupd to route by, no tracing)."""
-        if self.coalesce and self._router.topology is None and not tracing.ENABLED and topic in self._ready_topics \
-                and not self._closing:
+        if self.coalesce and self._router.topology is None and not tracing.ENABLED and self._topic_ok(topic):
             self._direct.send(topic, bodies, dones)
-        else:
-            for body, done in zip(bodies, dones):
-                self.publish_soon(topic, body, done)
+            return
+        for body, done in zip(bodies, dones):  # each caller gets its own error, or the general path
+            self.publish_soon(topic, body, done)
 
     def publish_soon(self, topic: str, body: Any, done: Done) -> None:
         """:meth:`publish` for a caller that does not await (the blocking facade): ``done(answer,
@@ -631,6 +630,14 @@ class Producer:
             )
         if len(self._ready_topics) < 10_000:  # names repeat; validate each once
             self._ready_topics.add(topic)
+
+    def _topic_ok(self, topic: str) -> bool:
+        """_check_topic as a question (it remembers the topic as checked)."""
+        try:
+            self._check_topic(topic)
+        except Exception:  # noqa: BLE001 - the answer is no; the caller's path raises it
+            return False
+        return True
 
     def _chunks(
         self,
