@@ -1,0 +1,424 @@
+"""``fastnsq worker``: the real command run as a subprocess against servers, real signals, real HTTP.
+
+Each test starts ``python -m fastnsq worker`` on a handler module written to the test's
+folder (every handled body is appended to a file per process, so the test can tell a
+message handled twice from one handled once), scrapes the supervisor's ``/metrics``,
+``/healthz`` and ``/readyz``, and asks nsqd's own ``/stats`` what was finished, requeued
+or left in flight. The settings, the assignment of nsqd and the merging of metrics are
+also tested on their own (pure functions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from fastnsq.runner.assign import rebalance
+from fastnsq.runner.gather import Gatherer, render
+from fastnsq.runner.settings import SettingsError, merge
+from fastnsq.testing import NSQD
+from fastnsq.testing.process import free_port
+
+from .helpers import eventually, unique
+from .test_consumer import channel_stats, publish_spread
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HANDLERS = r'''
+import os, threading, time
+
+OUT = os.environ["WK_OUT"]
+SLEEP = float(os.environ.get("WK_SLEEP", "0"))
+
+def _record(kind, line):
+    with open(os.path.join(OUT, f"{kind}-{os.getpid()}"), "a") as f:
+        f.write(line + "\n")
+
+def handle(message):
+    if SLEEP:
+        time.sleep(SLEEP)
+    _record("handled", message.body.decode())
+
+def fail(message):
+    raise RuntimeError("this handler always fails")
+
+def threaded(message):
+    _record("handled", message.body.decode())
+    _record("threads", threading.current_thread().name)
+
+def batch(messages):
+    _record("batches", str(len(messages)))
+    for message in messages:
+        _record("handled", message.body.decode())
+
+class Job:
+    def setup(self):
+        _record("setup", "1")
+    def handle(self, message):
+        handle(message)
+    def teardown(self):
+        _record("teardown", "1")
+
+class Broken:
+    def setup(self):
+        raise ValueError("database unreachable")
+    def handle(self, message):
+        pass
+'''
+
+
+class Worker:
+    """A running ``fastnsq worker`` and the folder its handlers write to."""
+
+    def __init__(self, process: asyncio.subprocess.Process, port: int, folder: Path) -> None:
+        self.process, self.port, self.folder = process, port, folder
+
+    def lines(self, kind: str) -> list[str]:
+        found: list[str] = []
+        for path in self.folder.glob(f"{kind}-*"):
+            found += path.read_text().splitlines()
+        return found
+
+    def log(self) -> str:
+        return (self.folder / "worker.log").read_text()
+
+    async def get(self, path: str) -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{self.port}{path}") as resp:
+            return resp.status, await resp.text()
+
+    async def status(self, path: str = "/healthz") -> int:
+        try:
+            return (await self.get(path))[0]
+        except aiohttp.ClientError:
+            return 0
+
+    async def health(self) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{self.port}/healthz") as resp:
+            return dict(await resp.json())
+
+    async def metric(self, name: str) -> float:
+        """The sum of a metric's samples in the group's /metrics."""
+        _, text = await self.get("/metrics")
+        return sum(float(value) for value in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE))
+
+    async def stop(self, *, signals: int = 1, timeout: float = 20.0) -> int:
+        for index in range(signals):
+            if index:
+                await asyncio.sleep(0.2)
+            self.process.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.process.wait(), timeout)
+
+
+async def start_worker(folder: Path, *args: str, sleep: float = 0.0) -> Worker:
+    (folder / "wk_jobs.py").write_text(HANDLERS)
+    port = free_port()
+    env = {**os.environ, "WK_OUT": str(folder), "WK_SLEEP": str(sleep),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    log = (folder / "worker.log").open("wb")  # the worker inherits it; our copy is closed after the spawn
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fastnsq", "worker", *args, "--metrics-port", str(port),
+        cwd=folder, env=env, stdout=log, stderr=log,
+    )
+    log.close()
+    worker = Worker(process, port, folder)
+    await eventually(lambda: _answers(worker), 20, "the worker's /healthz")
+    return worker
+
+
+async def _answers(worker: Worker) -> bool:
+    if worker.process.returncode is not None:
+        raise AssertionError(f"the worker exited ({worker.process.returncode}):\n{worker.log()}")
+    return await worker.status() != 0
+
+
+@pytest.fixture
+async def cleanup():
+    """Kill whatever worker a failed test left running (its children then drain on their own)."""
+    workers: list[Worker] = []
+    yield workers
+    for worker in workers:
+        if worker.process.returncode is None:
+            worker.process.kill()
+            await worker.process.wait()
+
+
+def _consume_args(topic: str, *servers: str) -> list[str]:
+    args = ["--topic", topic, "--channel", "work"]
+    for address in servers:
+        args += ["--nsqd-tcp-address", address]
+    return args
+
+
+# ---- pure pieces -----------------------------------------------------------------------------
+
+
+def test_settings_flags_beat_environment_beat_file_beat_defaults() -> None:
+    file_values = {"topic": "from_file", "channel": "file_channel", "processes": 3, "drain_timeout": "1m",
+                   "nsqd_tcp_address": ["127.0.0.1:1"], "consumer": {"max_attempts": 7, "msg_timeout": "30s"}}
+    environ = {"FASTNSQ_WORKER_TOPIC": "from_env", "FASTNSQ_WORKER_PROCESSES": "2",
+               "FASTNSQ_CONSUMER_MAX_ATTEMPTS": "8"}
+    flags = {"target": "m:f", "topic": "from_flag", "consumer_opt": ["max_attempts=9"]}
+    settings = merge(flags, environ, file_values)
+    assert (settings.topic, settings.channel, settings.processes) == ("from_flag", "file_channel", 2)
+    assert settings.drain_timeout == 60.0 and settings.nsqd_tcp_addresses == ["127.0.0.1:1"]
+    assert settings.consumer_options["max_attempts"] == 9 and settings.consumer_options["msg_timeout"] == 30.0
+    assert settings.max_in_flight == 200  # the default: 100 per process
+    assert merge({**flags, "consumer_opt": []}, environ, file_values).consumer_options["max_attempts"] == 8
+    assert merge({"target": "m:f"}, {}, file_values).topic == "from_file"
+
+
+def test_max_in_flight_is_split_and_adds_up() -> None:
+    base = {"target": "m:f", "topic": "t", "channel": "c", "nsqd_tcp_address": ["127.0.0.1:1"]}
+    settings = merge({**base, "max_in_flight": 7, "processes": 3}, {}, {})
+    assert [settings.share_of(i) for i in range(3)] == [3, 2, 2]
+    with pytest.raises(SettingsError, match=r"max_in_flight 2 is below --processes 3"):
+        merge({**base, "max_in_flight": 2, "processes": 3}, {}, {})
+    with pytest.raises(SettingsError, match=r"--consumer-opt.*max_atempts"):
+        merge({**base, "consumer_opt": ["max_atempts=3"]}, {}, {})
+    # --split-nsqd keeps one connection per nsqd: no express lane unless asked for.
+    assert merge({**base, "split_nsqd": True}, {}, {}).consumer_options["express_lane"] is False
+
+
+def test_rebalance_moves_as_few_nsqd_as_possible() -> None:
+    first = rebalance({}, ["a", "b", "c"], 2)
+    assert sorted(first[0] + first[1]) == ["a", "b", "c"] and {len(first[0]), len(first[1])} == {1, 2}
+    grown = rebalance(first, ["a", "b", "c", "d"], 2)
+    assert [len(grown[0]), len(grown[1])] == [2, 2]
+    assert all(set(first[i]) & set(grown[i]) == set(first[i]) - {"d"} for i in range(2))  # nothing moved
+    shrunk = rebalance(grown, ["a"], 2)
+    assert sorted(shrunk[0] + shrunk[1]) == ["a"]
+    assert rebalance({}, ["a"], 3) == {0: ["a"], 1: [], 2: []}
+
+
+def test_gathering_adds_counters_keeps_exited_ones_and_takes_the_highest_backoff() -> None:
+    def child(finished: int, in_flight: int, level: int) -> str:
+        return (
+            "# TYPE nsq_consumer_messages_finished_total counter\n"
+            f'nsq_consumer_messages_finished_total{{channel="c",topic="t"}} {finished}\n'
+            "# TYPE nsq_consumer_in_flight gauge\n"
+            f'nsq_consumer_in_flight{{channel="c",topic="t"}} {in_flight}\n'
+            "# TYPE nsq_consumer_backoff_level gauge\n"
+            f'nsq_consumer_backoff_level{{channel="c",topic="t"}} {level}\n'
+            "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds 1.7e9\n"
+        )
+
+    gatherer = Gatherer()
+    gatherer.retire(child(5, 3, 4))  # a child that exited: its counter stays, its gauges go
+    text = render(gatherer.merge([child(10, 1, 0), child(20, 2, 2)])).decode()
+    assert 'nsq_consumer_messages_finished_total{channel="c",topic="t"} 35.0' in text
+    assert 'nsq_consumer_in_flight{channel="c",topic="t"} 3.0' in text
+    assert 'nsq_consumer_backoff_level{channel="c",topic="t"} 2.0' in text
+    assert "process_start_time_seconds" not in text
+
+
+# ---- the command ---------------------------------------------------------------------------
+
+
+async def test_a_module_that_does_not_import_is_exit_status_2(tmp_path: Path) -> None:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fastnsq", "worker", "no_such_module_here:handle", "--topic", "t", "--channel", "c",
+        "--nsqd-tcp-address", "127.0.0.1:1", cwd=tmp_path, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 2
+    assert "no module named 'no_such_module_here'" in err.decode(), err
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fastnsq", "worker", "json:dumps", "--topic", "t", "--channel", "c",
+        "--nsqd-tcp-address", "127.0.0.1:1", "--processes", "4", "--max-in-flight", "3",
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 2 and "max_in_flight 3 is below --processes 4" in err.decode(), err
+
+
+async def test_two_processes_handle_every_message_once_with_hooks_and_group_metrics(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """Two children share max_in_flight 50 and each run setup() once; /metrics' finished is nsqd's
+    message count; every body is handled exactly once; SIGTERM: teardown() in each, exit 0."""
+    topic, total = unique("wk"), 2000
+    await publish_spread([nsqd.tcp_address], topic, total)
+    worker = await start_worker(tmp_path, "wk_jobs:Job", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2", "--max-in-flight", "50", sleep=0.001)
+    cleanup.append(worker)
+
+    async def finished() -> bool:
+        return await worker.metric("nsq_consumer_messages_finished_total") == total
+
+    await eventually(finished, 60, "the group's finished count")
+    [stats] = await channel_stats([nsqd.http_address], topic, "work")
+    assert stats["message_count"] == total == await worker.metric("nsq_consumer_messages_finished_total")
+    agents = sorted(client["user_agent"].split()[-1] for client in stats["clients"])
+    assert agents == ["worker=0", "worker=1"], stats["clients"]
+    assert await worker.metric("nsq_consumer_max_in_flight") == 50
+    assert len(worker.lines("setup")) == 2
+    assert await worker.stop() == 0
+    handled = worker.lines("handled")
+    assert len(handled) == len(set(handled)) == total
+    assert len(worker.lines("teardown")) == 2
+    assert len(list(tmp_path.glob("handled-*"))) == 2, "both processes handled messages"
+
+
+async def test_sigterm_mid_run_drains_and_loses_nothing(nsqd: Any, tmp_path: Path, cleanup: list[Worker]) -> None:
+    """SIGTERM twice while handlers run: the drain is not turned into a kill; exit 0 within the
+    drain timeout; every message is handled or back in nsqd's queue, none in flight, none lost."""
+    topic, total = unique("wk"), 400
+    await publish_spread([nsqd.tcp_address], topic, total)
+    worker = await start_worker(tmp_path, "wk_jobs:handle", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2", "--max-in-flight", "10", "--drain-timeout", "5", sleep=0.02)
+    cleanup.append(worker)
+    await eventually(lambda: len(worker.lines("handled")) >= 40, 30, "some messages handled")
+    began = time.monotonic()
+    assert await worker.stop(signals=2, timeout=15) == 0
+    assert time.monotonic() - began < 5 + 2
+    assert "already draining" in worker.log()
+    handled = worker.lines("handled")
+    assert len(handled) == len(set(handled)) < total
+    [stats] = await channel_stats([nsqd.http_address], topic, "work")
+    assert stats["in_flight_count"] == 0
+    assert stats["depth"] + stats["deferred_count"] + len(handled) == total, stats
+
+
+@pytest.mark.slow
+async def test_a_killed_child_is_restarted_and_its_messages_come_back(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """SIGKILL one child: the supervisor says why and restarts it; what it held in flight comes
+    back from nsqd after msg_timeout (2 s here) and is handled: every body at least once."""
+    topic, total = unique("wk"), 300
+    bodies = {b.decode() for b in await publish_spread([nsqd.tcp_address], topic, total)}
+    worker = await start_worker(tmp_path, "wk_jobs:handle", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2", "--max-in-flight", "10", "--consumer-opt", "msg_timeout=2s",
+                                sleep=0.02)
+    cleanup.append(worker)
+    await eventually(lambda: len(worker.lines("handled")) >= 30, 30, "some messages handled")
+    victim = (await worker.health())["workers"][0]["pid"]
+    os.kill(victim, signal.SIGKILL)
+
+    async def restarted() -> bool:
+        first = (await worker.health())["workers"][0]
+        return bool(first["alive"] and first["pid"] != victim and first["restarts"] == 1)
+
+    await eventually(restarted, 20, "worker 0 restarted")
+    await eventually(lambda: set(worker.lines("handled")) == bodies, 40, "every message handled")
+    assert await worker.stop() == 0
+    assert "was killed by SIGKILL; restarting it" in worker.log()
+
+
+async def test_a_handler_that_always_raises_backs_off_without_crashing(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 20)
+    worker = await start_worker(tmp_path, "wk_jobs:fail", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2", "--consumer-opt", "default_requeue_delay=0")
+    cleanup.append(worker)
+    pids = [w["pid"] for w in (await worker.health())["workers"]]
+
+    async def backing_off() -> bool:
+        return await worker.metric("nsq_consumer_backoff_level") >= 1
+
+    await eventually(backing_off, 20, "the consumer's backoff")
+    await asyncio.sleep(1.0)
+    status = await worker.health()
+    assert [w["pid"] for w in status["workers"]] == pids and all(w["restarts"] == 0 for w in status["workers"])
+    [stats] = await channel_stats([nsqd.http_address], topic, "work")
+    assert stats["requeue_count"] >= 1
+    assert await worker.stop() == 0
+
+
+async def test_healthz_is_503_until_an_nsqd_is_reachable(tmp_path: Path, cleanup: list[Worker]) -> None:
+    """No nsqd listening: /healthz and /readyz 503; once one starts on that port, 200."""
+    port = free_port()
+    worker = await start_worker(tmp_path, "wk_jobs:handle", *_consume_args(unique("wk"), f"127.0.0.1:{port}"),
+                                "--consumer-opt", "max_reconnect_delay=0.5")
+    cleanup.append(worker)
+    await asyncio.sleep(1.0)
+    assert await worker.status("/healthz") == 503 and await worker.status("/readyz") == 503
+    async with NSQD(tcp_port=port):
+        await eventually(lambda: _is(worker, "/healthz", 200), 15, "/healthz 200")
+        assert await worker.status("/readyz") == 200
+        assert await worker.stop() == 0
+
+
+async def _is(worker: Worker, path: str, status: int) -> bool:
+    return await worker.status(path) == status
+
+
+async def test_split_nsqd_gives_each_nsqd_to_one_process(
+    nsq_cluster: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """--split-nsqd over 3 nsqd and 2 processes: each nsqd has exactly one connection from the
+    group, both processes have some, and every message is handled once."""
+    topic, total = unique("wk"), 900
+    await publish_spread(nsq_cluster.tcp_addresses, topic, total)
+    args = ["--topic", topic, "--channel", "work", "--processes", "2", "--split-nsqd",
+            "--consumer-opt", "lookupd_poll_interval=0.5"]
+    for address in nsq_cluster.lookupd_http_addresses:
+        args += ["--lookupd-http-address", address]
+    worker = await start_worker(tmp_path, "wk_jobs:handle", *args)
+    cleanup.append(worker)
+
+    async def finished() -> bool:
+        return await worker.metric("nsq_consumer_messages_finished_total") == total
+
+    await eventually(finished, 60, "every message finished")
+    channels = await channel_stats(nsq_cluster.http_addresses, topic, "work")
+    assert [len(c["clients"]) for c in channels] == [1, 1, 1], channels
+    agents = sorted(c["clients"][0]["user_agent"].split()[-1] for c in channels)
+    assert set(agents) == {"worker=0", "worker=1"}
+    assert sum(c["message_count"] for c in channels) == total
+    assert await worker.stop() == 0
+    handled = worker.lines("handled")
+    assert len(handled) == len(set(handled)) == total
+
+
+async def test_batches_and_threads(nsqd: Any, tmp_path: Path, cleanup: list[Worker]) -> None:
+    """--batch hands the handler batches of at most max_size; --threads runs a blocking handler
+    in worker threads."""
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 500)
+    worker = await start_worker(tmp_path, "wk_jobs:batch", *_consume_args(topic, nsqd.tcp_address),
+                                "--batch", "50,0.1", "--max-in-flight", "200")
+    cleanup.append(worker)
+    await eventually(lambda: len(worker.lines("handled")) == 500, 30, "every message in a batch")
+    assert await worker.stop() == 0
+    sizes = [int(n) for n in worker.lines("batches")]
+    assert sum(sizes) == 500 and max(sizes) <= 50
+    [stats] = await channel_stats([nsqd.http_address], topic, "work")
+    assert stats["depth"] == stats["in_flight_count"] == 0
+
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 50)
+    threaded = tmp_path / "threaded"
+    threaded.mkdir()
+    worker = await start_worker(threaded, "wk_jobs:threaded", *_consume_args(topic, nsqd.tcp_address),
+                                "--threads", "3")
+    cleanup.append(worker)
+    await eventually(lambda: len(worker.lines("handled")) == 50, 30, "every message in a thread")
+    assert await worker.stop() == 0
+    assert all(name.startswith("fastnsq-worker") for name in worker.lines("threads"))
+
+
+@pytest.mark.slow
+async def test_a_crash_loop_ends_the_group_with_status_3(tmp_path: Path) -> None:
+    (tmp_path / "wk_jobs.py").write_text(HANDLERS)
+    env = {**os.environ, "WK_OUT": str(tmp_path)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fastnsq", "worker", "wk_jobs:Broken", "--topic", "t", "--channel", "c",
+        "--nsqd-tcp-address", "127.0.0.1:1", "--max-restarts", "2", cwd=tmp_path, env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(process.communicate(), 30)
+    text = err.decode()
+    assert process.returncode == 3, text
+    assert "ValueError: database unreachable" in text and "giving up (exit status 3)" in text
