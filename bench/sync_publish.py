@@ -164,7 +164,7 @@ def main() -> None:
     finally:
         if server is not None:
             server.close()
-    print(json.dumps(report["medians"], indent=1))
+    print(json.dumps({"medians": report["medians"], "ratios": report["ratios"]}, indent=1))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 
@@ -203,12 +203,34 @@ def rounds(args: argparse.Namespace, address: str, server: NSQDProcess | None) -
                     row[key] = statistics.median(r[key] for r in mine)
             medians.append(row)
     return {
+        "ratios": ratios(runs, threads),
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "server": server.argv(server.tcp_address, server.http_address) if server is not None else address,
         "python": sys.version.split()[0], "cpus": os.cpu_count(), "count": args.count, "size": args.size,
         "commit": _commit(), "before": args.before,
         "runs": runs, "medians": medians,
     }
+
+
+def ratios(runs: list[dict[str, Any]], threads: list[int]) -> list[dict[str, Any]]:
+    """Per thread count: the median of same-round ratios (noise of a shared machine cancels out)."""
+    by = {(r["client"], r["threads"], r["round"]): r["msg_per_s"] for r in runs}
+    clients = list(dict.fromkeys(r["client"] for r in runs))
+    go = next((c for c in clients if c.startswith("go-nsq")), None)
+    pairs = [("fastnsq publish", go), ("fastnsq publish_async", go)]
+    pairs += [(c, f"{c} (before: {b})") for c in ("fastnsq publish", "fastnsq publish_async")
+              for b in {r["client"].rpartition("(before: ")[2][:-1] for r in runs if "(before: " in r["client"]}]
+    out = []
+    for mine, other in pairs:
+        if other is None or other not in clients or mine not in clients:
+            continue
+        for n in threads:
+            each = [by[(mine, n, k)] / by[(other, n, k)] for (c, t, k) in by if c == mine and t == n
+                    if (other, n, k) in by]
+            if each:
+                out.append({"client": mine, "versus": other, "threads": n, "median_ratio": statistics.median(each),
+                            "ratios": [round(x, 3) for x in each]})
+    return out
 
 
 def _commit() -> str:
