@@ -1307,10 +1307,10 @@ async def the_channel_holds_its_head(http_address: str, topic: str, partition: i
     (``Topic.flushForChannels``, a topic job, or the sync timer): an MPUB's OK comes before.
     Its pump then reads the head, sets ``waitingProcessMsgTs`` to the head's timestamp
     (``/stats``: ``depth_ts_nano``, 0 before) and waits for a ready client. Only a head read
-    that way is dispatched twice when the channel turns ordered; a SUB_ORDERED that arrives
-    before it resets the reader first, which then reads the head once, and the next message
-    waits for its FIN (``nsqd/channel.go``, ``messagePump``, ``SetOrdered``). The embedded
-    nsqd queues a published message in the channel at once (``depth``), and has no such field.
+    that way can be dispatched twice when the channel turns ordered; a SUB_ORDERED that
+    arrives before it resets the reader first, which then reads the head once
+    (``nsqd/channel.go``: ``messagePump``, ``SetOrdered``). The embedded nsqd queues a
+    published message in the channel at once (``depth``), and has no such field.
     """
     deadline = time.monotonic() + 15.0
     while True:
@@ -1325,8 +1325,20 @@ async def the_channel_holds_its_head(http_address: str, topic: str, partition: i
 
 async def ordered_switch_sends_the_head_twice(
     address: str, http_address: str, topic: str, partition: int
-) -> tuple[Any, Any]:
-    """SUB_ORDERED on a plain channel with queued messages: (the client, the head's id)."""
+) -> tuple[list[Any], list[str]]:
+    """SUB_ORDERED on a plain channel with queued messages, each delivery of the head FINed as
+    it comes: (the head's deliveries, the FIN errors), once m1 has come and CLS is answered
+    (nsqd answers a connection's commands in order: every FIN's error comes before CLOSE_WAIT).
+
+    The head the channel's pump holds goes out when the channel turns ordered; the reader,
+    reset to the last confirmed message, reads it again and sends it again: a copy with one
+    in-flight entry for both, so one of the two FINs fails. youzan's nsqd races two
+    goroutines there (``nsqd/channel.go``: the reset's ``drainChannelWaiting`` empties the
+    in-flight map; the client's ``messagePump`` puts each delivery in flight), which /stats
+    does not show: when the drain comes first, the copy finds the first delivery in flight
+    (``ErrMsgAlreadyInFlight``) and is not sent; when our first FIN comes between them, the
+    copy gets an entry of its own and its FIN succeeds too. m1 comes after the head's FIN.
+    """
     setup = await connect(address, heartbeat_interval=1000)
     await setup.sub_ha(topic, "c", partition, rdy=0)  # the channel, not ordered yet
     setup.out.mpub(topic, [b"m0", b"m1"], partition)
@@ -1337,23 +1349,43 @@ async def ordered_switch_sends_the_head_twice(
     await the_channel_holds_its_head(http_address, topic, partition, "c", 2)
     consumer = await connect(address, heartbeat_interval=1000)
     await consumer.sub_ha(topic, "c", partition, mode="ordered", rdy=10)
-    first, again = await consumer.messages(2)
-    assert (first.body, first.attempts) == (again.body, again.attempts) == (b"m0", 1)
-    assert (first.id, first.offset) == (again.id, again.offset)
-    await consumer.nothing(0.3)  # one message in flight: m1 waits for the FIN
-    consumer.fin(first.id)
-    assert (await consumer.message()).body == b"m1"
-    consumer.fin(again.id)  # the copy: the server held one in-flight entry, now gone
-    return consumer, first.id
+    deliveries: list[Any] = []
+    errors: list[str] = []
+    while (event := await consumer.event()) != ("response", b"CLOSE_WAIT"):
+        if event == ("response", b"_heartbeat_"):
+            continue
+        if event[0] == "error":
+            errors.append(f"{event[1]} {event[2]}")
+            continue
+        message = event[1]
+        if message.body == b"m1":
+            assert deliveries, "m1 came before the head"
+            consumer.send_raw(b"CLS\n")  # after every FIN
+            continue
+        assert (message.body, message.attempts) == (b"m0", 1), message
+        assert all((message.id, message.offset) == (d.id, d.offset) for d in deliveries)
+        deliveries.append(message)
+        consumer.fin(message.id)
+    return deliveries, errors
 
 
 async def test_turning_a_channel_ordered_delivers_its_head_twice(nsqd_ha: Any, topic: str) -> None:
     """The channel's reader is reset to the last confirmed message when it turns ordered,
-    while the message it already read is dispatched anyway (§9.4): a duplicate."""
+    while the message it already read is dispatched anyway (§9.4): a duplicate, with one
+    in-flight entry (one FIN fails). youzan's nsqd may also send it once, or give the copy an
+    entry of its own (see ``ordered_switch_sends_the_head_twice``); the embedded nsqd models
+    the first outcome."""
     if not nsqd_ha.http_address:
         pytest.skip("FASTNSQ_TEST_NSQD_HTTP is not set: the test waits on the channel's /stats")
-    consumer, head = await ordered_switch_sends_the_head_twice(nsqd_ha.tcp_address, nsqd_ha.http_address, topic, 0)
-    assert await consumer.error() == f"E_FIN_FAILED FIN {go_bytes(head)} failed Message ID not in flight"
+    deliveries, errors = await ordered_switch_sends_the_head_twice(
+        nsqd_ha.tcp_address, nsqd_ha.http_address, topic, 0
+    )
+    not_in_flight = f"E_FIN_FAILED FIN {go_bytes(deliveries[0].id)} failed Message ID not in flight"
+    if is_external(nsqd_ha):
+        assert len(deliveries) in (1, 2) and set(errors) <= {not_in_flight}, (deliveries, errors)
+        assert len(errors) <= len(deliveries) - 1
+    else:
+        assert (len(deliveries), errors) == (2, [not_in_flight])
 
 
 async def test_fin_errors_of_a_cluster_node_come_through_its_coordinator(nsq_cluster_ha: Any) -> None:
