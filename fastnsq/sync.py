@@ -157,9 +157,10 @@ class Producer:
         """Publish one message and block until nsqd acknowledged it (or raise); the arguments are
         :meth:`fastnsq.Producer.publish`'s. With ``timeout``, returns or raises within it."""
         bridge = self._current()
-        if defer is None and timeout is None and partition is None and sharding_key is None \
-                and trace_id is None and ext is None:
-            return bridge.publish(topic, body, self._wait(None))  # coalesced with the other threads'
+        if defer is None and partition is None and sharding_key is None and trace_id is None and ext is None:
+            # Coalesced with the other threads' publishes; a timeout of its own is this wait's
+            # (PublishTimeoutError at it, the message may still arrive, as for the async one).
+            return bridge.publish(topic, body, self._wait(None) if timeout is None else check_range("timeout", timeout, 0, 1e6))
         send = functools.partial(self._producer.publish, topic, body, defer=defer, timeout=timeout,
                                  partition=partition, sharding_key=sharding_key, trace_id=trace_id, ext=ext)
         return bridge.run(SEND, send, self._wait(timeout))
