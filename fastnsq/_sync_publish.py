@@ -3,14 +3,15 @@
 A future handed to the loop per call (``run_coroutine_threadsafe``: a coroutine, a task, a
 concurrent future and a wake of the loop each) cost more than the publish itself. Here a call
 is a tuple in a deque; the loop is woken once when the deque goes from empty to non-empty,
-takes everything queued in one pass and gives the plain publishes to the producer's coalescer
-(one MPUB per topic and pass, no coroutine); each answer comes back through a lock its caller
-blocks on (:class:`Call`). The deque keeps each thread's calls in order.
+takes everything queued in one pass and gives the plain publishes to the producer per topic
+(``publish_batch_soon``: one MPUB written at once, no coroutine, no future per message); each
+answer comes back through a lock its caller blocks on (:class:`Call`), one MPUB's answer
+releasing all its callers. The deque keeps each thread's calls in order.
 
 While no connection is open and every attempt failed, publishes fail at once with an error
 naming the nsqd and the cause (the producer keeps reconnecting); while the first attempt is
 under way they wait for it. After ``os.fork()`` the child's copy of the loop has no thread:
-right after the fork, :func:`abandon` makes sure the child never touches the parent's loop or
+right after the fork, ``_abandon`` makes sure the child never touches the parent's loop or
 sockets; at its first call the facade builds a new loop, producer and bridge
 (``FORKS.generation`` tells it a fork happened).
 """
@@ -29,13 +30,12 @@ from typing import Any
 
 from .errors import ConnectionClosedError, NoConnectionError, PublishTimeoutError
 from .producer import Producer
+from .producer.direct import Done
 
 __all__ = ["FORKS", "Bridge", "Call"]
 
-Done = Callable[[Any, BaseException | None], object]
-
 # What a queued call is: its first item.
-PUBLISH = 0  # (PUBLISH, topic, body, done): producer.publish_soon; fails fast while nsqd is down
+PUBLISH = 0  # (PUBLISH, topic, body, done): producer.publish_batch_soon; fails fast while nsqd is down
 SEND = 1  # (SEND, make_coroutine, None, done): a publish in a task; fails fast while nsqd is down
 CALL = 2  # (CALL, make_coroutine, None, done): close, background retries: always run
 
@@ -80,7 +80,7 @@ class Call:
 
     def wait(self, timeout: float) -> Any:
         if not self.lock.acquire(True, timeout):
-            raise PublishTimeoutError(f"no answer within {timeout:.3f} s (the call's own timeout)")
+            raise PublishTimeoutError(f"no answer within {timeout:.3f} s (it may still arrive)")
         if self.error is not None:
             raise self.error
         return self.answer
