@@ -108,7 +108,7 @@ def test_fastnsq_has_no_import_cycle() -> None:
 #: The rooms that face the user; nothing below them may import them.
 TOP = ("fastnsq.consumer", "fastnsq.producer", "fastnsq.sync", "fastnsq.cli", "fastnsq.spark", "fastnsq.demo",
        "fastnsq.benchmark", "fastnsq.testing", "fastnsq.metrics", "fastnsq.otel", "fastnsq.options",
-       "fastnsq.runner")
+       "fastnsq.runner", "fastnsq.apps")
 #: Below the clients: the wire, one connection, discovery, RDY and backoff, the shared figures.
 BELOW_THE_CLIENTS = ("fastnsq.codec", "fastnsq._frame_py", "fastnsq._delivery_py", "fastnsq._coalesce_py",
                      "fastnsq.conn", "fastnsq.compression", "fastnsq.config", "fastnsq.errors",
@@ -165,11 +165,29 @@ def test_the_runner_sits_above_the_clients() -> None:
     graph = import_graph()
     assert "fastnsq.consumer" in graph["fastnsq.runner.child"]  # the rule is read from real edges
     users = {m for m, targets in graph.items() if any(in_room(t, ("fastnsq.runner",)) for t in targets)}
-    assert {m for m in users if not in_room(m, ("fastnsq.runner",))} <= {"fastnsq.cli.worker"}
+    # The command line's worker, and the apps' bridge onto the runtime (rule 9).
+    assert {m for m in users if not in_room(m, ("fastnsq.runner",))} <= {"fastnsq.cli.worker", "fastnsq.apps.hosting"}
     # The runner reaches the Consumer through its package, never its insides.
     assert offending_edges(("fastnsq.runner",), ("fastnsq.consumer.",)) == []
     assert not [t for m, ts in graph.items() if in_room(m, ("fastnsq.runner",))
                 for t in ts if t.startswith("fastnsq.consumer.")]
+
+
+def test_the_apps_sit_above_the_runner() -> None:
+    """``fastnsq.apps`` (to-file, to-nsq, to-http) stands on the runner and the public clients:
+    the runner runs an app only by its import path (never an import), nothing but the command
+    line imports an app, and the apps reach the clients through their packages."""
+    graph = import_graph()
+    assert "fastnsq.runner" in graph["fastnsq.apps.hosting"]  # the rule is read from real edges
+    users = {m for m, targets in graph.items() if any(in_room(t, ("fastnsq.apps",)) for t in targets)}
+    assert {m for m in users if not in_room(m, ("fastnsq.apps",))} <= {
+        "fastnsq.cli.main", "fastnsq.cli.to_file", "fastnsq.cli.to_nsq", "fastnsq.cli.to_http", "fastnsq.cli._apps"}
+    assert offending_edges(("fastnsq.runner",), ("fastnsq.apps",)) == []
+    assert not [t for m, ts in graph.items() if in_room(m, ("fastnsq.apps",))
+                for t in ts if t.startswith(("fastnsq.consumer.", "fastnsq.producer."))]
+    # Only the bridge knows the runner: an app's handler is a plain object with hooks.
+    assert {m for m in graph if in_room(m, ("fastnsq.apps",)) and any(
+        in_room(t, ("fastnsq.runner",)) for t in graph[m])} == {"fastnsq.apps.hosting"}
 
 
 def test_the_state_machines_know_no_connection_discovery_or_client() -> None:

@@ -18,12 +18,14 @@ from ._common import (
     configure_logging,
     describe_error,
     logger,
+    subparser_of,
 )
 from .bench import _build_bench
 from .nsqd import _build_nsqd
 from .pub import _build_pub
 from .stats import _build_stats
 from .tail import _build_tail
+from .to_file import _build_to_file
 from .worker import _build_worker
 
 
@@ -31,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``fastnsq`` argument parser (every subcommand)."""
     parser = Parser(
         prog="fastnsq",
-        description="fastnsq's command line: an embedded nsqd, publish, tail, stats, benchmarks, and a worker service.",
+        description="fastnsq's command line: an embedded nsqd, publish, tail, stats, benchmarks, a worker service, "
+        "and nsq's apps (to-file).",
         epilog="Run `fastnsq <command> --help` for a command's options. Errors exit with status 1, "
         "bad usage with 2.",
     )
@@ -45,13 +48,27 @@ def build_parser() -> argparse.ArgumentParser:
     _build_stats(commands, common)
     _build_bench(commands, common)
     _build_worker(commands, common, client)
+    _build_to_file(commands, common, client)
     return parser
+
+
+#: The commands that take nsq's apps' command lines, Go's one-dash flags included.
+GO_STYLE_COMMANDS = ("to-file", "to-nsq", "to-http")
+
+
+def go_style(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """``-topic=events`` as ``--topic=events`` for an app's command (nsq's scripts keep working)."""
+    from ..apps.goflags import long_options, normalize
+
+    if not argv or argv[0] not in GO_STYLE_COMMANDS:
+        return list(argv)
+    return [argv[0], *normalize(argv[1:], long_options(subparser_of(parser, argv[0])))]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (the console script's entry point)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(go_style(parser, sys.argv[1:] if argv is None else argv))
     prog = f"fastnsq {args.command}"
     configure_logging(args)
     try:

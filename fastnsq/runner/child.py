@@ -88,6 +88,9 @@ class Child:
     async def _drain(self) -> dict[str, Any]:
         if self.consumer is None:
             return {"finished": 0, "requeued": 0, "abandoned": 0, "timed_out": False}
+        # A built-in app first answers what it holds (to-file: fsync, then FIN), so the drain
+        # does not wait out a sync interval for messages it already has.
+        await run_hook(self.handler.drain)
         report = await self.consumer.stop(self.settings.drain_timeout)
         for task in self.tasks:
             if task.get_name() == "batches":
@@ -114,6 +117,8 @@ class Child:
         )
         _track(self.consumer)
         await self.consumer.start()
+        if self.handler.attach is not None:
+            self.handler.attach(self.consumer)
         if settings.batch:
             self.tasks.append(asyncio.create_task(self._consume_batches(self.consumer), name="batches"))
 
@@ -150,7 +155,8 @@ class Child:
             logger.warning("batch handler raised; requeueing %d messages", len(batch), exc_info=True)
             batch.requeue()
         else:
-            batch.finish()
+            if not self.handler.answers_batches:
+                batch.finish()
         finally:
             running.release()
 
@@ -259,7 +265,7 @@ async def _main(sock: socket.socket) -> int:
     settings, index = WorkerSettings.from_json(first["settings"]), int(first["index"])
     configure_logging(index, settings.log_level)
     try:
-        child = Child(settings, index, load(settings.target), channel, first.get("nsqd"))
+        child = Child(settings, index, load(settings.target, settings.handler_options), channel, first.get("nsqd"))
         return await child.run()
     except (LoadError, Exception) as exc:
         logger.exception("worker %d failed", index)

@@ -31,15 +31,22 @@ class Handler:
     is_async: bool
     setup: Callable[[], Any] | None = None
     teardown: Callable[[], Any] | None = None
+    #: A built-in app's hooks (``fastnsq to-file`` and the like): ``attach(consumer)`` once the
+    #: Consumer runs, ``drain()`` before it stops; and whether it answers its batches itself
+    #: (to-file FINs only after an fsync, to-nsq only after nsqd's OK).
+    attach: Callable[[Any], Any] | None = None
+    drain: Callable[[], Any] | None = None
+    answers_batches: bool = False
 
 
-def load(target: str) -> Handler:
+def load(target: str, options: dict[str, Any] | None = None) -> Handler:
     """Import ``MODULE:NAME`` (NAME may be dotted) and make a :class:`Handler` of it.
 
     A function is the handler. A class is instantiated with no arguments (once per
     process); an object's ``handle`` method is the handler if it has one, else the object
     itself when callable; its ``setup()`` and ``teardown()`` (sync or async) are the hooks.
-    The current directory is on ``sys.path`` first, as for ``python -m``.
+    The current directory is on ``sys.path`` first, as for ``python -m``. ``options``: keyword
+    arguments for a class (the settings of a built-in app), sent to each child as JSON.
     """
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
@@ -55,7 +62,7 @@ def load(target: str) -> Handler:
             raise LoadError(f"handler {target!r}: module {module_name!r} has no attribute {attribute!r}") from None
     if inspect.isclass(found):
         try:
-            found = found()
+            found = found(**(options or {}))
         except Exception as exc:
             raise LoadError(f"handler {target!r}: {attribute}() raised {type(exc).__name__}: {exc}") from exc
     return _describe(target, found)
@@ -84,8 +91,11 @@ def _describe(target: str, found: Any) -> Handler:
         raise LoadError(f"handler {target!r} is a {type(found).__name__}, not a function or an object with handle()")
     setup = getattr(found, "setup", None) if hooks else None
     teardown = getattr(found, "teardown", None) if hooks else None
+    attach, drain = (getattr(found, "attach", None), getattr(found, "drain", None)) if hooks else (None, None)
     return Handler(target, call, _is_coroutine_function(call),
-                   setup if callable(setup) else None, teardown if callable(teardown) else None)
+                   setup if callable(setup) else None, teardown if callable(teardown) else None,
+                   attach if callable(attach) else None, drain if callable(drain) else None,
+                   bool(getattr(found, "answers_batches", False)) if hooks else False)
 
 
 def _is_coroutine_function(call: Any) -> bool:

@@ -52,6 +52,8 @@ class WorkerSettings:
     restart_window: float = 60.0
     backoff_grace: float = 60.0
     log_level: str = "INFO"
+    #: A built-in app's own settings, the keyword arguments of its handler class (not a flag).
+    handler_options: dict[str, Any] | None = None
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)

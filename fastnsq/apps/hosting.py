@@ -1,0 +1,63 @@
+"""An app run on the worker runtime: its settings made into a :class:`WorkerSettings` and started.
+
+One job: the bridge from an app's parsed flags to :func:`fastnsq.runner.run_group`. The app's
+handler class is named by its import path and gets its own options as keyword arguments in
+the child (``handler_options``, sent as JSON); it takes batches (``Consumer.batches()``) and
+answers them itself. One process: the apps keep nsq's one-process model (one file per topic,
+one set of producers), and the supervisor gives them signals, the drain, restarts and
+``/metrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..runner import SettingsError, WorkerSettings, run_group
+from ..runner.settings import check
+
+__all__ = ["AppRun", "SettingsError", "run_app"]
+
+
+@dataclass
+class AppRun:
+    """What an app asks of the runtime."""
+
+    name: str  # "to-file": for the log lines
+    target: str  # "fastnsq.apps.to_file:ToFile"
+    topic: str
+    channel: str
+    nsqd_tcp_addresses: list[str]
+    lookupd_http_addresses: list[str]
+    max_in_flight: int
+    consumer_options: dict[str, Any] = field(default_factory=dict)
+    handler_options: dict[str, Any] = field(default_factory=dict)
+    batch_wait: float = 0.1
+    metrics_port: int | None = None
+    http_host: str = "127.0.0.1"
+    drain_timeout: float = 30.0
+    log_level: str = "INFO"
+
+    def settings(self) -> WorkerSettings:
+        """The runtime's settings, checked (a bad one raises SettingsError naming it)."""
+        settings = WorkerSettings(
+            target=self.target, topic=self.topic, channel=self.channel,
+            nsqd_tcp_addresses=list(self.nsqd_tcp_addresses),
+            lookupd_http_addresses=list(self.lookupd_http_addresses),
+            max_in_flight=self.max_in_flight, consumer_options=dict(self.consumer_options),
+            processes=1, batch=(self.max_in_flight, self.batch_wait), drain_timeout=self.drain_timeout,
+            metrics_port=self.metrics_port, http_host=self.http_host, log_level=self.log_level,
+            handler_options=dict(self.handler_options),
+        )
+        return check(settings)
+
+
+def run_app(app: AppRun) -> int:
+    """Run the app until SIGTERM/SIGINT drains it; the runtime's exit status."""
+    settings = app.settings()
+    logging.basicConfig(
+        level=settings.log_level, force=True,
+        format=f"%(asctime)s fastnsq {app.name} [pid %(process)d] %(levelname)s: %(message)s",
+    )
+    return run_group(settings)

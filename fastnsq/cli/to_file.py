@@ -1,0 +1,132 @@
+"""``fastnsq to-file``: nsq_to_file's command line, on fastnsq (:mod:`fastnsq.apps.to_file`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..apps.goflags import add_bool
+from ._apps import add_consume_flags, consumer_options, duration_arg, log_level, require_servers
+from ._common import UsageError
+
+_EPILOG = """\
+Flags as nsq_to_file's (one dash or two: -topic=events works). A message is FINed only after
+the file that holds it is written and fsynced. Beyond nsq_to_file: --zstd, --format parquet,
+--metrics-port, --drain-timeout. docs/apps.md maps every nsq_to_file flag.
+"""
+
+
+def _build_to_file(commands: Any, common: argparse.ArgumentParser, client: argparse.ArgumentParser) -> None:
+    sub = commands.add_parser(
+        "to-file", parents=[common, client], help="archive topics to files (nsq_to_file)",
+        description="Write the messages of TOPIC to files, one body per line (nsq_to_file, faster).",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = add_consume_flags(sub, app="nsq_to_file")
+    what.add_argument("--topic-pattern", default="", metavar="REGEX",
+                      help="only log topics matching the following pattern (not yet: give --topic)")
+    what.add_argument("--topic-refresh", type=duration_arg, default=60.0, metavar="DURATION",
+                      help="how frequently the topic list should be refreshed (default 1m)")
+    what.add_argument("--http-client-connect-timeout", type=duration_arg, default=2.0, metavar="DURATION",
+                      help="timeout for HTTP connect (checked; lookupd requests use the Consumer's)")
+    what.add_argument("--http-client-request-timeout", type=duration_arg, default=5.0, metavar="DURATION",
+                      help="timeout for HTTP request (checked; lookupd requests use the Consumer's)")
+    files = sub.add_argument_group("files (nsq_to_file's flags)")
+    files.add_argument("--output-dir", default="/tmp", metavar="DIR", help="directory to write output files to")
+    files.add_argument("--work-dir", default="", metavar="DIR",
+                       help="directory for in-progress files before moving to output-dir")
+    files.add_argument("--datetime-format", default="%Y-%m-%d_%H", metavar="STRFTIME",
+                       help="strftime compatible format for <DATETIME> in filename format")
+    files.add_argument("--filename-format", default="<TOPIC>.<HOST><REV>.<DATETIME>.log", metavar="FORMAT",
+                       help="output filename format (<TOPIC>, <HOST>, <PID>, <DATETIME>, <REV> are replaced. "
+                            "<REV> is increased when file already exists)")
+    files.add_argument("--host-identifier", default="", metavar="NAME",
+                       help="value to output in log filename in place of hostname. <SHORT_HOST> and <HOSTNAME> "
+                            "are valid replacement tokens")
+    files.add_argument("--gzip-level", type=int, default=6, metavar="1-9",
+                       help="gzip compression level (1-9, 1=BestSpeed, 9=BestCompression)")
+    add_bool(files, "--gzip", "gzip output files.")
+    add_bool(files, "--zstd", "zstd output files (fastnsq's; level from --zstd-level)")
+    files.add_argument("--zstd-level", type=int, default=3, metavar="1-22", help="zstd level (default 3)")
+    add_bool(files, "--skip-empty-files", "skip writing empty files")
+    files.add_argument("--rotate-size", type=int, default=0, metavar="BYTES",
+                       help="rotate the file when it grows bigger than `rotate-size` bytes")
+    files.add_argument("--rotate-interval", type=duration_arg, default=0.0, metavar="DURATION",
+                       help="rotate the file every duration")
+    files.add_argument("--sync-interval", type=duration_arg, default=30.0, metavar="DURATION",
+                       help="sync file to disk every duration (default 30s)")
+    files.add_argument("--format", choices=("lines", "parquet"), default="lines",
+                       help="lines: one body per line (nsq_to_file's); parquet: a Parquet file per sync "
+                            "(pyarrow; columns body, id, timestamp, attempts)")
+    files.add_argument("--status-every", type=int, default=0, metavar="N",
+                       help="print a status line every N messages written (default 0: off; nsq_to_file "
+                            "logs each sync instead)")
+    sub.set_defaults(run=_run_to_file)
+
+
+def file_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The file flags, checked, as :class:`~fastnsq.apps.filelog.FileOptions` takes them."""
+    if args.gzip and args.zstd:
+        raise UsageError("--gzip and --zstd cannot go together")
+    if not 1 <= args.gzip_level <= 9:
+        raise UsageError(f"invalid --gzip-level value ({args.gzip_level}), should be 1-9")
+    if not 1 <= args.zstd_level <= 22:
+        raise UsageError(f"invalid --zstd-level value ({args.zstd_level}), should be 1-22")
+    for flag, value in (("--rotate-size", args.rotate_size), ("--rotate-interval", args.rotate_interval)):
+        if value < 0:
+            raise UsageError(f"{flag} {value}: must be 0 (off) or more")
+    compression = "gzip" if args.gzip else "zstd" if args.zstd else ""
+    return {
+        "output_dir": args.output_dir, "work_dir": args.work_dir or args.output_dir,
+        "filename_format": args.filename_format, "datetime_format": args.datetime_format,
+        "host_identifier": args.host_identifier, "compression": compression,
+        "level": args.zstd_level if args.zstd else args.gzip_level,
+        "rotate_size": args.rotate_size, "rotate_interval": args.rotate_interval,
+        "skip_empty_files": bool(args.skip_empty_files), "format": args.format,
+    }
+
+
+def _check(args: argparse.Namespace) -> None:
+    require_servers(args)
+    if not args.topic and not args.topic_pattern:
+        raise UsageError("--topic or --topic-pattern required")
+    if args.topic_pattern or len(args.topic) > 1:
+        raise UsageError("one --topic for now: several topics and --topic-pattern are not taken yet "
+                         "(run one fastnsq to-file per topic)")
+    if args.sync_interval <= 0:
+        raise UsageError(f"--sync-interval {args.sync_interval}: must be more than 0")
+    for flag in ("http_client_connect_timeout", "http_client_request_timeout"):
+        if getattr(args, flag) <= 0:
+            raise UsageError(f"--{flag.replace('_', '-')} should be positive")
+
+
+def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ..apps.filelog import FileLog, FileOptions, make_encoder
+    from ..apps.filenames import FilenameError, host_identifier
+    from ..apps.hosting import AppRun, SettingsError, run_app
+
+    _check(args)
+    files = file_options(args)
+    topic = args.topic[0]
+    try:  # the file names and the encoder are checked here, before any process starts
+        options = FileOptions(**files)
+        FileLog(options, topic, host_identifier(options.host_identifier), make_encoder(options))
+    except (FilenameError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    consumer = consumer_options(args)
+    # The express lane trades RDY for latency at low rates; an archive holds its messages until
+    # the sync anyway, and the lane's small RDY would count as starved and sync every few messages.
+    consumer.setdefault("express_lane", False)
+    app = AppRun(
+        name="to-file", target="fastnsq.apps.to_file:ToFile", topic=topic, channel=args.channel,
+        nsqd_tcp_addresses=args.nsqd_tcp_address, lookupd_http_addresses=args.lookupd_http_address,
+        max_in_flight=args.max_in_flight, consumer_options=consumer,
+        handler_options={"topic": topic, "channel": args.channel, "max_in_flight": args.max_in_flight,
+                         "sync_interval": args.sync_interval, "file": files, "status_every": args.status_every},
+        metrics_port=args.metrics_port, http_host=args.http_host, drain_timeout=args.drain_timeout,
+        log_level=log_level(args),
+    )
+    try:
+        return run_app(app)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from None

@@ -1,0 +1,86 @@
+"""What the tests of nsq's apps on fastnsq share: running an app (ours or Go's) as a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+from fastnsq.testing.real import real_bin_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class App:
+    """A running app process and the log it writes."""
+
+    def __init__(self, process: asyncio.subprocess.Process, log: Path) -> None:
+        self.process, self.log_path = process, log
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    @property
+    def running(self) -> bool:
+        return self.process.returncode is None
+
+    async def stop(self, timeout: float = 30.0) -> int:
+        if self.process.returncode is None:
+            self.process.send_signal(signal.SIGTERM)
+        return await asyncio.wait_for(self.process.wait(), timeout)
+
+    async def kill(self) -> None:
+        """SIGKILL the supervisor and its child (its own session: the whole process group)."""
+        if self.process.returncode is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        await self.process.wait()
+        await asyncio.sleep(0.1)
+
+
+async def start(command: str, *args: str, log: Path) -> App:
+    """``python -m fastnsq COMMAND ARGS`` in a session of its own (a kill takes its children too)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    with log.open("ab") as out:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "fastnsq", command, *args, env=env, stdout=out, stderr=out, start_new_session=True)
+    return App(process, log)
+
+
+async def start_go(binary: str, *args: str, log: Path) -> App:
+    """One of nsq's own apps from the real pass's binaries."""
+    folder = real_bin_dir()
+    assert folder is not None
+    with log.open("ab") as out:
+        process = await asyncio.create_subprocess_exec(
+            str(folder / binary), *args, stdout=out, stderr=out, start_new_session=True)
+    return App(process, log)
+
+
+def go_app(binary: str) -> bool:
+    """True in the real pass when nsq's own app is built beside nsqd."""
+    folder = real_bin_dir()
+    return folder is not None and (folder / binary).exists()
+
+
+async def run_to_exit(command: str, *args: str, timeout: float = 20.0) -> tuple[int, str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fastnsq", command, *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(process.communicate(), timeout)
+    return process.returncode or 0, out.decode()
+
+
+async def create_channels(http_address: str, topic: str, *channels: str) -> None:
+    """Topic and channels made in nsqd before publishing, so each channel gets every message."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"http://{http_address}/topic/create", params={"topic": topic}) as resp:
+            resp.raise_for_status()
+        for channel in channels:
+            async with session.post(f"http://{http_address}/channel/create",
+                                    params={"topic": topic, "channel": channel}) as resp:
+                resp.raise_for_status()

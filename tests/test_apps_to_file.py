@@ -1,0 +1,217 @@
+"""``fastnsq to-file``: nsq_to_file's command line on fastnsq, run as a real process against nsqd.
+
+Real files, real signals: the archive holds every published body, files are named and rotated
+as nsq_to_file names them (side by side with nsq's own binary in the real pass), a message is
+FINed only once its file is fsynced, and a SIGKILL loses nothing.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import socket
+import time
+from collections import Counter
+from pathlib import Path
+
+import cramjam
+import pytest
+
+from fastnsq.apps.filenames import FilenameError, compute_format, go_strftime
+from fastnsq.apps.goflags import long_options, normalize
+from fastnsq.cli.main import build_parser, go_style
+
+from .apps_support import create_channels, go_app, run_to_exit, start, start_go
+from .helpers import eventually, unique
+from .test_consumer import channel_stats, publish_spread
+
+SHORT_HOST = socket.gethostname().split(".")[0]
+
+
+def read_lines(folder: Path) -> list[bytes]:
+    lines: list[bytes] = []
+    for path in sorted(folder.iterdir()):
+        data = path.read_bytes()
+        if path.suffix == ".gz":
+            data = gzip.decompress(data)
+        elif path.suffix == ".zst":
+            data = bytes(cramjam.zstd.decompress(data))
+        lines += data.splitlines()
+    return lines
+
+
+async def drained(nsqd, topic: str, channel: str = "nsq_to_file") -> bool:
+    stats = await channel_stats([nsqd.http_address], topic, channel)
+    return bool(stats) and stats[0]["depth"] == 0 and stats[0]["in_flight_count"] == 0
+
+
+# ---- the command line --------------------------------------------------------------------------
+
+
+def test_go_spelling_is_taken() -> None:
+    parser = build_parser()
+    args = parser.parse_args(go_style(parser, [
+        "to-file", "-topic=events", "-topic", "more", "-gzip", "-gzip-level=1", "-sync-interval=1s",
+        "-rotate-interval", "1h", "-skip-empty-files=false", "--nsqd-tcp-address=127.0.0.1:4150", "-v"]))
+    assert args.topic == ["events", "more"] and args.gzip is True and args.gzip_level == 1
+    assert args.sync_interval == 1.0 and args.rotate_interval == 3600.0 and args.skip_empty_files is False
+    assert args.verbose and args.channel == "nsq_to_file" and args.max_in_flight == 200
+    assert args.output_dir == "/tmp" and args.datetime_format == "%Y-%m-%d_%H"
+    known = long_options(parser)  # the top parser's: -- stays, a negative number and -v too
+    assert normalize(["-version", "-1", "-v", "--", "-help"], known | {"--version"}) == ["--version", "-1", "-v",
+                                                                                      "--", "-help"]
+
+
+async def test_bad_values_are_named() -> None:
+    nsqd = "-nsqd-tcp-address=127.0.0.1:4150"
+    status, out = await run_to_exit("to-file", "-topic=t", "-gzip", "-gzip-level=10", nsqd)
+    assert status == 2 and "invalid --gzip-level value (10), should be 1-9" in out
+    status, out = await run_to_exit("to-file", "-topic=t", "-gzip", "-filename-format=<TOPIC>.log", nsqd)
+    assert status == 2 and "missing <REV>" in out and "--filename-format" in out
+    status, out = await run_to_exit("to-file", nsqd)
+    assert status == 2 and "--topic or --topic-pattern required" in out
+    status, out = await run_to_exit("to-file", "-topic=t", "-sync-interval=soon", nsqd)
+    assert status == 2 and "--sync-interval" in out and "'soon'" in out
+
+
+def test_filenames_follow_nsq_to_file() -> None:
+    plain = compute_format("<TOPIC>.<HOST><REV>.<DATETIME>.log", "ev", identifier="h", rev_needed=False)
+    assert plain == "ev.h.<DATETIME>.log"
+    gz = compute_format("<TOPIC>.<HOST><REV>.<DATETIME>.log", "ev", identifier="h", rev_needed=True, suffix=".gz")
+    assert gz == "ev.h<REV>.<DATETIME>.log.gz"
+    with pytest.raises(FilenameError, match="missing <REV>"):
+        compute_format("<TOPIC>.log", "ev", identifier="h", rev_needed=True)
+    moment = time.mktime((2024, 3, 5, 7, 8, 9, 0, 0, -1))
+    assert go_strftime("%Y-%m-%d_%H", moment) == "2024-03-05_07"
+    assert go_strftime("%y%b%M%S%%%j", moment) == "24Mar0809%%j"  # %j: not a code nsq_to_file knows
+
+
+# ---- archiving ---------------------------------------------------------------------------------
+
+
+async def test_archives_every_message_gzip_through_a_work_dir(nsqd, tmp_path: Path) -> None:
+    topic = unique("tofile")
+    bodies = await publish_spread([nsqd.tcp_address], topic, 3000)
+    out, work = tmp_path / "out", tmp_path / "work"
+    app = await start("to-file", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", f"-output-dir={out}",
+                      f"-work-dir={work}", "-gzip", "-gzip-level=1", "-sync-interval=200ms", "-max-in-flight=500",
+                      log=tmp_path / "log")
+    await eventually(lambda: drained(nsqd, topic), 30, "the channel drained")
+    assert await app.stop() == 0, app.log()
+    names = [p.name for p in out.iterdir()]
+    assert len(names) == 1 and re.fullmatch(rf"{topic}\.{SHORT_HOST}-000000\.\d{{4}}-\d\d-\d\d_\d\d\.log\.gz",
+                                            names[0]), names
+    assert list(work.iterdir()) == []  # moved out on close
+    assert sorted(read_lines(out)) == sorted(bodies)
+    [stats] = await channel_stats([nsqd.http_address], topic, "nsq_to_file")
+    assert stats["message_count"] == 3000 and stats["requeue_count"] == 0
+
+
+async def test_rotate_size_starts_the_next_rev_past_the_size(nsqd, tmp_path: Path) -> None:
+    topic = unique("tofile")
+    bodies = await publish_spread([nsqd.tcp_address], topic, 100, size=20)  # 21 bytes a line
+    app = await start("to-file", f"--topic={topic}", f"--nsqd-tcp-address={nsqd.tcp_address}",
+                      f"--output-dir={tmp_path / 'out'}", "--rotate-size=200", "--sync-interval=100ms",
+                      log=tmp_path / "log")
+    await eventually(lambda: drained(nsqd, topic), 20, "the channel drained")
+    assert await app.stop() == 0, app.log()
+    files = sorted((tmp_path / "out").iterdir())
+    revs = [re.search(r"-(\d{6})\.", p.name).group(1) for p in files]  # type: ignore[union-attr]
+    assert revs == [f"{i:06d}" for i in range(10)], revs  # 10 lines (210 bytes) a file: past 200, then the next
+    assert all(len(p.read_bytes().splitlines()) == 10 for p in files)
+    assert sorted(read_lines(tmp_path / "out")) == sorted(bodies)
+
+
+async def test_a_message_is_fined_only_after_its_file_is_synced(nsqd, tmp_path: Path) -> None:
+    """Fewer messages than max in flight and a long sync interval: they stay in flight, and no
+    file holds them, until the drain writes, fsyncs, then FINs them."""
+    topic = unique("tofile")
+    bodies = await publish_spread([nsqd.tcp_address], topic, 50)
+    out = tmp_path / "out"
+    app = await start("to-file", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", f"-output-dir={out}",
+                      "-sync-interval=1h", "-max-in-flight=1000", "--skip-empty-files", log=tmp_path / "log")
+
+    async def all_in_flight() -> bool:
+        stats = await channel_stats([nsqd.http_address], topic, "nsq_to_file")
+        return bool(stats) and stats[0]["in_flight_count"] == 50
+
+    await eventually(all_in_flight, 20, "50 messages in flight")
+    await __import__("asyncio").sleep(0.5)
+    [stats] = await channel_stats([nsqd.http_address], topic, "nsq_to_file")
+    assert stats["message_count"] == 50 and stats["in_flight_count"] == 50
+    assert not out.exists() or read_lines(out) == []
+    assert await app.stop() == 0, app.log()
+    assert sorted(read_lines(out)) == sorted(bodies)
+    assert await drained(nsqd, topic)
+
+
+async def test_zstd_frames_and_parquet_read_back(nsqd, tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    for flags, folder in ((["--zstd"], "zst"), (["--format", "parquet"], "pq")):
+        topic = unique("tofile")
+        bodies = await publish_spread([nsqd.tcp_address], topic, 2000)
+        app = await start("to-file", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
+                          f"-output-dir={tmp_path / folder}", "-sync-interval=100ms",
+                          "-max-in-flight=300", *flags, log=tmp_path / f"{folder}.log")
+        await eventually(lambda topic=topic: drained(nsqd, topic), 30, "the channel drained")
+        assert await app.stop() == 0, app.log()
+    assert all(p.name.endswith(".log.zst") for p in (tmp_path / "zst").iterdir())
+    assert sorted(read_lines(tmp_path / "zst")) == sorted(bodies)
+    tables = [pq.read_table(p) for p in sorted((tmp_path / "pq").iterdir())]
+    read = [body for table in tables for body in table.column("body").to_pylist()]
+    assert len(read) == 2000 and sorted(read) == sorted(bodies)
+    assert tables[0].column_names == ["body", "id", "timestamp", "attempts"]
+    assert all(len(i) == 16 for i in tables[0].column("id").to_pylist())
+    assert set(tables[0].column("attempts").to_pylist()) == {1}
+
+
+@pytest.mark.slow
+async def test_sigkill_mid_stream_loses_nothing(nsqd, tmp_path: Path) -> None:
+    """Killed while archiving, started again: every body is in a file, duplicates at most max in flight."""
+    topic = unique("tofile")
+    bodies = await publish_spread([nsqd.tcp_address], topic, 60_000)
+    out = tmp_path / "out"
+    args = [f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", f"-output-dir={out}",
+            "-sync-interval=1s", "-max-in-flight=500"]
+    app = await start("to-file", *args, log=tmp_path / "log")
+
+    async def partway() -> bool:
+        stats = await channel_stats([nsqd.http_address], topic, "nsq_to_file")
+        return bool(stats) and stats[0]["message_count"] - stats[0]["depth"] > 5000
+
+    await eventually(partway, 30, "a part archived")
+    await app.kill()
+    app = await start("to-file", *args, log=tmp_path / "log")
+    await eventually(lambda: drained(nsqd, topic), 60, "the channel drained")
+    assert await app.stop() == 0, app.log()
+    counts = Counter(read_lines(out))
+    assert set(counts) == set(bodies)  # nothing lost
+    duplicates = sum(counts.values()) - len(bodies)
+    assert duplicates <= 500, duplicates
+
+
+# ---- beside nsq's own nsq_to_file (the real pass) -----------------------------------------------
+
+
+@pytest.mark.skipif(not go_app("nsq_to_file"), reason="nsq's nsq_to_file is run beside ours in the real pass")
+async def test_same_files_as_nsq_to_file(nsqd, tmp_path: Path) -> None:
+    """The same flags to nsq_to_file and to ours, on two channels of one topic: the same file
+    names (revisions, the work dir, gzip) and the same lines in each."""
+    topic = unique("tofile")
+    await create_channels(nsqd.http_address, topic, "go", "ours")
+    bodies = await publish_spread([nsqd.tcp_address], topic, 300, size=30)
+    common = [f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", "-gzip", "-rotate-size=1000",
+              "-sync-interval=200ms", "-max-in-flight=1"]  # one at a time: both split files alike
+    for name, starter in (("go", start_go), ("ours", start)):
+        app = await starter("nsq_to_file" if name == "go" else "to-file", *common, f"-channel={name}",
+                            f"-output-dir={tmp_path / name}", f"-work-dir={tmp_path / (name + '-work')}",
+                            log=tmp_path / f"{name}.log")
+        await eventually(lambda name=name: drained(nsqd, topic, name), 60, f"{name} drained")
+        assert await app.stop() == 0, app.log()
+    go_files = sorted(p.name for p in (tmp_path / "go").iterdir())
+    our_files = sorted(p.name for p in (tmp_path / "ours").iterdir())
+    assert our_files == go_files and len(go_files) == 10  # 31 bytes a line: 33 lines past 1000
+    for name in go_files:
+        assert gzip.decompress((tmp_path / "ours" / name).read_bytes()) == \
+            gzip.decompress((tmp_path / "go" / name).read_bytes())
+    assert sorted(read_lines(tmp_path / "ours")) == sorted(bodies)
