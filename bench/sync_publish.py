@@ -71,6 +71,8 @@ def measure(address: str, mode: str, threads: int, count: int, size: int) -> dic
                     began = clock()
                     if mode == "publish":
                         producer.publish(topic, body)
+                    elif mode == "publish_timeout":
+                        producer.publish(topic, body, timeout=2.0)
                     else:
                         futures.append(producer.publish_async(topic, body))
                     own.append(clock() - began)
@@ -136,9 +138,9 @@ def _gonsq_rate(raw: dict[str, Any], count: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--child", metavar="ADDRESS", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", default="publish", choices=["publish", "publish_async"])
+    parser.add_argument("--mode", default="publish", choices=["publish", "publish_timeout", "publish_async"])
     parser.add_argument("--threads", default="1,8,64")
-    parser.add_argument("--modes", default="publish,publish_async")
+    parser.add_argument("--modes", default="publish,publish_async", help="also: publish_timeout (timeout=2)")
     parser.add_argument("--count", type=int, default=80_000)
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
@@ -217,18 +219,19 @@ def ratios(runs: list[dict[str, Any]], threads: list[int]) -> list[dict[str, Any
     by = {(r["client"], r["threads"], r["round"]): r["msg_per_s"] for r in runs}
     clients = list(dict.fromkeys(r["client"] for r in runs))
     go = next((c for c in clients if c.startswith("go-nsq")), None)
-    pairs = [("fastnsq publish", go), ("fastnsq publish_async", go)]
-    pairs += [(c, f"{c} (before: {b})") for c in ("fastnsq publish", "fastnsq publish_async")
-              for b in {r["client"].rpartition("(before: ")[2][:-1] for r in runs if "(before: " in r["client"]}]
+    mine = [c for c in clients if c.startswith("fastnsq ") and "(before: " not in c]
+    befores = {r["client"].rpartition("(before: ")[2][:-1] for r in runs if "(before: " in r["client"]}
+    pairs: list[tuple[str, str | None]] = [(c, go) for c in mine]
+    pairs += [(c, f"{c} (before: {b})") for c in mine for b in befores]
     out = []
-    for mine, other in pairs:
-        if other is None or other not in clients or mine not in clients:
+    for client, other in pairs:
+        if other is None or other not in clients:
             continue
         for n in threads:
-            each = [by[(mine, n, k)] / by[(other, n, k)] for (c, t, k) in by if c == mine and t == n
+            each = [by[(client, n, k)] / by[(other, n, k)] for (c, t, k) in by if c == client and t == n
                     if (other, n, k) in by]
             if each:
-                out.append({"client": mine, "versus": other, "threads": n, "median_ratio": statistics.median(each),
+                out.append({"client": client, "versus": other, "threads": n, "median_ratio": statistics.median(each),
                             "ratios": [round(x, 3) for x in each]})
     return out
 
