@@ -14,8 +14,9 @@ Bookkeeping, all on the loop thread:
   later deliveries. A redelivery of a key still held (its timeout passed during a
   stall, or its connection was replaced) does not become a new row: it is answered
   with the first, newest first, so the FIN/REQ reaches the delivery nsqd currently
-  has in flight. The key is (partition, id): an HA nsqd numbers the messages of each
-  partition from 1, so partitions share ids (upstream: partition None, the id alone).
+  has in flight. The key is (partition, id): a standalone HA nsqd (and the embedded HA
+  cluster) numbers each partition's messages from 1, so partitions share ids; youzan's
+  cluster puts the partition in the id's high bits (upstream: partition None, the id alone).
 
 The offsets Spark checkpoints are ``{"session": <this process>, "seq": n}``:
 a batch whose end belongs to another session was planned by a process that is
@@ -63,9 +64,10 @@ _SHUTDOWN_TIMEOUT = 15.0  # CLS, CLOSE_WAIT, REQ and close; past it the process 
 _PARENT_CHECK_INTERVAL = 1.0
 _HTTP_TIMEOUT = 10.0
 _TAKE_AT_ONCE = 100_000  # messages taken from the consumer per loop pass, at most
-# (partition, id): HA ids are unique only within a partition (youzan's nsqd and the
-# embedded one number each partition's messages 1, 2, ...); keyed by the id alone,
-# partition 1's messages were taken for redeliveries of partition 0's and dropped.
+# (partition, id): HA ids may be unique only within a partition (a standalone youzan nsqd,
+# topic.go defaultIDSeq, and the embedded HA cluster number each partition's messages 1, 2,
+# ...; youzan's cluster uses partition << 50 + n); keyed by the id alone, partition 1's
+# messages were taken for redeliveries of partition 0's and dropped.
 _KEY = attrgetter("partition", "id")
 # Trigger.AvailableNow shrinks the in-flight window to what is left to take: at the end of a
 # run it holds fewer slots than there are connections, and a slot moves on only when its
