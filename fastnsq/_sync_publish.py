@@ -32,12 +32,12 @@ from .errors import ConnectionClosedError, NoConnectionError, PublishTimeoutErro
 from .producer import Producer
 from .producer.direct import Done
 
-__all__ = ["FORKS", "Bridge", "Call"]
+__all__ = ["FORKS", "Bridge", "Call", "close_producer"]
 
 # What a queued call is: its first item.
 PUBLISH = 0  # (PUBLISH, topic, body, done): producer.publish_batch_soon; fails fast while nsqd is down
 SEND = 1  # (SEND, make_coroutine, None, done): a publish in a task; fails fast while nsqd is down
-CALL = 2  # (CALL, make_coroutine, None, done): close, background retries: always run
+CALL = 2  # (CALL, make_coroutine, None, done): close, background retries: always run, never held
 
 
 class _Forks:
@@ -107,6 +107,7 @@ class Bridge:
         self._queue: deque[tuple[int, Any, Any, Done]] = deque()
         self._woken = False  # a _drain is scheduled: nobody needs to wake the loop
         self._held: list[tuple[int, Any, Any, Done]] | None = None  # waiting for the first connect
+        self._failing = threading.Lock()  # fail_leftovers may run in two threads at once
         _LIVE.add(self)
 
     # ---- any thread -----------------------------------------------------------------------
@@ -140,15 +141,19 @@ class Bridge:
         return call.wait(timeout)
 
     def fail_leftovers(self) -> None:
-        """The loop is gone or going: every call still queued fails (each popped once)."""
+        """The loop is gone: every call still queued or held fails (each once; any thread)."""
         self.closed = True
         _LIVE.discard(self)
-        while True:
-            try:
-                _, _, _, done = self._queue.popleft()
-            except IndexError:
-                return
-            done(None, ConnectionClosedError("the producer is closed"))
+        with self._failing:
+            held, self._held = self._held or [], None
+            for _, _, _, done in held:
+                done(None, ConnectionClosedError("the producer is closed"))
+            while True:
+                try:
+                    _, _, _, done = self._queue.popleft()
+                except IndexError:
+                    return
+                done(None, ConnectionClosedError("the producer is closed"))
 
     # ---- the loop thread --------------------------------------------------------------------
 
@@ -156,19 +161,19 @@ class Bridge:
         self._woken = False
         queue = self._queue
         items = [queue.popleft() for _ in range(len(queue))]
+        if self._held is None and self.producer.connecting() is None:
+            self._dispatch(items)
+            return
+        # The first attempt to connect is under way: publishes wait for its outcome (close()
+        # waits for it too, within its own timeout: the facade's close does).
+        self._dispatch([item for item in items if item[0] == CALL])
+        publishes = [item for item in items if item[0] != CALL]
         if self._held is not None:
-            self._held += items
+            self._held += publishes
             return
-        if self.producer.connecting() is not None:
-            self._hold(items)
-            return
-        self._dispatch(items)
-
-    def _hold(self, items: list[tuple[int, Any, Any, Done]]) -> None:
-        """The first attempt to connect is under way: these wait for its outcome."""
         task = self.producer.connecting()
         assert task is not None
-        self._held = items
+        self._held = publishes
         task.add_done_callback(self._release)
 
     def _release(self, _task: object) -> None:
@@ -199,6 +204,15 @@ class Bridge:
     def _run_task(self, call: Coroutine[Any, Any, Any], done: Done) -> None:
         task = self.loop.create_task(call)
         task.add_done_callback(lambda finished: _task_outcome(finished, done))
+
+
+async def close_producer(producer: Producer, timeout: float) -> Any:
+    """The facade's close on the loop: publishes held for the first connect go out first (within
+    ``timeout``; a connect that takes longer is given up), then the producer's own close."""
+    connecting = producer.connecting()
+    if connecting is not None:
+        await asyncio.wait({connecting}, timeout=timeout)
+    return await producer.close(timeout)
 
 
 def _deadlock() -> None:

@@ -26,7 +26,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._sync_publish import CALL, FORKS, PUBLISH, SEND, Bridge, settle_future
+from ._sync_publish import CALL, FORKS, PUBLISH, SEND, Bridge, close_producer, settle_future
 from .config import check_range
 from .consumer import Batch, StopReport
 from .consumer import Consumer as AsyncConsumer
@@ -226,10 +226,11 @@ class Producer:
         bridge = self._current()
         self._closed = True
         try:
-            report = bridge.run(CALL, functools.partial(self._producer.close, timeout), timeout + _RESULT_MARGIN)
+            close = functools.partial(close_producer, self._producer, timeout)
+            report = bridge.run(CALL, close, 2 * timeout + _RESULT_MARGIN)
         finally:
-            bridge.fail_leftovers()  # calls that raced with this one
             self._thread.stop()
+            bridge.fail_leftovers()  # calls that raced with this one, publishes held for a connect given up
         return report
 
     def __enter__(self) -> Self:

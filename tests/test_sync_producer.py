@@ -448,3 +448,36 @@ async def test_a_burst_larger_than_one_mpub_is_split_under_max_body_size() -> No
         assert await drain(nsqd.tcp_address, topic, 500) == [b"%03d" % i + b"z" * 97 for i in range(500)]
     finally:
         await stop(nsqd)
+
+
+async def test_close_while_the_first_connect_hangs_keeps_to_its_timeout() -> None:
+    """A listener that takes the connection and never answers IDENTIFY: the first attempt
+    would last the 10 s handshake timeout. A publish keeps to its own timeout, close() to its
+    own, and a publish held for that connect fails rather than waiting on."""
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(30)
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+
+    def run() -> tuple[float, float]:
+        producer = Producer([f"127.0.0.1:{port}"])
+        began = time.monotonic()
+        with pytest.raises(PublishTimeoutError):
+            producer.publish("t", b"held", timeout=0.5)
+        publish_took = time.monotonic() - began
+        held = producer.publish_async("t", b"held too")
+        began = time.monotonic()
+        producer.close(timeout=0.5)
+        close_took = time.monotonic() - began
+        with pytest.raises(ConnectionClosedError):
+            held.result(5)
+        return publish_took, close_took
+
+    try:
+        publish_took, close_took = await blocking(run)
+    finally:
+        server.close()
+    assert publish_took < 0.5 + 0.5, publish_took  # margins for a loaded machine
+    assert close_took < 0.5 + 1.0, close_took
