@@ -165,6 +165,45 @@ async def test_zstd_frames_and_parquet_read_back(nsqd, tmp_path: Path) -> None:
     assert set(tables[0].column("attempts").to_pylist()) == {1}
 
 
+async def test_several_topics_a_file_each(nsqd, tmp_path: Path) -> None:
+    one, two = unique("tofile"), unique("tofile")
+    bodies = {one: await publish_spread([nsqd.tcp_address], one, 300), two: await publish_spread(
+        [nsqd.tcp_address], two, 200)}
+    app = await start("to-file", f"-topic={one}", f"-topic={two}", f"-nsqd-tcp-address={nsqd.tcp_address}",
+                      f"-output-dir={tmp_path}", "-sync-interval=100ms", "-max-in-flight=100", log=tmp_path / "log")
+    await eventually(lambda: drained(nsqd, one), 20, "the first topic drained")
+    await eventually(lambda: drained(nsqd, two), 20, "the second topic drained")
+    assert await app.stop() == 0, app.log()
+    for topic, published in bodies.items():
+        [path] = tmp_path.glob(f"{topic}.*.log")
+        assert sorted(path.read_bytes().splitlines()) == sorted(published)
+
+
+async def test_several_topics_and_a_pattern_refreshed_through_lookupd(nsq_cluster, tmp_path: Path) -> None:
+    """--topic-pattern without --topic: a process per matching topic nsqlookupd lists, a topic
+    created later found at the next --topic-refresh, a topic that does not match left alone."""
+    base = unique("pat")
+    nsqd = [nsq_cluster.tcp_addresses[0]]
+    first = await publish_spread(nsqd, f"{base}_a", 200)
+    await publish_spread(nsqd, f"{base}_other", 10)
+    lookupd = [f"-lookupd-http-address={address}" for address in nsq_cluster.lookupd_http_addresses]
+    out = tmp_path / "out"
+    app = await start("to-file", f"-topic-pattern=^{base}_(a|b)$", "-topic-refresh=300ms", *lookupd,
+                      f"-output-dir={out}", "-sync-interval=100ms", log=tmp_path / "log")
+
+    async def archived(topic: str, count: int) -> bool:
+        return out.exists() and len(read_lines(out)) >= count and any(
+            p.name.startswith(topic + ".") for p in out.iterdir())
+
+    await eventually(lambda: archived(f"{base}_a", 200), 30, "topic a archived")
+    second = await publish_spread(nsqd, f"{base}_b", 300)
+    await eventually(lambda: archived(f"{base}_b", 500), 30, "topic b found and archived")
+    assert await app.stop() == 0, app.log()
+    topics = sorted({p.name.split(".")[0] for p in out.iterdir()})
+    assert topics == [f"{base}_a", f"{base}_b"]
+    assert sorted(read_lines(out)) == sorted(first + second)
+
+
 @pytest.mark.slow
 async def test_sigkill_mid_stream_loses_nothing(nsqd, tmp_path: Path) -> None:
     """Killed while archiving, started again: every body is in a file, duplicates at most max in flight."""

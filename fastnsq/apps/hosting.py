@@ -3,9 +3,9 @@
 One job: the bridge from an app's parsed flags to :func:`fastnsq.runner.run_group`. The app's
 handler class is named by its import path and gets its own options as keyword arguments in
 the child (``handler_options``, sent as JSON); it takes batches (``Consumer.batches()``) and
-answers them itself. One process: the apps keep nsq's one-process model (one file per topic,
-one set of producers), and the supervisor gives them signals, the drain, restarts and
-``/metrics``.
+answers them itself. One process per topic (nsq's apps run a consumer per topic, each with
+the whole max in flight); the supervisor gives them signals, the drain, restarts, topics found
+by a pattern and ``/metrics``.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ class AppRun:
     http_host: str = "127.0.0.1"
     drain_timeout: float = 30.0
     log_level: str = "INFO"
+    topics: list[str] = field(default_factory=list)  # several: a process per topic
+    topic_pattern: str = ""  # with nsqlookupd: a process per matching topic, found as they come
+    topic_refresh: float = 60.0
 
     def settings(self) -> WorkerSettings:
         """The runtime's settings, checked (a bad one raises SettingsError naming it)."""
@@ -48,7 +51,8 @@ class AppRun:
             max_in_flight=self.max_in_flight, consumer_options=dict(self.consumer_options),
             processes=1, batch=(self.max_in_flight, self.batch_wait), drain_timeout=self.drain_timeout,
             metrics_port=self.metrics_port, http_host=self.http_host, log_level=self.log_level,
-            handler_options=dict(self.handler_options),
+            handler_options=dict(self.handler_options), topics=list(self.topics),
+            topic_pattern=self.topic_pattern, topic_refresh=self.topic_refresh,
         )
         return check(settings)
 

@@ -25,23 +25,24 @@ logger = logging.getLogger("fastnsq.apps.to_file")
 
 
 class ToFile:
-    """The handler: ``ToFile(topic=..., channel=..., max_in_flight=..., sync_interval=..., file={...})``."""
+    """The handler: ``ToFile(channel=..., max_in_flight=..., sync_interval=..., file={...})``; the
+    topic is its consumer's (a process per topic)."""
 
     answers_batches = True  # the runner leaves FIN to us: after the fsync
 
-    def __init__(self, *, topic: str, channel: str, max_in_flight: int, sync_interval: float,
+    def __init__(self, *, channel: str, max_in_flight: int, sync_interval: float,
                  file: dict[str, Any], status_every: int = 0) -> None:
-        self.topic, self.channel = topic, channel
+        self.topic, self.channel = "", channel
         self.max_in_flight = max_in_flight
         self.sync_interval = sync_interval
         self.options = FileOptions(**file)
-        self.log = FileLog(self.options, topic, host_identifier(self.options.host_identifier),
-                           make_encoder(self.options))
+        self.encoder = make_encoder(self.options)
+        self.log: FileLog | None = None
         self.held: list[Any] = []
         self.held_since = 0.0
         self.consumer: Any = None
         self.draining = False
-        self.status = StatusLine(status_every, f"[{topic}/{channel}]:")
+        self.status = StatusLine(status_every)
         self._ticker: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
@@ -49,7 +50,9 @@ class ToFile:
         self._ticker = asyncio.create_task(self._tick())
 
     def attach(self, consumer: Any) -> None:
-        self.consumer = consumer
+        self.consumer, self.topic = consumer, consumer.topic
+        self.log = FileLog(self.options, self.topic, host_identifier(self.options.host_identifier), self.encoder)
+        self.status.prefix = f"[{self.topic}/{self.channel}]:"
 
     async def handle(self, batch: Any) -> None:
         if not self.held:
@@ -64,7 +67,7 @@ class ToFile:
         fsync let go of the GIL), so the loop keeps reading meanwhile."""
         async with self._lock:
             records, self.held = self.held, []
-            if not records:
+            if not records or self.log is None:
                 return
             logger.info("[%s/%s] syncing %d records to disk", self.topic, self.channel, len(records))
             since = self.held_since
@@ -79,7 +82,7 @@ class ToFile:
             await asyncio.sleep(self.sync_interval)
             if self.held:
                 await self.sync()
-            else:
+            elif self.log is not None:
                 async with self._lock:
                     await asyncio.to_thread(self.log.tick)
 
@@ -94,4 +97,5 @@ class ToFile:
                 await self._ticker
         await self.sync()  # a message a batch brought after the drain began: synced, not lost
         async with self._lock:
-            self.log.close()
+            if self.log is not None:
+                self.log.close()

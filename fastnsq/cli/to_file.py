@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from ..apps.goflags import add_bool
@@ -24,7 +25,7 @@ def _build_to_file(commands: Any, common: argparse.ArgumentParser, client: argpa
     )
     what = add_consume_flags(sub, app="nsq_to_file")
     what.add_argument("--topic-pattern", default="", metavar="REGEX",
-                      help="only log topics matching the following pattern (not yet: give --topic)")
+                      help="only log topics matching the following pattern")
     what.add_argument("--topic-refresh", type=duration_arg, default=60.0, metavar="DURATION",
                       help="how frequently the topic list should be refreshed (default 1m)")
     what.add_argument("--http-client-connect-timeout", type=duration_arg, default=2.0, metavar="DURATION",
@@ -90,9 +91,15 @@ def _check(args: argparse.Namespace) -> None:
     require_servers(args)
     if not args.topic and not args.topic_pattern:
         raise UsageError("--topic or --topic-pattern required")
-    if args.topic_pattern or len(args.topic) > 1:
-        raise UsageError("one --topic for now: several topics and --topic-pattern are not taken yet "
-                         "(run one fastnsq to-file per topic)")
+    if not args.topic and not args.lookupd_http_address:
+        raise UsageError("--lookupd-http-address must be specified when no --topic specified")
+    if args.topic_pattern:
+        try:
+            re.compile(args.topic_pattern)
+        except re.error as exc:
+            raise UsageError(f"--topic-pattern {args.topic_pattern!r}: not a regular expression: {exc}") from None
+    if args.topic_refresh <= 0:
+        raise UsageError(f"--topic-refresh {args.topic_refresh}: must be more than 0")
     if args.sync_interval <= 0:
         raise UsageError(f"--sync-interval {args.sync_interval}: must be more than 0")
     for flag in ("http_client_connect_timeout", "http_client_request_timeout"):
@@ -107,10 +114,15 @@ def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
 
     _check(args)
     files = file_options(args)
-    topic = args.topic[0]
+    # Given topics are taken as they are, but those the pattern rejects (nsq_to_file's rule);
+    # without --topic the pattern picks from what nsqlookupd lists, refreshed.
+    topics = [t for t in dict.fromkeys(args.topic) if not args.topic_pattern or re.search(args.topic_pattern, t)]
+    if args.topic and not topics:
+        raise UsageError(f"no --topic matches --topic-pattern {args.topic_pattern!r}")
     try:  # the file names and the encoder are checked here, before any process starts
         options = FileOptions(**files)
-        FileLog(options, topic, host_identifier(options.host_identifier), make_encoder(options))
+        FileLog(options, topics[0] if topics else "topic", host_identifier(options.host_identifier),
+                make_encoder(options))
     except (FilenameError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     consumer = consumer_options(args)
@@ -118,10 +130,11 @@ def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     # the sync anyway, and the lane's small RDY would count as starved and sync every few messages.
     consumer.setdefault("express_lane", False)
     app = AppRun(
-        name="to-file", target="fastnsq.apps.to_file:ToFile", topic=topic, channel=args.channel,
+        name="to-file", target="fastnsq.apps.to_file:ToFile", topic="", topics=topics, channel=args.channel,
+        topic_pattern="" if args.topic else args.topic_pattern, topic_refresh=args.topic_refresh,
         nsqd_tcp_addresses=args.nsqd_tcp_address, lookupd_http_addresses=args.lookupd_http_address,
         max_in_flight=args.max_in_flight, consumer_options=consumer,
-        handler_options={"topic": topic, "channel": args.channel, "max_in_flight": args.max_in_flight,
+        handler_options={"channel": args.channel, "max_in_flight": args.max_in_flight,
                          "sync_interval": args.sync_interval, "file": files, "status_every": args.status_every},
         metrics_port=args.metrics_port, http_host=args.http_host, drain_timeout=args.drain_timeout,
         log_level=log_level(args),

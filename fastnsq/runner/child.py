@@ -110,7 +110,7 @@ class Child:
         options = {"user_agent": f"fastnsq-worker/{__version__} worker={self.index}",
                    **settings.consumer_options, "max_in_flight": settings.share_of(self.index)}
         self.consumer = Consumer(
-            settings.topic, settings.channel,
+            settings.topic_of(self.index), settings.channel,
             nsqd_tcp_addresses=nsqd if nsqd is not None else settings.nsqd_tcp_addresses,
             lookupd_http_addresses=None if nsqd is not None else settings.lookupd_http_addresses,
             handler=None if settings.batch else self._message_handler(), **options,

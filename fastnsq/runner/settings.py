@@ -22,6 +22,8 @@ from ..options import parse_duration, parse_options
 ENV_PREFIX = "FASTNSQ_WORKER_"
 CONSUMER_ENV_PREFIX = "FASTNSQ_CONSUMER_"
 
+#: Where the group consumes when neither nsqd nor nsqlookupd is given.
+DEFAULT_NSQD = "127.0.0.1:4150"
 #: Without --max-in-flight the group holds this many messages per process.
 MAX_IN_FLIGHT_PER_PROCESS = 100
 
@@ -54,6 +56,12 @@ class WorkerSettings:
     log_level: str = "INFO"
     #: A built-in app's own settings, the keyword arguments of its handler class (not a flag).
     handler_options: dict[str, Any] | None = None
+    #: A topic per process (nsq_to_file's several --topic): child i consumes topics[i] with the
+    #: whole max_in_flight, as each of nsq_to_file's consumers does. With ``topic_pattern`` the
+    #: supervisor adds the matching topics nsqlookupd lists, every ``topic_refresh`` seconds.
+    topics: list[str] = field(default_factory=list)
+    topic_pattern: str = ""
+    topic_refresh: float = 60.0
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,8 +76,14 @@ class WorkerSettings:
     def share_of(self, index: int) -> int:
         """Child ``index``'s part of max_in_flight: equal parts, the remainder to the first ones,
         so that the parts add up to the group's total."""
+        if self.topics or self.topic_pattern:
+            return self.max_in_flight  # a topic per process: each its own max_in_flight
         whole, rest = divmod(self.max_in_flight, self.processes)
         return whole + (1 if index < rest else 0)
+
+    def topic_of(self, index: int) -> str:
+        """The topic child ``index`` consumes."""
+        return self.topics[index] if self.topics else self.topic
 
 
 #: Settings read from flags, environment and file, with the parser of a string value.
@@ -115,18 +129,21 @@ def check(settings: WorkerSettings) -> WorkerSettings:
     """Reject what cannot run, naming the setting, its value and the limit."""
     if not settings.target:
         raise SettingsError("a handler is required: MODULE:FUNCTION or MODULE:OBJECT")
-    if not settings.topic or not settings.channel:
+    per_topic = bool(settings.topics or settings.topic_pattern)
+    if per_topic:
+        settings.processes = len(settings.topics)
+    if not (settings.topic or per_topic) or not settings.channel:
         raise SettingsError("--topic and --channel are required")
     if not settings.nsqd_tcp_addresses and not settings.lookupd_http_addresses:
-        raise SettingsError("give --nsqd-tcp-address or --lookupd-http-address (at least one)")
-    if settings.processes < 1:
+        settings.nsqd_tcp_addresses = [DEFAULT_NSQD]  # as every fastnsq command (and nsqd's own default)
+    if settings.processes < 1 and not settings.topic_pattern:
         raise SettingsError(f"--processes {settings.processes}: must be at least 1 (or auto)")
     if settings.threads < 0:
         raise SettingsError(f"--threads {settings.threads}: must be 0 (the handler runs on the loop) or more")
     option_mif = settings.consumer_options.pop("max_in_flight", None)
     if not settings.max_in_flight:
         settings.max_in_flight = option_mif or MAX_IN_FLIGHT_PER_PROCESS * settings.processes
-    if settings.max_in_flight < settings.processes:
+    if settings.max_in_flight < settings.processes and not per_topic:
         raise SettingsError(
             f"max_in_flight {settings.max_in_flight} is below --processes {settings.processes}: max_in_flight is "
             f"the group's total, split across the processes, and each needs at least 1 "

@@ -82,6 +82,8 @@ class Supervisor:
         if self.settings.split_nsqd:
             self.assignments = rebalance({}, self.settings.nsqd_tcp_addresses, self.settings.processes)
             self._spawn_task(self._watch_nsqd())
+        if self.settings.topic_pattern:
+            self._spawn_task(self._watch_topics())
         logger.info("starting %d worker process(es) for %s on %s/%s, max_in_flight %d in all",
                     self.settings.processes, self.settings.target, self.settings.topic, self.settings.channel,
                     self.settings.max_in_flight)
@@ -239,6 +241,39 @@ class Supervisor:
                 if slot.alive and slot.channel is not None:
                     slot.channel.send({"type": "assign", "nsqd": addresses})
         self.assignments = new
+
+    # ---- a topic per process, found by a pattern ---------------------------------------------
+
+    async def _watch_topics(self) -> None:
+        """Every ``topic_refresh`` s (and at once), a child for each new topic nsqlookupd lists
+        that matches ``topic_pattern`` (searched, as Go's regexp.MatchString does)."""
+        import re
+
+        from ..lookupd import LookupdClient
+
+        pattern = re.compile(self.settings.topic_pattern)
+        async with LookupdClient(timeout=10.0) as client:
+            while not self.stopping:
+                for address in self.settings.lookupd_http_addresses:
+                    try:
+                        listed = await client.topics(address)
+                    except Exception as exc:  # noqa: BLE001 - logged; the next refresh tries again
+                        logger.error("could not retrieve topic list from %s: %s", address, exc)
+                        continue
+                    for topic in sorted(listed):
+                        if topic not in self.settings.topics and pattern.search(topic):
+                            await self._add_topic(topic)
+                await asyncio.sleep(self.settings.topic_refresh)
+
+    async def _add_topic(self, topic: str) -> None:
+        if self.stopping:
+            return
+        self.settings.topics.append(topic)
+        self.settings.processes = len(self.settings.topics)
+        slot = Slot(len(self.slots))
+        self.slots.append(slot)
+        logger.info("new topic %s: worker %d consumes it", topic, slot.index)
+        await self._start(slot)
 
     # ---- what the HTTP endpoints show -------------------------------------------------------
 
