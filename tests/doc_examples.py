@@ -38,6 +38,8 @@ SHELL_EXPECTATIONS = {
     "tail events -n 3 --format json": lambda out: out.count('"body"') == 3,
     "fastnsq stats": lambda out: "events" in out,
     "fastnsq bench": lambda out: "WORKLOAD" in out,
+    "fastnsq worker tasks:handle": lambda out: sorted(line for line in out.splitlines() if line.startswith("handled"))
+    == ["handled one", "handled three", "handled two"],
 }
 #: What a Python example's output must show, by a text in its code.
 PYTHON_EXPECTATIONS = {
