@@ -422,3 +422,34 @@ async def test_a_crash_loop_ends_the_group_with_status_3(tmp_path: Path) -> None
     text = err.decode()
     assert process.returncode == 3, text
     assert "ValueError: database unreachable" in text and "giving up (exit status 3)" in text
+
+
+async def test_split_nsqd_rebalances_as_nsqd_come_and_go(tmp_path: Path, cleanup: list[Worker]) -> None:
+    """Embedded lookupd and nsqd started and stopped by the test: a second nsqd goes to the idle
+    process (one connection each), and when it leaves, the assignment drops it."""
+    from fastnsq.testing import NSQLookupd
+
+    topic = unique("wk")
+    async with NSQLookupd() as lookupd, NSQD(lookupd_tcp_addresses=[lookupd.tcp_address]) as first:
+        await publish_spread([first.tcp_address], topic, 50)
+        worker = await start_worker(tmp_path, "wk_jobs:handle", "--topic", topic, "--channel", "work",
+                                    "--processes", "2", "--split-nsqd", "--lookupd-http-address",
+                                    lookupd.http_address, "--consumer-opt", "lookupd_poll_interval=0.3")
+        cleanup.append(worker)
+
+        async def assigned() -> list[list[str]]:
+            return [w["assigned"] for w in (await worker.health())["workers"]]
+
+        async def assignment_is(expected: list[list[str]]) -> bool:
+            return sorted(await assigned()) == sorted(expected)
+
+        await eventually(lambda: assignment_is([[first.tcp_address], []]), 15, "the first nsqd assigned")
+        async with NSQD(lookupd_tcp_addresses=[lookupd.tcp_address]) as second:
+            await publish_spread([second.tcp_address], topic, 50)
+            await eventually(lambda: assignment_is([[first.tcp_address], [second.tcp_address]]), 15,
+                             "the second nsqd given to the idle process")
+            await eventually(lambda: len(worker.lines("handled")) == 100, 15, "both nsqd's messages")
+            channels = await channel_stats([first.http_address, second.http_address], topic, "work")
+            assert [len(c["clients"]) for c in channels] == [1, 1]
+        await eventually(lambda: assignment_is([[first.tcp_address], []]), 15, "the second nsqd dropped")
+        assert await worker.stop() == 0

@@ -291,7 +291,8 @@ class Supervisor:
             "stuck_in_backoff": stuck,
             "workers": [
                 {"index": s.index, "pid": s.process.pid if s.process else None, "alive": s.alive,
-                 "restarts": s.restarts, **s.health}
+                 "restarts": s.restarts, **s.health,
+                 **({"assigned": self.assignments[s.index]} if self.settings.split_nsqd else {})}
                 for s in self.slots
             ],
         }
