@@ -4,8 +4,9 @@ One job: framing. Every message is a JSON object with a ``"type"``. The supervis
 ``settings`` (first, once: the settings travel here rather than on the command line, so
 that an AUTH secret stays out of ``ps``), ``assign`` (the nsqd a child consumes from with
 ``--split-nsqd``), ``report`` (asks for a report now) and ``stop`` (drain and exit). A
-child sends ``started``, ``health`` (every second), ``report`` (its Prometheus text and
-health), ``fatal`` (why it is about to exit) and ``stopped`` (its drain report).
+child sends ``started``, ``report`` (its Prometheus text and health: every second, and with
+the request's ``id`` when asked), ``fatal`` (why it is about to exit) and ``stopped`` (its
+drain report, with a last report).
 """
 
 from __future__ import annotations

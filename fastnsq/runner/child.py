@@ -3,7 +3,7 @@
 Started by the supervisor as ``python -m fastnsq.runner.child`` with its end of the pipe
 inherited (:mod:`.channel`). It loads the handler, runs ``setup()``, consumes with its share
 of max_in_flight (and, with ``--split-nsqd``, only from the nsqd assigned to it), reports
-health every second and its metrics when asked, and on ``stop``, SIGTERM, SIGINT or the
+its health and metrics every second and when asked, and on ``stop``, SIGTERM, SIGINT or the
 supervisor's end of the pipe closing, drains with ``Consumer.stop(drain_timeout)``, runs
 ``teardown()`` and exits 0. A second stop request changes nothing: the drain goes on.
 """
@@ -30,7 +30,7 @@ from .settings import WorkerSettings
 
 logger = logging.getLogger("fastnsq.worker")
 
-#: Seconds between the health messages a child sends on its own.
+#: Seconds between the reports (health and metrics) a child sends on its own.
 HEALTH_INTERVAL = 1.0
 
 
@@ -49,7 +49,8 @@ class Child:
         self.draining = False
         self.backoff_since: float | None = None
         self.pool = ThreadPoolExecutor(settings.threads, "fastnsq-worker") if settings.threads else None
-        self.tasks: list[asyncio.Task[Any]] = []
+        self.tasks: list[asyncio.Task[Any]] = []  # the child's own loops, cancelled at the end
+        self._batches: set[asyncio.Task[Any]] = set()  # batches in threads, assignments (done ones leave)
         self._assigning = asyncio.Lock()
 
     # ---- the life of a child --------------------------------------------------------------
@@ -141,7 +142,9 @@ class Child:
             if self.pool is None:
                 await self._answer_batch(batch, running)  # one batch at a time on the loop
             else:
-                self.tasks.append(asyncio.create_task(self._answer_batch(batch, running)))
+                task = asyncio.create_task(self._answer_batch(batch, running))
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
 
     async def _answer_batch(self, batch: Any, running: asyncio.Semaphore) -> None:
         try:
@@ -191,13 +194,18 @@ class Child:
             if kind == "stop":
                 self.request_stop("asked by the supervisor")
             elif kind == "report":
-                self.channel.send({"type": "report", **self._report()})
+                self.channel.send({"type": "report", "id": message.get("id"), **self._report()})
             elif kind == "assign":
-                asyncio.create_task(self.assign(list(message["nsqd"])))
+                # A task, so that a stop or a report is not held up by a drain; the lock keeps them in order.
+                task = asyncio.create_task(self.assign(list(message["nsqd"])))
+                self._batches.add(task)
+                task.add_done_callback(self._batches.discard)
 
     async def _report_health(self) -> None:
+        """Health and metrics every second: the supervisor keeps the last ones of a child that
+        dies, so that a SIGKILL loses at most a second of its counts from the group's counters."""
         while True:
-            self.channel.send({"type": "health", "health": self._health()})
+            self.channel.send({"type": "report", **self._report()})
             await asyncio.sleep(HEALTH_INTERVAL)
 
     def _health(self) -> dict[str, Any]:

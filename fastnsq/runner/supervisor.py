@@ -50,6 +50,7 @@ class Slot:
     metrics: str = ""
     reported: asyncio.Event = field(default_factory=asyncio.Event)
     fatal: str = ""
+    wanted_report: int = 0  # the id of the report /metrics is waiting for
     crashes: list[float] = field(default_factory=list)
     restarts: int = 0
     started_at: float = 0.0
@@ -154,7 +155,8 @@ class Supervisor:
                 slot.health = message["health"]
             if "metrics" in message:
                 slot.metrics = message["metrics"]
-                slot.reported.set()
+                if message.get("id") == slot.wanted_report:
+                    slot.reported.set()
             if kind == "fatal":
                 slot.fatal = str(message.get("error", ""))
             elif kind == "started" and self.stopping:
@@ -302,8 +304,9 @@ class Supervisor:
         live = [slot for slot in self.slots if slot.alive and slot.channel is not None]
         for slot in live:
             slot.reported.clear()
+            slot.wanted_report += 1
             assert slot.channel is not None
-            slot.channel.send({"type": "report"})
+            slot.channel.send({"type": "report", "id": slot.wanted_report})
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.gather(*(slot.reported.wait() for slot in live)), REPORT_WAIT)
         families = self.gatherer.merge(slot.metrics for slot in live if slot.metrics)
