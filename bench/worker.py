@@ -121,6 +121,7 @@ async def one_run(servers: dict[str, Any], processes: int, args: argparse.Namesp
                     "--consumer-opt", "lookupd_poll_interval=1"]
     else:
         command += ["--nsqd-tcp-address", nsqds[0].tcp_address]
+    command += args.worker_arg
     env = {**os.environ, "BENCH_BURN_LOOPS": str(loops), "BENCH_OUT": str(out),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     load = os.getloadavg()[0]
@@ -250,6 +251,9 @@ def main() -> None:
     parser.add_argument("--handler-us", type=float, default=50.0)
     parser.add_argument("--max-in-flight", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--worker-arg", action="append", default=[],
+                        help="one more argument for fastnsq worker (repeat: --worker-arg=--consumer-opt "
+                             "--worker-arg=express_lane=false)")
     parser.add_argument("--layouts", nargs="+", default=["single", "split"], choices=["single", "split"])
     parser.add_argument("--out", default=str(HERE / "results" / f"worker-{time.strftime('%Y-%m-%d-%H%M')}.json"))
     args = parser.parse_args()

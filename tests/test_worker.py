@@ -453,3 +453,19 @@ async def test_split_nsqd_rebalances_as_nsqd_come_and_go(tmp_path: Path, cleanup
             assert [len(c["clients"]) for c in channels] == [1, 1]
         await eventually(lambda: assignment_is([[first.tcp_address], []]), 15, "the second nsqd dropped")
         assert await worker.stop() == 0
+
+
+def test_a_config_file_is_read_and_an_unknown_key_named(tmp_path: Path) -> None:
+    from fastnsq.runner.settings import read_config_file
+
+    good = tmp_path / "worker.toml"
+    good.write_text('target = "m:f"\ntopic = "t"\nchannel = "c"\nprocesses = "auto"\nbatch = [10, 0.5]\n'
+                    'lookupd_http_addresses = ["127.0.0.1:4161"]\n[consumer]\nmsg_timeout = "2m"\nsnappy = true\n')
+    settings = merge({}, {}, read_config_file(str(good)))
+    assert settings.processes >= 1 and settings.batch == (10, 0.5)
+    assert settings.lookupd_http_addresses == ["127.0.0.1:4161"] and settings.nsqd_tcp_addresses == []
+    assert settings.consumer_options == {"msg_timeout": 120.0, "snappy": True}
+    bad = tmp_path / "bad.toml"
+    bad.write_text('topik = "t"\n')
+    with pytest.raises(SettingsError, match=r"bad.toml: unknown setting\(s\) topik"):
+        read_config_file(str(bad))

@@ -24,8 +24,8 @@ def _build_worker(commands: Any, common: argparse.ArgumentParser, client: argpar
     sub = commands.add_parser(
         "worker", parents=[common, client], help="run a handler as a service, in N processes",
         usage="fastnsq worker [options] MODULE:FUNCTION --topic TOPIC --channel CHANNEL",
-        description="Consume TOPIC/CHANNEL with MODULE:FUNCTION (a function or coroutine function taking a "
-        "message, or taking a batch with --batch) or MODULE:OBJECT (a class or object with handle() and "
+        description="Consume TOPIC/CHANNEL with MODULE:FUNCTION (a function or coroutine function taking a\n"
+        "message, or a batch with --batch) or MODULE:OBJECT (a class or object with handle() and\n"
         "optional setup()/teardown(), run once per process), in a supervisor and N worker processes.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
