@@ -211,7 +211,8 @@ async def test_sigkill_mid_stream_loses_nothing(nsqd, tmp_path: Path) -> None:
     bodies = await publish_spread([nsqd.tcp_address], topic, 60_000)
     out = tmp_path / "out"
     args = [f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", f"-output-dir={out}",
-            "-sync-interval=1s", "-max-in-flight=500"]
+            "-sync-interval=1s", "-max-in-flight=500",
+            "-consumer-opt=msg_timeout,3s"]  # a killed worker's messages come back in 3 s, not 60
     app = await start("to-file", *args, log=tmp_path / "log")
 
     async def partway() -> bool:
@@ -220,6 +221,7 @@ async def test_sigkill_mid_stream_loses_nothing(nsqd, tmp_path: Path) -> None:
 
     await eventually(partway, 30, "a part archived")
     await app.kill()
+    assert "drained:" not in app.log()  # killed: no drain
     app = await start("to-file", *args, log=tmp_path / "log")
     await eventually(lambda: drained(nsqd, topic), 60, "the channel drained")
     assert await app.stop() == 0, app.log()

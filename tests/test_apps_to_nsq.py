@@ -1,0 +1,210 @@
+"""``fastnsq to-nsq``: nsq_to_nsq's command line on fastnsq, run as a real process between two nsqd.
+
+The destination is a second nsqd (embedded, or a real nsqd 1.3.0 in the real pass): every
+message arrives, a message is FINed only once the destination answered its MPUB, the JSON
+filter passes what nsq_to_nsq passes (side by side with nsq's own binary in the real pass),
+and neither a SIGKILL of the app nor a destination that goes away loses anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fastnsq import Consumer, Producer
+from fastnsq.apps.hostpool import HostPool
+from fastnsq.apps.jsonfilter import JsonFilter, Verdict
+from fastnsq.testing import NSQD
+from fastnsq.testing.real import RealNSQDServer, real_bin_dir
+
+from .apps_support import create_channels, go_app, run_to_exit, start, start_go
+from .helpers import eventually, unique
+from .test_consumer import channel_stats, publish_spread
+
+
+@contextlib.asynccontextmanager
+async def destination() -> AsyncIterator[Any]:
+    """A second nsqd of the kind the run is judged against."""
+    folder = real_bin_dir()
+    server: Any = RealNSQDServer(folder) if folder is not None else NSQD()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close() if hasattr(server, "close") else await server.stop()
+
+
+async def received(address: str, topic: str, expected: int, timeout: float = 30.0) -> list[bytes]:
+    """Every body the destination topic holds (at least ``expected``), read on a channel of ours."""
+    bodies: list[bytes] = []
+    consumer = Consumer(topic, "check", nsqd_tcp_addresses=[address], handler=lambda m: bodies.append(m.body),
+                        max_in_flight=1000)
+    await consumer.start()
+    try:
+        await eventually(lambda: len(bodies) >= expected, timeout, f"{expected} messages at the destination")
+        await asyncio.sleep(0.3)  # a duplicate would come now
+    finally:
+        await consumer.stop()
+    return bodies
+
+
+async def drained(nsqd: Any, topic: str, channel: str = "nsq_to_nsq") -> bool:
+    stats = await channel_stats([nsqd.http_address], topic, channel)
+    return bool(stats) and stats[0]["depth"] == 0 and stats[0]["in_flight_count"] == 0
+
+
+# ---- pure pieces -------------------------------------------------------------------------------
+
+
+def test_json_filter_passes_what_nsq_to_nsq_passes() -> None:
+    only_a = JsonFilter("kind", "a", ["n", "kind"])
+    assert only_a.apply(b'{"kind":"a","n":1.0,"x":2}') == (Verdict.PASS, b'{"kind":"a","n":1}')
+    assert only_a.apply(b'{"kind":"b","n":1}')[0] is Verdict.DROP
+    assert only_a.apply(b'{"n":1}')[0] is Verdict.REQUEUE  # a value required and no field: backoff
+    assert only_a.apply(b"not json")[0] is Verdict.DROP
+    assert JsonFilter("kind").apply(b'{"n":1}')[0] is Verdict.DROP  # no value required: dropped quietly
+    numbers = JsonFilter("n", "2")
+    assert [numbers.apply(b)[0] for b in (b'{"n":2}', b'{"n":2.0}', b'{"n":"2"}', b'{"n":3}', b'{"n":[2]}')] == [
+        Verdict.PASS, Verdict.PASS, Verdict.PASS, Verdict.DROP, Verdict.DROP]
+    assert JsonFilter(whitelist=["s"]).apply(b'{"s":"<&>"}')[1] == b'{"s":"\\u003c\\u0026\\u003e"}'
+    assert not JsonFilter().active and JsonFilter().apply(b"x") == (Verdict.PASS, b"x")
+
+
+def test_hostpool_skips_a_failed_destination_then_tries_it_again() -> None:
+    now = [0.0]
+    pool = HostPool(["a", "b", "c"], "hostpool", clock=lambda: now[0])
+    assert [pool.get() for _ in range(4)] == ["a", "b", "c", "a"]
+    pool.mark("b", False)
+    assert [pool.get() for _ in range(4)] == ["c", "a", "c", "a"]
+    now[0] = 31.0  # past the first 30 s: one try, the next wait 60 s
+    assert pool.get() == "b" and pool.get() == "c"
+    pool.mark("b", True)
+    assert sorted(pool.get() for _ in range(3)) == ["a", "b", "c"]
+    for host in ("a", "b", "c"):
+        pool.mark(host, False)
+    assert pool.get() == "a"  # all down: all taken back
+    rr = HostPool(["a", "b"], "round-robin")
+    rr.mark("a", False)
+    assert [rr.get() for _ in range(3)] == ["a", "b", "a"]
+
+
+async def test_bad_usage_is_named() -> None:
+    status, out = await run_to_exit("to-nsq", "-topic=t", "-nsqd-tcp-address=127.0.0.1:4150")
+    assert status == 2 and "--destination-nsqd-tcp-address required" in out
+    status, out = await run_to_exit("to-nsq", "-nsqd-tcp-address=127.0.0.1:4150",
+                                    "-destination-nsqd-tcp-address=127.0.0.1:4150")
+    assert status == 2 and "--topic and --channel are required" in out
+    status, out = await run_to_exit("to-nsq", "-topic=t", "-mode=random", "-nsqd-tcp-address=127.0.0.1:4150")
+    assert status == 2 and "--mode" in out and "'random'" in out
+
+
+# ---- relaying ----------------------------------------------------------------------------------
+
+
+async def test_relays_every_message_in_batches(nsqd, tmp_path: Path) -> None:
+    topic = unique("tonsq")
+    bodies = await publish_spread([nsqd.tcp_address], topic, 5000)
+    async with destination() as target:
+        app = await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
+                          f"-destination-nsqd-tcp-address={target.tcp_address}", "-destination-topic=copy",
+                          "-max-in-flight=1000", "-status-every=1000", log=tmp_path / "log")
+        await eventually(lambda: drained(nsqd, topic), 30, "the source drained")
+        assert await app.stop() == 0, app.log()
+        assert "[aggregate]: finished 1" in app.log()  # the status line, every 1000 messages or so
+        assert sorted(await received(target.tcp_address, "copy", 5000)) == sorted(bodies)
+    [stats] = await channel_stats([nsqd.http_address], topic, "nsq_to_nsq")
+    assert stats["message_count"] == 5000 and stats["requeue_count"] == 0
+
+
+async def test_json_filter_and_two_destinations_round_robin(nsqd, tmp_path: Path) -> None:
+    topic = unique("tonsq")
+    docs = [json.dumps({"kind": "a" if i % 3 else "b", "n": i, "pad": "x" * 10}).encode() for i in range(600)]
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.mpublish(topic, [*docs, *[b"not json"] * 10])
+    async with destination() as one, destination() as two:
+        app = await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
+                          f"-destination-nsqd-tcp-address={one.tcp_address}",
+                          f"-destination-nsqd-tcp-address={two.tcp_address}", "-mode=round-robin",
+                          "-require-json-field=kind", "-require-json-value=a", "-whitelist-json-field=n",
+                          "-max-in-flight=40", log=tmp_path / "log")
+        await eventually(lambda: drained(nsqd, topic), 30, "the source drained")
+        assert await app.stop() == 0, app.log()
+        each: list[list[bytes]] = [[], []]
+        consumers = [Consumer(topic, "check", nsqd_tcp_addresses=[d.tcp_address], max_in_flight=500,
+                              handler=lambda m, mine=mine: mine.append(m.body)) for d, mine in zip((one, two), each)]
+        for consumer in consumers:
+            await consumer.start()
+        await eventually(lambda: sum(map(len, each)) >= 400, 20, "400 messages at the destinations")
+        for consumer in consumers:
+            await consumer.stop()
+    got = each[0] + each[1]
+    assert sorted(json.loads(b)["n"] for b in got) == [i for i in range(600) if i % 3]
+    assert len(each[0]) >= 40 and len(each[1]) >= 40  # batches of at most 10 (40 in flight) took turns
+    assert all(json.loads(b).keys() == {"n"} for b in got)
+
+
+@pytest.mark.slow
+async def test_sigkill_mid_stream_and_the_destination_down_lose_nothing(nsqd, tmp_path: Path) -> None:
+    """The app's worker SIGKILLed mid-stream and started again while the destination is stopped;
+    the destination back 2 s later: every body at the destination at least once, duplicates at
+    most max in flight (the batches unanswered at the kill)."""
+    topic = unique("tonsq")
+    bodies = await publish_spread([nsqd.tcp_address], topic, 100_000)
+    async with destination() as target:
+        await create_channels(target.http_address, "copy", "check")
+        args = [f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", "-destination-topic=copy",
+                f"-destination-nsqd-tcp-address={target.tcp_address}", "-max-in-flight=500", "-status-every=0",
+                "-consumer-opt=default_requeue_delay,0.5", "-consumer-opt=backoff_multiplier,0.1",
+                "-consumer-opt=msg_timeout,3s",  # a killed worker's messages come back in 3 s, not 60
+                "-producer-opt=publish_timeout,1"]
+        app = await start("to-nsq", *args, log=tmp_path / "log")
+
+        async def relayed(count: int) -> bool:
+            stats = await channel_stats([nsqd.http_address], topic, "nsq_to_nsq")
+            return bool(stats) and stats[0]["message_count"] - stats[0]["depth"] > count
+
+        await eventually(lambda: relayed(10_000), 30, "a part relayed")
+        await app.kill()
+        await target.stop()  # a clean stop: what it acknowledged stays
+        app = await start("to-nsq", *args, log=tmp_path / "log")
+        await asyncio.sleep(2)
+        await target.start()
+        await eventually(lambda: drained(nsqd, topic), 90, "the source drained")
+        assert await app.stop() == 0, app.log()
+        counts = Counter(await received(target.tcp_address, "copy", len(bodies), 60))
+    assert "requeueing them" in app.log()  # the destination was down while the app ran
+    assert "drained:" not in app.log().split("started (pid")[1]  # the first worker died without a drain
+    assert set(counts) == set(bodies)
+    assert sum(counts.values()) - len(bodies) <= 500
+
+
+# ---- beside nsq's own nsq_to_nsq (the real pass) ------------------------------------------------
+
+
+@pytest.mark.skipif(not go_app("nsq_to_nsq"), reason="nsq's nsq_to_nsq is run beside ours in the real pass")
+async def test_same_messages_as_nsq_to_nsq(nsqd, tmp_path: Path) -> None:
+    topic = unique("tonsq")
+    await create_channels(nsqd.http_address, topic, "go", "ours")
+    docs = [json.dumps({"kind": ["a", "b", 1][i % 3], "n": i * 1.0, "s": "<é>", "z": None}).encode()
+            for i in range(300)] + [b"[1]", b"{}", b"nope"]
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.mpublish(topic, docs)
+    async with destination() as target:
+        for name, starter in (("go", start_go), ("ours", start)):
+            app = await starter("nsq_to_nsq" if name == "go" else "to-nsq", f"-topic={topic}", f"-channel={name}",
+                                f"-nsqd-tcp-address={nsqd.tcp_address}", f"-destination-topic={name}",
+                                f"-destination-nsqd-tcp-address={target.tcp_address}", "-require-json-field=kind",
+                                "-whitelist-json-field=n", "-whitelist-json-field=s", "-whitelist-json-field=z",
+                                log=tmp_path / f"{name}.log")
+            await eventually(lambda name=name: drained(nsqd, topic, name), 30, f"{name} drained")
+            assert await app.stop() == 0, app.log()
+        go = await received(target.tcp_address, "go", 200)
+        ours = await received(target.tcp_address, "ours", 200)
+    assert sorted(ours) == sorted(go) and len(go) == 300  # every doc with a kind, re-encoded alike
