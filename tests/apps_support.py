@@ -101,3 +101,50 @@ async def create_channels(http_address: str, topic: str, *channels: str) -> None
             async with session.post(f"http://{http_address}/channel/create",
                                     params={"topic": topic, "channel": channel}) as resp:
                 resp.raise_for_status()
+
+
+class Sink:
+    """An HTTP server that records each request and answers 200 (or ``failing`` status until a time)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        self.fail_until = 0.0
+        self.fail_status = 500
+        self.runner = None
+        self.port = 0
+
+    async def start(self) -> Sink:
+        from aiohttp import web
+
+        from fastnsq.testing.process import free_port
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._answer)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        self.port = free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def _answer(self, request):
+        from aiohttp import web
+
+        body = await request.read()
+        failing = asyncio.get_running_loop().time() < self.fail_until
+        self.requests.append({"method": request.method, "path": request.path_qs, "body": body,
+                              "headers": dict(request.headers), "failed": failing})
+        return web.Response(status=self.fail_status if failing else 200, text="ok")
+
+    def fail_for(self, seconds: float) -> None:
+        self.fail_until = asyncio.get_running_loop().time() + seconds
+
+    def url(self, path: str = "/in") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def bodies(self) -> list[bytes]:
+        """Every body received with a 200, one per line."""
+        return [line for r in self.requests if not r["failed"] for line in r["body"].split(b"\n")]
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()

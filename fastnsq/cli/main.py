@@ -26,6 +26,7 @@ from .pub import _build_pub
 from .stats import _build_stats
 from .tail import _build_tail
 from .to_file import _build_to_file
+from .to_http import _build_to_http
 from .to_nsq import _build_to_nsq
 from .worker import _build_worker
 
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="fastnsq",
         description="fastnsq's command line: an embedded nsqd, publish, tail, stats, benchmarks, a worker service, "
-        "and nsq's apps (to-file, to-nsq).",
+        "and nsq's apps (to-file, to-nsq, to-http).",
         epilog="Run `fastnsq <command> --help` for a command's options. Errors exit with status 1, "
         "bad usage with 2.",
     )
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     _build_worker(commands, common, client)
     _build_to_file(commands, common, client)
     _build_to_nsq(commands, common, client)
+    _build_to_http(commands, common, client)
     return parser
 
 

@@ -1,0 +1,137 @@
+"""``fastnsq to-http``: a topic fed to HTTP services, as nsq_to_http does; ``--batch N`` bodies a request.
+
+The built-in handler the worker runtime runs (:mod:`fastnsq.runner`). Each message (or, with
+``--batch N``, up to N bodies joined by newlines, ours) goes out as one request: ``--post``
+with the body, or ``--get`` with ``%s`` replaced by the URL-escaped body (Go's
+url.QueryEscape). ``--mode``: round-robin or hostpool over the addresses (:mod:`.hostpool`),
+or fan-out to every one. A POST succeeds on a 2xx, a GET on a 200 (nsq_to_http's rules);
+anything else, a timeout or a refused connection requeues the messages with backoff, and the
+Consumer gives a message up (its give-up hook logs it) past max_attempts. At most ``--n``
+requests run at once, over aiohttp's keep-alive connections, TLS verified.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import Any
+from urllib.parse import quote_plus
+
+from yarl import URL
+
+from .._version import __version__
+from .hostpool import HostPool
+from .status import StatusLine
+
+logger = logging.getLogger("fastnsq.apps.to_http")
+
+#: nsq_to_http's User-Agent is "nsq_to_http v<version>"; ours says which it is.
+USER_AGENT = f"fastnsq to-http v{__version__}"
+
+
+class RequestFailed(Exception):
+    """A request that did not succeed (its status, or why it got none)."""
+
+
+class ToHttp:
+    """The handler: ``ToHttp(method="POST", addresses=[...], mode=..., concurrency=..., ...)``."""
+
+    answers_batches = True  # FIN after the answer, REQ after a failure
+
+    def __init__(self, *, method: str, addresses: list[str], mode: str = "hostpool", concurrency: int = 100,
+                 headers: dict[str, str] | None = None, content_type: str = "application/octet-stream",
+                 connect_timeout: float = 2.0, request_timeout: float = 20.0, sample: float = 1.0,
+                 per_request: int = 1, status_every: int = 250) -> None:
+        self.method, self.addresses, self.mode = method, list(addresses), mode
+        self.pool = HostPool(self.addresses, "hostpool" if mode == "fan-out" else mode)
+        self.concurrency = concurrency
+        self.headers = {"User-Agent": USER_AGENT, **({"Content-Type": content_type} if method == "POST" else {}),
+                        **(headers or {})}
+        self.connect_timeout, self.request_timeout = connect_timeout, request_timeout
+        self.sample, self.per_request = sample, per_request
+        self.session: Any = None
+        self.running: asyncio.Semaphore | None = None
+        self.sending: set[asyncio.Task[None]] = set()
+        self.status = StatusLine(status_every)
+        self.per_address = {address: StatusLine(status_every, f"[{address}]:")
+                            for address in self.addresses} if len(self.addresses) > 1 else {}
+
+    async def setup(self) -> None:
+        import aiohttp
+
+        # Keep-alive connections, at most --n at once; TLS verified (aiohttp's default).
+        connector = aiohttp.TCPConnector(limit=self.concurrency, limit_per_host=self.concurrency)
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers,
+                                             skip_auto_headers=("User-Agent",))
+        self.running = asyncio.Semaphore(self.concurrency)
+
+    async def handle(self, batch: Any) -> None:
+        messages = list(batch)
+        if self.sample < 1.0:
+            kept = []
+            for message in messages:
+                if random.random() > self.sample:
+                    message.finish()  # not sampled: answered, never sent
+                else:
+                    kept.append(message)
+            messages = kept
+        assert self.running is not None
+        for start in range(0, len(messages), self.per_request):
+            await self.running.acquire()  # at most --n requests at once: the batches wait here
+            task = asyncio.get_running_loop().create_task(self._send(messages[start:start + self.per_request]))
+            self.sending.add(task)
+            task.add_done_callback(self.sending.discard)
+
+    async def _send(self, messages: list[Any]) -> None:
+        began = time.monotonic()
+        body = messages[0].body if len(messages) == 1 else b"\n".join([m.body for m in messages])
+        try:
+            targets = self.addresses if self.mode == "fan-out" else [self.pool.get()]
+            for address in targets:
+                await self._request(address, body)
+                if address in self.per_address:
+                    self.per_address[address].record(time.monotonic() - began, len(messages))
+        except Exception as exc:  # noqa: BLE001 - every failure requeues; the Consumer gives up past max_attempts
+            logger.warning("%s %s: %s; requeueing %d message(s)", self.method, targets[-1] if targets else "?",
+                           exc, len(messages))
+            for message in messages:
+                if not message.has_responded:
+                    message.requeue()
+        else:
+            for message in messages:
+                if not message.has_responded:
+                    message.finish()
+            self.status.record(time.monotonic() - began, len(messages))
+        finally:
+            assert self.running is not None
+            self.running.release()
+
+    async def _request(self, address: str, body: bytes) -> None:
+        try:
+            if self.method == "POST":
+                response = await self.session.post(address, data=body)
+            else:
+                # encoded=True: the URL goes out byte for byte (yarl would turn %2F back into /).
+                url = URL(address.replace("%s", quote_plus(body, safe=""), 1), encoded=True)
+                response = await self.session.get(url)
+            async with response:
+                await response.read()  # the whole answer read: the connection goes back to the pool
+                ok = 200 <= response.status < 300 if self.method == "POST" else response.status == 200
+                if not ok:
+                    raise RequestFailed(f"got status code {response.status}")
+        except Exception:
+            self.pool.mark(address, False)
+            raise
+        self.pool.mark(address, True)
+
+    async def drain(self) -> None:
+        while self.sending:
+            await asyncio.gather(*list(self.sending), return_exceptions=True)
+
+    async def teardown(self) -> None:
+        await self.drain()
+        if self.session is not None:
+            await self.session.close()
