@@ -3,8 +3,9 @@
 The built-in handler the worker runtime runs (:mod:`fastnsq.runner`): it takes batches from
 ``Consumer.batches()``, holds their messages, and at a sync writes them to the topic's file
 (:mod:`.filelog`), fsyncs it, and only then FINs them. A sync happens when the held messages
-reach max_in_flight, when the consumer is starved (nsqd sends little more until we answer),
-every ``--sync-interval``, and on the drain (SIGTERM/SIGINT). So a killed process leaves each
+reach half of max_in_flight (the other half arrives while it runs), when the consumer is
+starved (nsqd sends little more until we answer), every ``--sync-interval``, and on the drain
+(SIGTERM/SIGINT). A write or fsync that fails ends the process, as nsq_to_file does. So a killed process leaves each
 message in a synced file or unanswered, and nsqd redelivers it: at most max_in_flight
 duplicates, nothing lost.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from typing import Any
 
@@ -44,7 +46,8 @@ class ToFile:
         self.draining = False
         self.status = StatusLine(status_every)
         self._ticker: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()
+        self.writer: asyncio.Task[None] | None = None
+        self.sync_wanted = False
 
     async def setup(self) -> None:
         self._ticker = asyncio.create_task(self._tick())
@@ -59,32 +62,57 @@ class ToFile:
             self.held_since = time.monotonic()
         self.held.extend(batch)
         starved = self.consumer is not None and self.consumer.is_starved()
-        if self.draining or starved or len(self.held) >= self.max_in_flight:
-            await self.sync()
+        # Half of max in flight, not all of it: while one half is written and fsynced (in a
+        # thread), the other half keeps arriving, so nsqd never waits on the disk alone.
+        if self.draining or starved or len(self.held) >= max(1, self.max_in_flight // 2):
+            self._sync_soon()
+
+    def _sync_soon(self) -> None:
+        """Ask for a sync of what is held. One writer at a time: while it writes and fsyncs,
+        requests only accumulate, and it then takes everything held at once (a group commit,
+        not an fsync per request)."""
+        self.sync_wanted = True
+        if self.writer is None or self.writer.done():
+            self.writer = asyncio.get_running_loop().create_task(self._write())
+
+    async def _write(self) -> None:
+        while self.sync_wanted and self.held:
+            self.sync_wanted = False
+            records, since, self.held = self.held, self.held_since, []
+            await self._sync(records, since)
 
     async def sync(self) -> None:
-        """Write, fsync, then FIN what is held. The write runs in a thread (zlib, zstd and
-        fsync let go of the GIL), so the loop keeps reading meanwhile."""
-        async with self._lock:
-            records, self.held = self.held, []
-            if not records or self.log is None:
-                return
-            logger.info("[%s/%s] syncing %d records to disk", self.topic, self.channel, len(records))
-            since = self.held_since
+        """Sync everything held, and wait until it is on disk and FINed."""
+        while self.held or (self.writer is not None and not self.writer.done()):
+            self._sync_soon()
+            assert self.writer is not None
+            await self.writer
+
+    async def _sync(self, records: list[Any], since: float) -> None:
+        """Write, fsync, then FIN. The write runs in a thread (zlib, zstd and fsync let go of the
+        GIL), so the loop keeps reading meanwhile."""
+        if self.log is None:
+            return
+        logger.info("[%s/%s] syncing %d records to disk", self.topic, self.channel, len(records))
+        try:
             await asyncio.to_thread(self.log.sync, records)
-            for message in records:
-                if not message.has_responded:
-                    message.finish()
-            self.status.record(time.monotonic() - since, len(records))
+        except OSError as exc:
+            # nsq_to_file exits here too: nothing unsynced was FINed, so nsqd redelivers it
+            # to the process the supervisor starts next.
+            logger.critical("[%s/%s] failed syncing messages: %s", self.topic, self.channel, exc)
+            os._exit(1)
+        for message in records:
+            if not message.has_responded:
+                message.finish()
+        self.status.record(time.monotonic() - since, len(records))
 
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self.sync_interval)
             if self.held:
                 await self.sync()
-            elif self.log is not None:
-                async with self._lock:
-                    await asyncio.to_thread(self.log.tick)
+            elif self.log is not None and (self.writer is None or self.writer.done()):
+                await asyncio.to_thread(self.log.tick)  # no writer: the file is ours alone
 
     async def drain(self) -> None:
         self.draining = True
@@ -96,6 +124,5 @@ class ToFile:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
         await self.sync()  # a message a batch brought after the drain began: synced, not lost
-        async with self._lock:
-            if self.log is not None:
-                self.log.close()
+        if self.log is not None:
+            self.log.close()

@@ -136,6 +136,7 @@ def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         max_in_flight=args.max_in_flight, consumer_options=consumer,
         handler_options={"channel": args.channel, "max_in_flight": args.max_in_flight,
                          "sync_interval": args.sync_interval, "file": files, "status_every": args.status_every},
+        batch_size=max(1, args.max_in_flight // 4),
         metrics_port=args.metrics_port, http_host=args.http_host, drain_timeout=args.drain_timeout,
         log_level=log_level(args),
     )

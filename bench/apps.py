@@ -1,0 +1,317 @@
+"""nsq's apps beside fastnsq's: nsq_to_file / to-file, nsq_to_nsq / to-nsq, nsq_to_http / to-http.
+
+Each measurement: a fresh real nsqd (``--mem-queue-size=10000000``) pre-filled with
+``--count`` messages of ``--size`` bytes on one topic, then one app started with the same
+flags (``--max-in-flight``, ``--sync-interval``...) and timed from its start until nsqd's
+channel is drained (depth 0, nothing in flight: every message FINed, which each app does only
+once the output holds it). CPU seconds of the app (every process of it) and of nsqd (and of
+the destination nsqd for to-nsq) are read from /proc. Go and fastnsq alternate within each
+round, and the order flips every round; medians over ``--rounds``.
+
+The cases: ``file`` (plain), ``file-gzip`` (``--gzip --gzip-level 1`` for both), ``nsq`` (into
+a second real nsqd), ``http`` (``--post`` to a sink answering 200, ``-n 100``, a request per
+message for both) and ``http-batch`` (ours with ``--batch 100``, beside Go's one request per
+message). The sink is nginx (one worker, keep-alive, ``return 200``), or an aiohttp server
+with ``--sink aiohttp``.
+
+    .venv/bin/python bench/apps.py --rounds 3 --out bench/results/apps-DATE.json
+    .venv/bin/python bench/apps.py --cases file --count 20000 --rounds 1      # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from fastnsq.benchmark import process_cpu_seconds
+from fastnsq.testing.process import NSQDProcess, free_port
+
+REAL_NSQD_FLAGS = ("--mem-queue-size=10000000",)
+TOPIC = "bench"
+CASES = ("file", "file-gzip", "nsq", "http", "http-batch")
+GO_BINARY = {"file": "nsq_to_file", "nsq": "nsq_to_nsq", "http": "nsq_to_http"}
+
+NGINX_CONF = """\
+worker_processes 1;
+daemon off;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    access_log off;
+    keepalive_requests 100000000;
+    keepalive_timeout 65;
+    client_body_buffer_size 1m;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ return 200 "ok"; }}
+    }}
+}}
+"""
+
+AIOHTTP_SINK = """\
+import sys
+from aiohttp import web
+async def answer(request):
+    await request.read()
+    return web.Response(text="ok")
+app = web.Application()
+app.router.add_route("*", "/{tail:.*}", answer)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
+"""
+
+
+# ---- the servers -------------------------------------------------------------------------------
+
+
+def start_nsqd(binary: str) -> NSQDProcess:
+    nsqd = NSQDProcess(*REAL_NSQD_FLAGS, binary=binary)
+    nsqd.start()
+    return nsqd
+
+
+def fill(address: str, count: int, size: int) -> None:
+    """``count`` bodies of ``size`` bytes on TOPIC, in MPUBs of 5,000 (before the channel exists:
+    the channel the app makes then takes them all, as nsqd copies a topic's backlog to its first one)."""
+    import asyncio
+
+    from fastnsq import Producer
+
+    async def publish() -> None:
+        body = b"x" * size
+        async with Producer([address]) as producer:
+            for start in range(0, count, 5000):
+                await producer.mpublish(TOPIC, [body] * min(5000, count - start))
+
+    asyncio.run(publish())
+
+
+def channel_state(http_port: int, channel: str) -> tuple[int, int, int]:
+    """(depth, in flight, messages the channel took) of TOPIC/channel, from nsqd's /stats."""
+    url = f"http://127.0.0.1:{http_port}/stats?format=json&topic={TOPIC}&channel={channel}"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        stats = json.load(response)
+    for topic in stats.get("topics") or []:
+        for found in topic.get("channels") or []:
+            if found["channel_name"] == channel:
+                return found["depth"], found["in_flight_count"], found["message_count"]
+    return -1, -1, 0
+
+
+class Sink:
+    """The HTTP server both apps post to."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self.port = kind, free_port()
+        self.folder = tempfile.mkdtemp(prefix="bench-sink-")
+        if kind == "nginx":
+            conf = Path(self.folder) / "nginx.conf"
+            conf.write_text(NGINX_CONF.format(prefix=self.folder, port=self.port))
+            argv = [shutil.which("nginx") or "/usr/sbin/nginx", "-c", str(conf), "-p", self.folder]
+        else:
+            script = Path(self.folder) / "sink.py"
+            script.write_text(AIOHTTP_SINK)
+            argv = [sys.executable, str(script), str(self.port)]
+        self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/", timeout=1).read()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"the {kind} sink did not start")
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# ---- one measurement ---------------------------------------------------------------------------
+
+
+def app_command(case: str, impl: str, args: argparse.Namespace, source: str, extra: dict[str, str]) -> list[str]:
+    """The command line of one app: the same flags, in Go's one-dash spelling, for both."""
+    kind = case.split("-")[0]
+    flags = [f"-topic={TOPIC}", f"-nsqd-tcp-address={source}", f"-max-in-flight={args.max_in_flight}"]
+    if kind == "file":
+        flags += [f"-output-dir={extra['dir']}", f"-sync-interval={args.sync_interval}"]
+        if case == "file-gzip":
+            flags += ["-gzip", f"-gzip-level={args.gzip_level}"]
+    elif kind == "nsq":
+        flags += [f"-destination-nsqd-tcp-address={extra['destination']}"]
+    else:
+        flags += [f"-post={extra['url']}", f"-n={args.n}"]
+        if case == "http-batch" and impl == "fastnsq":
+            flags += [f"-batch={args.batch}"]
+    if impl == "go":
+        return [str(Path(args.go_bin).expanduser() / GO_BINARY[kind]), *flags]
+    return [sys.executable, "-m", "fastnsq", f"to-{kind}", *flags]
+
+
+def pids_of(root: int) -> list[int]:
+    """``root`` and its descendants (the supervisor and its child)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+    found, frontier = [root], [root]
+    while frontier:
+        frontier = [pid for pid, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
+
+
+def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -> dict[str, Any]:
+    kind = case.split("-")[0]
+    nsqd = start_nsqd(args.nsqd_bin)
+    destination = start_nsqd(args.nsqd_bin) if kind == "nsq" else None
+    folder = tempfile.mkdtemp(prefix="bench-apps-", dir=args.work_dir)
+    try:
+        source = f"127.0.0.1:{nsqd.tcp_port}"
+        fill(source, args.count, args.size)
+        extra = {"dir": folder, "url": f"http://127.0.0.1:{sink.port}/in" if sink else "",
+                 "destination": f"127.0.0.1:{destination.tcp_port}" if destination else ""}
+        channel = {"file": "nsq_to_file", "nsq": "nsq_to_nsq", "http": "nsq_to_http"}[kind]
+        nsqd_cpu0 = process_cpu_seconds(nsqd.pid or 0) or 0.0
+        dest_cpu0 = process_cpu_seconds(destination.pid or 0) or 0.0 if destination else 0.0
+        log = open(Path(folder).parent / f"bench-apps-{case}-{impl}.log", "wb")  # noqa: SIM115 - closed below
+        began = time.perf_counter()
+        app = subprocess.Popen(app_command(case, impl, args, source, extra), stdout=log, stderr=log,
+                               start_new_session=True)
+        pids: list[int] = []
+        deadline = began + args.timeout
+        while True:
+            time.sleep(0.02)
+            depth, in_flight, taken = channel_state(nsqd.http_port, channel)
+            # The channel starts empty and takes the topic's backlog as nsqd pumps it over:
+            # done when it took every message and holds none.
+            if taken >= args.count and depth == 0 and in_flight == 0:
+                break
+            if app.poll() is not None or time.perf_counter() > deadline:
+                raise RuntimeError(f"{impl} {case}: exited or timed out (depth {depth}); see {log.name}")
+        elapsed = time.perf_counter() - began
+        pids = pids_of(app.pid)
+        app_cpu = sum(process_cpu_seconds(pid) or 0.0 for pid in pids)
+        nsqd_cpu = (process_cpu_seconds(nsqd.pid or 0) or 0.0) - nsqd_cpu0
+        dest_cpu = (process_cpu_seconds(destination.pid or 0) or 0.0) - dest_cpu0 if destination else 0.0
+        app.send_signal(signal.SIGTERM)
+        app.wait(60)
+        log.close()
+        return {
+            "case": case, "impl": impl, "count": args.count, "seconds": elapsed, "rate": args.count / elapsed,
+            "app_cpu_s": app_cpu, "app_us_per_msg": app_cpu / args.count * 1e6,
+            "nsqd_cpu_s": nsqd_cpu, "nsqd_us_per_msg": nsqd_cpu / args.count * 1e6,
+            "destination_nsqd_cpu_s": dest_cpu, "processes": len(pids),
+        }
+    finally:
+        nsqd.close()
+        if destination is not None:
+            destination.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+# ---- the rounds ---------------------------------------------------------------------------------
+
+
+def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for case in dict.fromkeys(r["case"] for r in results):
+        medians: dict[str, dict[str, float]] = {}
+        for impl in ("go", "fastnsq"):
+            mine = [r for r in results if r["case"] == case and r["impl"] == impl]
+            if mine:
+                medians[impl] = {key: statistics.median(r[key] for r in mine)
+                                 for key in ("rate", "app_us_per_msg", "nsqd_us_per_msg")}
+        row = {"case": case, **{f"{impl}_{k}": v for impl, m in medians.items() for k, v in m.items()}}
+        if len(medians) == 2:
+            row["speedup"] = medians["fastnsq"]["rate"] / medians["go"]["rate"]
+        rows.append(row)
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(f"{'case':<11} {'go msg/s':>10} {'ours msg/s':>11} {'x':>6} {'go us/msg':>10} {'ours us/msg':>12} "
+          f"{'nsqd us/msg go/ours':>20}")
+    for row in rows:
+        print(f"{row['case']:<11} {row.get('go_rate', 0):>10,.0f} {row.get('fastnsq_rate', 0):>11,.0f} "
+              f"{row.get('speedup', 0):>6.2f} {row.get('go_app_us_per_msg', 0):>10.2f} "
+              f"{row.get('fastnsq_app_us_per_msg', 0):>12.2f} "
+              f"{row.get('go_nsqd_us_per_msg', 0):>9.2f} / {row.get('fastnsq_nsqd_us_per_msg', 0):<8.2f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nsqd-bin", default=os.path.expanduser("~/nsq-real/bin/nsqd"))
+    parser.add_argument("--go-bin", default="~/nsq-real/bin", help="the folder of nsq_to_file, nsq_to_nsq, nsq_to_http")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    parser.add_argument("--count", type=int, default=1_000_000)
+    parser.add_argument("--http-count", type=int, default=0, help="messages for the http cases (default --count)")
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--max-in-flight", type=int, default=2500)
+    parser.add_argument("--sync-interval", default="1s")
+    parser.add_argument("--gzip-level", type=int, default=1)
+    parser.add_argument("--n", type=int, default=100, help="concurrent requests (nsq_to_http's -n)")
+    parser.add_argument("--batch", type=int, default=100, help="to-http --batch in the http-batch case")
+    parser.add_argument("--sink", choices=("nginx", "aiohttp"), default="nginx")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--work-dir", default=None, help="where the files go (default: the system's temp dir)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    args = parser.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    results: list[dict[str, Any]] = []
+    sink = Sink(args.sink) if any(c.startswith("http") for c in cases) else None
+    try:
+        for round_index in range(args.rounds):
+            order = ("go", "fastnsq") if round_index % 2 == 0 else ("fastnsq", "go")
+            for case in cases:
+                for impl in order:
+                    if case == "http-batch" and impl == "go" and "http" in cases:
+                        continue  # Go has no batch: its number is the http case's
+                    run_args = argparse.Namespace(**vars(args))
+                    if case.startswith("http") and args.http_count:
+                        run_args.count = args.http_count
+                    result = measure(case, impl, run_args, sink)
+                    result["round"] = round_index
+                    results.append(result)
+                    print(f"round {round_index} {case:<10} {impl:<8} {result['rate']:>10,.0f} msg/s  "
+                          f"app {result['app_us_per_msg']:.2f} us/msg  nsqd {result['nsqd_us_per_msg']:.2f} us/msg",
+                          flush=True)
+    finally:
+        if sink is not None:
+            sink.close()
+    for result in results:  # http-batch's Go line is the http case's (a request per message)
+        if result["case"] == "http" and result["impl"] == "go" and "http-batch" in cases:
+            results.append({**result, "case": "http-batch"})
+    rows = summarize(results)
+    print_table(rows)
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "when": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": {k: v for k, v in vars(args).items()},
+            "nsqd": "1.3.0 (real)", "summary": rows, "results": results}, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
