@@ -320,7 +320,8 @@ async def test_a_handler_that_always_raises_backs_off_without_crashing(
     topic = unique("wk")
     await publish_spread([nsqd.tcp_address], topic, 20)
     worker = await start_worker(tmp_path, "wk_jobs:fail", *_consume_args(topic, nsqd.tcp_address),
-                                "--processes", "2", "--consumer-opt", "default_requeue_delay=0")
+                                "--processes", "2", "--consumer-opt", "default_requeue_delay=0",
+                                "--backoff-grace", "1")
     cleanup.append(worker)
     pids = [w["pid"] for w in (await worker.health())["workers"]]
 
@@ -333,6 +334,10 @@ async def test_a_handler_that_always_raises_backs_off_without_crashing(
     assert [w["pid"] for w in status["workers"]] == pids and all(w["restarts"] == 0 for w in status["workers"])
     [stats] = await channel_stats([nsqd.http_address], topic, "work")
     assert stats["requeue_count"] >= 1
+    # Still connected (healthy), but in backoff past --backoff-grace: not ready, and it says why.
+    await eventually(lambda: _is(worker, "/readyz", 503), 20, "/readyz 503 while stuck in backoff")
+    _, body = await worker.get("/readyz")
+    assert "stuck in backoff" in body and await worker.status("/healthz") == 200
     assert await worker.stop() == 0
 
 
