@@ -38,6 +38,9 @@ SHELL_EXPECTATIONS = {
     "tail events -n 3 --format json": lambda out: out.count('"body"') == 3,
     "fastnsq stats": lambda out: "events" in out,
     "fastnsq bench": lambda out: "WORKLOAD" in out,
+    "fastnsq to-file -topic=events": lambda out: "\none\nthree\ntwo\n" in out,
+    "fastnsq to-nsq -topic=events": lambda out: {"one", "two", "three"} <= set(out.split()),
+    "fastnsq to-http -topic=events": lambda out: "body=one\nbody=three\nbody=two\n" in out,
     "fastnsq worker tasks:handle": lambda out: sorted(line for line in out.splitlines() if line.startswith("handled"))
     == ["handled one", "handled three", "handled two"],
 }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .._version import __version__
 from ..options import parse_duration
 from ._common import UsageError, channel_arg, client_settings, int_at_least, passthrough_options, topic_arg
 
@@ -29,6 +30,8 @@ def add_consume_flags(parser: argparse.ArgumentParser, *, app: str, several_topi
     """--topic, --channel, --max-in-flight, --consumer-opt and the runtime's flags; the
     consuming group, for the app's own consuming flags."""
     what = parser.add_argument_group(f"what to consume ({app}'s flags)")
+    what.add_argument("--version", action="version", version=f"fastnsq {parser.prog.split()[-1]} v{__version__} "
+                      f"(in place of {app})", help="print version string")
     what.add_argument("--topic", action="append", type=topic_arg, default=[], metavar="TOPIC",
                       help="nsq topic" + (" (may be given multiple times)" if several_topics else ""))
     what.add_argument("--channel", type=channel_arg, default=app, help=f"nsq channel (default {app})")
