@@ -11,17 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from fastnsq import Consumer, Producer
 from fastnsq.apps.hostpool import HostPool
 from fastnsq.apps.jsonfilter import JsonFilter, Verdict
 from fastnsq.testing import NSQD
+from fastnsq.testing.process import free_port
 from fastnsq.testing.real import RealNSQDServer, real_bin_dir
 
 from .apps_support import create_channels, go_app, run_to_exit, start, start_go
@@ -111,11 +114,17 @@ async def test_bad_usage_is_named() -> None:
 async def test_relays_every_message_in_batches(nsqd, tmp_path: Path) -> None:
     topic = unique("tonsq")
     bodies = await publish_spread([nsqd.tcp_address], topic, 5000)
+    port = free_port()
     async with destination() as target:
         app = await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
                           f"-destination-nsqd-tcp-address={target.tcp_address}", "-destination-topic=copy",
-                          "-max-in-flight=1000", "-status-every=1000", log=tmp_path / "log")
+                          "-max-in-flight=1000", "-status-every=1000", f"--metrics-port={port}", log=tmp_path / "log")
         await eventually(lambda: drained(nsqd, topic), 30, "the source drained")
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
+            metrics = await resp.text()  # the runtime's /metrics, the app's consumer in it
+        finished = re.search(rf'^nsq_consumer_messages_finished_total{{[^}}]*topic="{topic}"[^}}]*}} (\S+)$', metrics,
+                             re.MULTILINE)
+        assert finished is not None and float(finished.group(1)) == 5000, metrics[:2000]
         assert await app.stop() == 0, app.log()
         assert "[aggregate]: finished 1" in app.log()  # the status line, every 1000 messages or so
         assert sorted(await received(target.tcp_address, "copy", 5000)) == sorted(bodies)

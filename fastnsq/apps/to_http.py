@@ -65,7 +65,7 @@ class ToHttp:
         connector = aiohttp.TCPConnector(limit=self.concurrency, limit_per_host=self.concurrency)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
         self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers,
-                                             skip_auto_headers=("User-Agent",))
+                                             skip_auto_headers=("User-Agent",), cookie_jar=aiohttp.DummyCookieJar())
         self.running = asyncio.Semaphore(self.concurrency)
 
     async def handle(self, batch: Any) -> None:
