@@ -164,6 +164,8 @@ async def test_zstd_frames_and_parquet_read_back(nsqd, tmp_path: Path) -> None:
     assert tables[0].column_names == ["body", "id", "timestamp", "attempts"]
     assert all(len(i) == 16 for i in tables[0].column("id").to_pylist())
     assert set(tables[0].column("attempts").to_pylist()) == {1}
+    stamps = tables[0].column("timestamp").to_pylist()
+    assert all(abs(stamp.timestamp() - time.time()) < 120 for stamp in stamps)  # when nsqd took them
 
 
 async def test_several_topics_a_file_each(nsqd, tmp_path: Path) -> None:
@@ -203,6 +205,35 @@ async def test_several_topics_and_a_pattern_refreshed_through_lookupd(nsq_cluste
     topics = sorted({p.name.split(".")[0] for p in out.iterdir()})
     assert topics == [f"{base}_a", f"{base}_b"]
     assert sorted(read_lines(out)) == sorted(first + second)
+
+
+@pytest.mark.slow
+async def test_parquet_files_read_back_by_spark(nsqd, tmp_path: Path) -> None:
+    """The files of --format parquet, read by Spark (local[1]): the same count and bodies."""
+    import shutil
+
+    pytest.importorskip("pyspark")
+    if shutil.which("java") is None:
+        pytest.skip("Spark needs java")
+    topic = unique("tofile")
+    bodies = await publish_spread([nsqd.tcp_address], topic, 3000)
+    out = tmp_path / "pq"
+    app = await start("to-file", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", f"-output-dir={out}",
+                      "-sync-interval=200ms", "-max-in-flight=500", "-format=parquet", log=tmp_path / "log")
+    await eventually(lambda: drained(nsqd, topic), 30, "the channel drained")
+    assert await app.stop() == 0, app.log()
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[1]").appName("fastnsq-to-file")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    try:
+        frame = spark.read.parquet(str(out))
+        rows = frame.select("body", "attempts").collect()
+    finally:
+        spark.stop()
+    assert len(rows) == 3000 and sorted(bytes(r["body"]) for r in rows) == sorted(bodies)
+    assert {r["attempts"] for r in rows} == {1}
 
 
 @pytest.mark.slow

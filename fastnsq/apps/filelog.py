@@ -106,7 +106,8 @@ class Parquet:
             "body": pa.array([r.body for r in records], pa.binary()),
             "id": pa.array([bytes(r.id).hex() if len(r.id) != 16 else bytes(r.id).decode("ascii", "replace")
                             for r in records], pa.string()),
-            "timestamp": pa.array([r.timestamp for r in records], pa.timestamp("ns", tz="UTC")),
+            # Microseconds, as fastnsq.spark's schema has it: Spark refuses Parquet's nanosecond timestamps.
+            "timestamp": pa.array([r.timestamp // 1000 for r in records], pa.timestamp("us", tz="UTC")),
             "attempts": pa.array([r.attempts for r in records], pa.int32()),
         }
         if any(r.partition is not None for r in records):
