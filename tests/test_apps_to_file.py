@@ -7,6 +7,7 @@ FINed only once its file is fsynced, and a SIGKILL loses nothing.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import re
 import socket
@@ -157,6 +158,7 @@ async def test_zstd_frames_and_parquet_read_back(nsqd, tmp_path: Path) -> None:
         await eventually(lambda topic=topic: drained(nsqd, topic), 30, "the channel drained")
         assert await app.stop() == 0, app.log()
     assert all(p.name.endswith(".log.zst") for p in (tmp_path / "zst").iterdir())
+    assert all(p.name.endswith(".log.parquet") for p in (tmp_path / "pq").iterdir())
     assert sorted(read_lines(tmp_path / "zst")) == sorted(bodies)
     tables = [pq.read_table(p) for p in sorted((tmp_path / "pq").iterdir())]
     read = [body for table in tables for body in table.column("body").to_pylist()]
@@ -205,6 +207,35 @@ async def test_several_topics_and_a_pattern_refreshed_through_lookupd(nsq_cluste
     topics = sorted({p.name.split(".")[0] for p in out.iterdir()})
     assert topics == [f"{base}_a", f"{base}_b"]
     assert sorted(read_lines(out)) == sorted(first + second)
+
+
+async def test_parquet_from_an_ha_topic_has_partition_and_offset(nsq_cluster_ha, tmp_path: Path) -> None:
+    """On youzan's partitioned nsqd (embedded), the Parquet rows carry each message's partition
+    (and an offset column, filled when consumed with SUB_ORDERED)."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    topic = unique("haparquet")
+    await nsq_cluster_ha.create_topic(topic, partitions=2, channels=["nsq_to_file"])
+    bodies = [b"ha-%05d" % i for i in range(600)]
+    from fastnsq import Producer
+
+    async with Producer(lookupd_http_addresses=nsq_cluster_ha.lookupd_http_addresses) as producer:
+        await asyncio.gather(*(producer.publish(topic, body) for body in bodies))
+    out = tmp_path / "out"
+    lookupd = [f"-lookupd-http-address={a}" for a in nsq_cluster_ha.lookupd_http_addresses]
+    app = await start("to-file", f"-topic={topic}", *lookupd, f"-output-dir={out}", "-format=parquet",
+                      f"-work-dir={tmp_path / 'work'}",  # the output dir gets whole files only
+                      "-sync-interval=200ms", "-consumer-opt=lookupd_poll_interval,0.5",
+                      log=tmp_path / "log")
+
+    def rows() -> list[dict]:
+        return [row for path in sorted(out.glob("*.parquet")) for row in pq.read_table(path).to_pylist()] \
+            if out.exists() else []
+
+    await eventually(lambda: len(rows()) >= 600, 30, "600 rows archived")
+    assert await app.stop() == 0, app.log()
+    found = rows()
+    assert sorted(r["body"] for r in found) == bodies
+    assert {r["partition"] for r in found} == {0, 1} and all("offset" in r for r in found)
 
 
 @pytest.mark.slow

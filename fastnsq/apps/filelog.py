@@ -56,6 +56,8 @@ class FileOptions:
 
     @property
     def suffix(self) -> str:
+        if self.format == "parquet":
+            return ".parquet"
         return {"gzip": ".gz", "zstd": ".zst"}.get(self.compression, "")
 
 
