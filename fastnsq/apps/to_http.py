@@ -52,6 +52,7 @@ class ToHttp:
         self.connect_timeout, self.request_timeout = connect_timeout, request_timeout
         self.sample, self.per_request = sample, per_request
         self.session: Any = None
+        self.urls: dict[str, URL] = {}
         self.running: asyncio.Semaphore | None = None
         self.sending: set[asyncio.Task[None]] = set()
         self.status = StatusLine(status_every)
@@ -65,7 +66,10 @@ class ToHttp:
         connector = aiohttp.TCPConnector(limit=self.concurrency, limit_per_host=self.concurrency)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
         self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers,
-                                             skip_auto_headers=("User-Agent",), cookie_jar=aiohttp.DummyCookieJar())
+                                             # No Accept header, as nsq_to_http sends none.
+                                             skip_auto_headers=("User-Agent", "Accept"),
+                                             cookie_jar=aiohttp.DummyCookieJar())
+        self.urls = {address: URL(address) for address in self.addresses}  # parsed once, not per request
         self.running = asyncio.Semaphore(self.concurrency)
 
     async def handle(self, batch: Any) -> None:
@@ -112,7 +116,7 @@ class ToHttp:
     async def _request(self, address: str, body: bytes) -> None:
         try:
             if self.method == "POST":
-                response = await self.session.post(address, data=body)
+                response = await self.session.post(self.urls[address], data=body)
             else:
                 # encoded=True: the URL goes out byte for byte (yarl would turn %2F back into /).
                 url = URL(address.replace("%s", quote_plus(body, safe=""), 1), encoded=True)
