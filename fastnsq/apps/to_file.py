@@ -47,6 +47,8 @@ class ToFile:
         self.status = StatusLine(status_every)
         self._ticker: asyncio.Task[None] | None = None
         self.writer: asyncio.Task[None] | None = None
+        self._file = asyncio.Lock()
+        self._closing = asyncio.Event()
         self.sync_wanted = False
 
     async def setup(self) -> None:
@@ -95,7 +97,8 @@ class ToFile:
             return
         logger.info("[%s/%s] syncing %d records to disk", self.topic, self.channel, len(records))
         try:
-            await asyncio.to_thread(self.log.sync, records)
+            async with self._file:
+                await asyncio.to_thread(self.log.sync, records)
         except OSError as exc:
             # nsq_to_file exits here too: nothing unsynced was FINed, so nsqd redelivers it
             # to the process the supervisor starts next.
@@ -107,22 +110,26 @@ class ToFile:
         self.status.record(time.monotonic() - since, len(records))
 
     async def _tick(self) -> None:
+        # Ends between ticks when told (never cancelled inside a file operation, whose thread
+        # would go on beside teardown's close).
         while True:
-            await asyncio.sleep(self.sync_interval)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), self.sync_interval)
+                return
             if self.held:
                 await self.sync()
-            elif self.log is not None and (self.writer is None or self.writer.done()):
-                await asyncio.to_thread(self.log.tick)  # no writer: the file is ours alone
+            elif self.log is not None:
+                async with self._file:  # never beside a sync's write: one thread on the file at a time
+                    await asyncio.to_thread(self.log.tick)
 
     async def drain(self) -> None:
         self.draining = True
         await self.sync()
 
     async def teardown(self) -> None:
+        self._closing.set()
         if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+            await self._ticker
         await self.sync()  # a message a batch brought after the drain began: synced, not lost
         if self.log is not None:
             self.log.close()
