@@ -204,6 +204,42 @@ async def test_sigkill_mid_stream_and_the_destination_down_lose_nothing(nsqd, tm
     assert sum(counts.values()) - len(bodies) <= 500
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(real_bin_dir() is None, reason="a real nsqd is SIGKILLed: the real pass")
+async def test_the_destination_nsqd_killed_and_back_loses_nothing(nsqd, tmp_path: Path) -> None:
+    """The destination, a real nsqd that keeps what it acknowledged through a SIGKILL
+    (``--mem-queue-size=0 --sync-every=1``: with nsqd's defaults a killed nsqd loses up to its
+    last 2,500 acknowledged messages, ~500 in a run here), SIGKILLed mid-stream and started again
+    2 s later: every message arrives; what was unanswered at the kill was requeued and sent again."""
+    topic = unique("tonsq")
+    bodies = await publish_spread([nsqd.tcp_address], topic, 10_000)
+    target = RealNSQDServer(real_bin_dir(), "--mem-queue-size=0", "--sync-every=1")  # type: ignore[arg-type]
+    await target.start()
+    try:
+        await create_channels(target.http_address, "copy", "check")
+        app = await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
+                          "-destination-topic=copy", f"-destination-nsqd-tcp-address={target.tcp_address}",
+                          "-max-in-flight=500", "-status-every=0", "-consumer-opt=default_requeue_delay,0.5",
+                          "-consumer-opt=backoff_multiplier,0.1", "-producer-opt=publish_timeout,1",
+                          log=tmp_path / "log")
+
+        async def relayed(count: int) -> bool:
+            stats = await channel_stats([nsqd.http_address], topic, "nsq_to_nsq")
+            return bool(stats) and stats[0]["message_count"] - stats[0]["depth"] > count
+
+        await eventually(lambda: relayed(3_000), 30, "a part relayed")
+        await target.kill()
+        await asyncio.sleep(2)
+        await target.start()
+        await eventually(lambda: drained(nsqd, topic), 90, "the source drained")
+        assert await app.stop() == 0, app.log()
+        counts = Counter(await received(target.tcp_address, "copy", len(bodies), 60))
+    finally:
+        await target.close()
+    assert "requeueing them" in app.log()
+    assert set(counts) == set(bodies)  # 0 lost
+
+
 # ---- beside nsq's own nsq_to_nsq (the real pass) ------------------------------------------------
 
 
