@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -11,6 +12,9 @@ from pathlib import Path
 from fastnsq.testing.real import real_bin_dir
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Every app process a test started: whatever is still running when the test ends (it failed
+#: or timed out before its own stop) is killed by tests/conftest.py, not left behind.
+STARTED: list[App] = []
 
 
 class App:
@@ -41,6 +45,22 @@ class App:
         await self.process.wait()
         await asyncio.sleep(0.1)
 
+    def kill_now(self) -> None:
+        """SIGKILL the app and its children without waiting (the test's loop may be gone)."""
+        for pid in children(self.process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def kill_leftovers() -> None:
+    """Kill the apps the finished test left running."""
+    while STARTED:
+        app = STARTED.pop()
+        if app.running:
+            app.kill_now()
+
 
 def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (from /proc)."""
@@ -62,7 +82,7 @@ async def start(command: str, *args: str, log: Path) -> App:
     with log.open("ab") as out:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "fastnsq", command, *args, env=env, stdout=out, stderr=out, start_new_session=True)
-    return App(process, log)
+    return _started(App(process, log))
 
 
 async def start_go(binary: str, *args: str, log: Path) -> App:
@@ -72,7 +92,12 @@ async def start_go(binary: str, *args: str, log: Path) -> App:
     with log.open("ab") as out:
         process = await asyncio.create_subprocess_exec(
             str(folder / binary), *args, stdout=out, stderr=out, start_new_session=True)
-    return App(process, log)
+    return _started(App(process, log))
+
+
+def _started(app: App) -> App:
+    STARTED.append(app)
+    return app
 
 
 def go_app(binary: str) -> bool:

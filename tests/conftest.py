@@ -33,3 +33,12 @@ def _codec_params() -> list:
 def codec(request: pytest.FixtureRequest):
     """Each codec implementation in turn: the C extension and the pure-Python twin."""
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _reap_app_processes():
+    """App processes (tests/apps_support.py) a test left running when it failed are killed."""
+    yield
+    from .apps_support import kill_leftovers
+
+    kill_leftovers()
