@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -105,6 +106,24 @@ def run(example: Example, tmp_path: Path) -> None:
         _run_shell(example, tmp_path)
 
 
+#: Below pytest-timeout's 300 s, so that a hung example shows where it hung instead of being cut.
+EXAMPLE_TIMEOUT = 240
+
+
+def _run_or_dump(cmd: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """Run an example; if it hangs, SIGABRT it so faulthandler prints every thread's stack."""
+    env = {**_env(), "PYTHONFAULTHANDLER": "1"}
+    with subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
+        try:
+            out, err = process.communicate(timeout=EXAMPLE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            out, err = process.communicate(timeout=30)
+            pytest.fail(f"hung for {EXAMPLE_TIMEOUT} s; its stacks:\n--- stdout\n{out}\n--- stderr\n{err}")
+    return subprocess.CompletedProcess(cmd, process.returncode, out, err)
+
+
 def _run_python(example: Example, tmp_path: Path) -> None:
     code = example.code
     if "pyspark" in code:
@@ -121,7 +140,7 @@ def _run_python(example: Example, tmp_path: Path) -> None:
         path = tmp_path / f"example_{example.index}.py"
         path.write_text(code)
         cmd = [sys.executable, str(path)]
-    result = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300, check=False)
+    result = _run_or_dump(cmd, tmp_path)
     assert result.returncode == 0, (
         f"{example.id} failed:\n{code}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
     )
