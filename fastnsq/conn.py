@@ -136,6 +136,8 @@ class Connection(asyncio.BufferedProtocol):
         )
         self._reader.address = address
         self._flush_scheduled = False
+        # Set while a read is handled or writes are held (hold_writes): the write goes out at its
+        # end, not in a loop pass of its own.
         self._in_read = False
         self._inflater: CompressionStream | None = None
         self._deflater: CompressionStream | None = None
@@ -648,6 +650,22 @@ class Connection(asyncio.BufferedProtocol):
     def flush(self) -> None:
         """Write what is buffered now instead of at the end of this loop pass."""
         self._flush()
+
+    def hold_writes(self) -> bool:
+        """Commands queued until :meth:`release_writes` go out in one write there, with no loop pass
+        scheduled for them: a caller at the end of a pass (the coalescer's flush, the blocking
+        facade's hand-over) writes at once instead of a pass later. False, and nothing held, inside
+        this connection's own read, which writes at its end anyway."""
+        if self._in_read:
+            return False
+        self._in_read = True
+        return True
+
+    def release_writes(self) -> None:
+        """End :meth:`hold_writes`: write what was queued meanwhile."""
+        self._in_read = False
+        if self._flush_scheduled:
+            self._flush()
 
     def _flush(self) -> None:
         self._flush_scheduled = False

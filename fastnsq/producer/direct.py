@@ -68,20 +68,26 @@ class DirectPublisher:
             chunks = [items]  # the common case: the sizes are known already
         else:
             chunks = mpub_chunks(items, self._max_body_size, self._max_msg_size, _no_header, _body)
-        for chunk in chunks:
-            try:
-                if len(chunk) == 1:
-                    sent = conn.publish(topic, chunk[0][0])
-                else:
-                    sent = conn.mpublish(topic, [body for body, _ in chunk])
-            except Exception as exc:  # noqa: BLE001 - e.g. the connection closed during this pass
-                for body, done in chunk:
-                    self._failed(topic, body, done, exc)
-                continue
-            self.pending += len(chunk)
-            sent.add_done_callback(functools.partial(self._answered, topic, chunk))
-            self._ha.timed(conn.address, sent)
-        conn.flush()  # this hand-over is the whole batch: no reason to wait for the pass's end
+        held = conn.hold_writes()  # this hand-over is the whole batch: written at once, not a pass later
+        try:
+            for chunk in chunks:
+                try:
+                    if len(chunk) == 1:
+                        sent = conn.publish(topic, chunk[0][0])
+                    else:
+                        sent = conn.mpublish(topic, [body for body, _ in chunk])
+                except Exception as exc:  # noqa: BLE001 - e.g. the connection closed during this pass
+                    for body, done in chunk:
+                        self._failed(topic, body, done, exc)
+                    continue
+                self.pending += len(chunk)
+                sent.add_done_callback(functools.partial(self._answered, topic, chunk))
+                self._ha.timed(conn.address, sent)
+        finally:
+            if held:
+                conn.release_writes()
+            else:
+                conn.flush()
 
     def _answered(self, topic: str, chunk: list[tuple[Any, Done]], sent: Any) -> None:
         self.pending -= len(chunk)

@@ -721,33 +721,42 @@ class Producer:
         """Once per loop pass (called by the coalescer): one PUB or MPUB per batch."""
         self._router.new_pass()  # the next pass takes the next partition
         ha = self._ha
-        for key, batch in batches.items():
-            if type(key) is str:
-                topic, address, pid = key, None, None
-            else:
-                topic, address, pid = key
-            conn = self._pool.pick(address)
-            if conn is None:
-                batch.fail(NoConnectionError(f"no open connection to {address or 'any nsqd'}"))
-                continue
-            if len(batch) == 1 or batch.nbytes <= self._mpub_limit and len(batch) <= self._mpub_max_count:
-                parts = [batch]
-            else:
-                parts = batch.split(self._mpub_limit, self._mpub_max_count)
-            for index, part in enumerate(parts):
-                try:
-                    if len(part) == 1:
-                        sent = conn.publish(topic, part.bodies[0], partition=pid)
-                    else:
-                        sent = conn.mpublish(topic, part.bodies, partition=pid)
-                except Exception as exc:  # noqa: BLE001 - e.g. the connection closed during this pass: every part fails with it
-                    for unsent in parts[index:]:
-                        unsent.fail(exc)
-                    break
-                sent.add_done_callback(part.resolve)
-                ha.timed(conn.address, sent)
-            if len(batch) >= _FLUSH_AT or batch.nbytes >= _FLUSH_BYTES:
-                conn.flush()  # a full batch: let nsqd start on it while this pass goes on
+        # Each connection's commands of this pass go out in one write at the end of this call, not in
+        # a loop pass of their own (a pass per message at 10,000 msg/s of lone publishes).
+        held: list[Connection] = []
+        try:
+            for key, batch in batches.items():
+                if type(key) is str:
+                    topic, address, pid = key, None, None
+                else:
+                    topic, address, pid = key
+                conn = self._pool.pick(address)
+                if conn is None:
+                    batch.fail(NoConnectionError(f"no open connection to {address or 'any nsqd'}"))
+                    continue
+                if conn not in held and conn.hold_writes():
+                    held.append(conn)
+                if len(batch) == 1 or batch.nbytes <= self._mpub_limit and len(batch) <= self._mpub_max_count:
+                    parts = [batch]
+                else:
+                    parts = batch.split(self._mpub_limit, self._mpub_max_count)
+                for index, part in enumerate(parts):
+                    try:
+                        if len(part) == 1:
+                            sent = conn.publish(topic, part.bodies[0], partition=pid)
+                        else:
+                            sent = conn.mpublish(topic, part.bodies, partition=pid)
+                    except Exception as exc:  # noqa: BLE001 - e.g. the connection closed during this pass: every part fails with it
+                        for unsent in parts[index:]:
+                            unsent.fail(exc)
+                        break
+                    sent.add_done_callback(part.resolve)
+                    ha.timed(conn.address, sent)
+                if len(batch) >= _FLUSH_AT or batch.nbytes >= _FLUSH_BYTES:
+                    conn.flush()  # a full batch: let nsqd start on it while this pass goes on
+        finally:
+            for conn in held:
+                conn.release_writes()
 
     def _note_error(self, exc: BaseException, messages: int) -> None:
         if isinstance(exc, ServerError):
