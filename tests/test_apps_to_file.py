@@ -43,7 +43,9 @@ def read_lines(folder: Path) -> list[bytes]:
 
 async def drained(nsqd, topic: str, channel: str = "nsq_to_file") -> bool:
     stats = await channel_stats([nsqd.http_address], topic, channel)
-    return bool(stats) and stats[0]["depth"] == 0 and stats[0]["in_flight_count"] == 0
+    # A message requeued with a delay is in neither depth nor in flight until its delay ends.
+    return bool(stats) and stats[0]["depth"] == 0 and stats[0]["in_flight_count"] == 0 and stats[0][
+        "deferred_count"] == 0
 
 
 # ---- the command line --------------------------------------------------------------------------
