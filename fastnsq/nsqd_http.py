@@ -116,12 +116,20 @@ class NsqdHTTP:
         Returns ``(offset, messages before it)``; the offset is a message boundary, which a
         channel can be moved to. nsqd answers 500 past the partition's end.
         """
+        found, before, _ = await self.message_record(address, topic, partition, count=count, offset=offset)
+        return found, before
+
+    async def message_record(
+        self, address: str, topic: str, partition: int, *, count: int = 0, offset: int | None = None
+    ) -> tuple[int, int, int]:
+        """As :meth:`message_at`, with the message's ``timestamp`` (nanoseconds: when nsqd wrote it):
+        ``(offset, messages before it, timestamp)``."""
         mode, position = ("count", count) if offset is None else ("virtual_offset", offset)
         query = {"topic": topic, "partition": str(partition), "search_mode": mode, "search_pos": str(position)}
         answer = await self._request("GET", address, "message/get", query)
         try:
-            return int(answer["offset"]), int(answer["queue_cnt_index"]) - 1
-        except (TypeError, KeyError, ValueError):
+            return int(answer["offset"]), int(answer["queue_cnt_index"]) - 1, int(answer.get("timestamp", 0))
+        except (TypeError, KeyError, ValueError, AttributeError):
             raise NsqdHTTPError(f"nsqd {address} /message/get?{query} answered without offset and "
                                 f"queue_cnt_index: {answer!r:.200}") from None
 

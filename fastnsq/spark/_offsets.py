@@ -14,20 +14,21 @@ The source's offsets, as Spark checkpoints them: ``{"partitions": {"0": [offset,
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidValueError, NSQError
 from ..nsqd_http import NsqdHTTP, PartitionEnds
-from ._options import parse_starting_offsets
+from ._options import parse_ending_offsets, parse_starting_offsets
 
 if TYPE_CHECKING:
     from ._options import SourceOptions
 
-__all__ = ["NEW_PARTITION_START", "Leader", "OffsetPlanner", "Position", "RangePlan", "TopicState", "plan_ranges",
-           "positions_from_json", "positions_to_json"]
+__all__ = ["NEW_PARTITION_START", "DataLoss", "DataLossError", "Leader", "OffsetPlanner", "Position", "RangePlan",
+           "TopicState", "plan_ranges", "positions_from_json", "positions_to_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,27 @@ class Position:
 
     offset: int
     count: int
+
+
+class DataLossError(NSQError):
+    """Messages a range should read are gone from the partition (retention removed them first)."""
+
+
+@dataclass(frozen=True)
+class DataLoss:
+    """Messages skipped with ``failOnDataLoss=false``: offsets ``[start, end)`` of one partition."""
+
+    partition: int
+    start: int
+    end: int
+    messages: int
+
+
+@dataclass(frozen=True)
+class At:
+    """A position asked for by time: the first message nsqd wrote at or after ``ms`` (milliseconds)."""
+
+    ms: int
 
 
 @dataclass(frozen=True)
@@ -158,30 +180,96 @@ class OffsetPlanner:
 
     # -- positions ----------------------------------------------------------------------
 
-    async def initial(self) -> dict[int, Position]:
-        """Option ``startingOffsets`` as a position in every partition."""
-        state = await self.topic_state()
-        wanted = parse_starting_offsets(self._options.starting_offsets)
+    async def initial(self, state: TopicState | None = None) -> dict[int, Position]:
+        """The starting options as a position in every partition (``startingTimestamp`` first,
+        then ``startingOffsetsByTimestamp``, then ``startingOffsets``: Spark's Kafka source's order)."""
+        state = state or await self.topic_state()
+        option, wanted = self._wanted(state, ending=False)
+        return {p: await self._position(state, p, spec, option) for p, spec in sorted(wanted.items())}
+
+    async def ending(self, state: TopicState | None = None, default: str | None = None) -> dict[int, Position] | None:
+        """The ending options as a position in every partition (the first message not read), or
+        None when none is given and no ``default``: ``endingTimestamp``, then
+        ``endingOffsetsByTimestamp``, then ``endingOffsets``."""
+        if not self._options.has_ending and default is None:
+            return None
+        state = state or await self.topic_state()
+        option, wanted = self._wanted(state, ending=True, default=default)
+        return {p: await self._position(state, p, spec, option) for p, spec in sorted(wanted.items())}
+
+    def _wanted(self, state: TopicState, *, ending: bool,
+                default: str | None = None) -> tuple[str, dict[int, int | At]]:
+        """(the option that decides, {partition: offset, -2 / -1, or a time})."""
+        o = self._options
+        prefix = "ending" if ending else "starting"
+        every = o.ending_timestamp if ending else o.starting_timestamp
+        if every is not None:
+            return f"{prefix}Timestamp", {p: At(every) for p in state.ends}
+        by_time = o.ending_by_timestamp if ending else o.starting_by_timestamp
+        if by_time is not None:
+            option = f"{prefix}OffsetsByTimestamp"
+            self._check_partitions(option, by_time, state)
+            return option, {p: At(ms) for p, ms in by_time.items()}
+        option = f"{prefix}Offsets"
+        text = (o.ending_offsets or default or "latest") if ending else o.starting_offsets
+        wanted = parse_ending_offsets(text) if ending else parse_starting_offsets(text)
         if isinstance(wanted, dict):
-            unknown = sorted(set(wanted) - set(state.ends))
-            if unknown:
-                raise InvalidValueError(f"option 'startingOffsets' names partition(s) {unknown} that topic "
-                                        f"{self._options.topic!r} does not have (it has {sorted(state.ends)})")
-            missing = sorted(set(state.ends) - set(wanted))
-            if missing:
-                raise InvalidValueError(f"option 'startingOffsets' must give every partition of topic "
-                                        f"{self._options.topic!r}: missing {missing} (use -2 for earliest, -1 for latest)")
-        positions = {}
-        for partition, ends in state.ends.items():
-            offset: int = wanted[partition] if isinstance(wanted, dict) else -2 if wanted == "earliest" else -1
-            leader = state.leaders[partition]
-            if offset == -1:
-                positions[partition] = Position(ends.end, ends.count)
-            elif offset == -2:
-                positions[partition] = await self._earliest(leader, ends)
+            self._check_partitions(option, wanted, state)
+            return option, dict(wanted)
+        return option, {p: -2 if wanted == "earliest" else -1 for p in state.ends}
+
+    def _check_partitions(self, option: str, wanted: Mapping[int, Any], state: TopicState) -> None:
+        unknown = sorted(set(wanted) - set(state.ends))
+        if unknown:
+            raise InvalidValueError(f"option {option!r} names partition(s) {unknown} that topic "
+                                    f"{self._options.topic!r} does not have (it has {sorted(state.ends)})")
+        missing = sorted(set(state.ends) - set(wanted))
+        if missing:
+            raise InvalidValueError(f"option {option!r} must give every partition of topic "
+                                    f"{self._options.topic!r}: missing {missing}")
+
+    async def _position(self, state: TopicState, partition: int, spec: int | At, option: str) -> Position:
+        ends, leader = state.ends[partition], state.leaders[partition]
+        if isinstance(spec, At):
+            return await self._at_time(leader, ends, spec.ms)
+        if spec == -1:
+            return Position(ends.end, ends.count)
+        if spec == -2:
+            return await self._earliest(leader, ends)
+        if spec < ends.start and option == "startingOffsets":
+            return await self._before_start(leader, ends, spec)
+        return await self._at_offset(leader, ends, spec, option)
+
+    async def _before_start(self, leader: Leader, ends: PartitionEnds, offset: int) -> Position:
+        """A starting offset that retention removed: DataLossError (failOnDataLoss=true), else the
+        position planning then moves past what is gone, warning of it (as Spark's Kafka source
+        does). The count before ``offset`` is known only at 0; elsewhere the skipped messages are
+        not counted."""
+        if self._options.fail_on_data_loss:
+            raise DataLossError(
+                f"topic {self._options.topic!r} partition {ends.partition}: offsets {offset}..{ends.start} are gone, "
+                "removed by retention before they were read (option 'startingOffsets' names the first; option "
+                "'failOnDataLoss'=true: set it to false to skip what is gone and read the rest)")
+        earliest = await self._earliest(leader, ends)
+        return Position(offset, 0 if offset == 0 else earliest.count)
+
+    async def _at_time(self, leader: Leader, ends: PartitionEnds, ms: int) -> Position:
+        """The first message written at or after ``ms`` (the partition's end if none): a binary
+        search by count with ``GET /message/get``, whose answer has the message's timestamp
+        (nanoseconds). nsqd's own search by time (``timestamp:<s>``) has whole seconds only."""
+        first = await self._earliest(leader, ends)
+        target = ms * 1_000_000
+        low, high = first.count + 1, ends.count  # counts from 1
+        found = Position(ends.end, ends.count)
+        while low <= high:
+            middle = (low + high) // 2
+            offset, before, written = await self._http.message_record(
+                leader.http, self._options.topic, ends.partition, count=middle)
+            if written >= target:
+                found, high = Position(offset, before), middle - 1
             else:
-                positions[partition] = await self._at_offset(leader, ends, offset)
-        return positions
+                low = middle + 1
+        return found
 
     async def _earliest(self, leader: Leader, ends: PartitionEnds) -> Position:
         if ends.start >= ends.end:
@@ -190,16 +278,17 @@ class OffsetPlanner:
                                                      count=0, offset=ends.start)
         return Position(offset, before)
 
-    async def _at_offset(self, leader: Leader, ends: PartitionEnds, offset: int) -> Position:
+    async def _at_offset(self, leader: Leader, ends: PartitionEnds, offset: int,
+                         option: str = "startingOffsets") -> Position:
         if offset == ends.end:
             return Position(ends.end, ends.count)
         if not ends.start <= offset < ends.end:
-            raise InvalidValueError(f"option 'startingOffsets': partition {ends.partition} offset {offset} is outside "
+            raise InvalidValueError(f"option {option!r}: partition {ends.partition} offset {offset} is outside "
                                     f"what the partition holds, {ends.start} to {ends.end}")
         found, before = await self._http.message_at(leader.http, self._options.topic, ends.partition,
                                                     count=0, offset=offset)
         if found != offset:
-            raise InvalidValueError(f"option 'startingOffsets': partition {ends.partition} offset {offset} is not "
+            raise InvalidValueError(f"option {option!r}: partition {ends.partition} offset {offset} is not "
                                     f"where a message begins (the next one begins at {found})")
         return Position(offset, before)
 
@@ -235,6 +324,82 @@ class OffsetPlanner:
         if not start.offset < offset < end.offset:  # counts read next to a write may be one off
             return end
         return Position(offset, before)
+
+
+    # -- ranges ---------------------------------------------------------------------------
+
+    async def ranges(self, start: Mapping[int, Position], end: Mapping[int, Position],
+                     state: TopicState | None) -> tuple[list[RangePlan], list[DataLoss]]:
+        """The read tasks of ``start .. end``: one per partition with messages, moved past what
+        retention removed (``failOnDataLoss``), then split to at least ``minPartitions``."""
+        state = state or await self.topic_state()
+        plans, losses = [], []
+        for plan in plan_ranges(start, end, state):
+            kept, loss = await self._after_retention(state, plan)
+            if loss is not None:
+                losses.append(loss)
+            if kept is not None:
+                plans.append(kept)
+        if self._options.min_partitions is not None:
+            plans = await self._split(state, plans, self._options.min_partitions)
+        return plans, losses
+
+    async def _after_retention(self, state: TopicState, plan: RangePlan) -> tuple[RangePlan | None, DataLoss | None]:
+        ends = state.ends.get(plan.partition)
+        if ends is None or ends.start <= plan.start.offset:
+            return plan, None
+        return await self.skip_lost(plan, ends)
+
+    async def retained_rest(self, plan: RangePlan) -> RangePlan | None:
+        """``plan`` as its leader holds it now (a read task asks this before each read): the
+        same, or with failOnDataLoss=false what retention left of it (None: nothing)."""
+        held = await self._http.partition_ends(plan.leader.http, self._options.topic)
+        ends = held.get(plan.partition)
+        if ends is None or ends.start <= plan.start.offset:
+            return plan
+        rest, _ = await self.skip_lost(plan, ends)
+        return rest
+
+    async def skip_lost(self, plan: RangePlan, ends: PartitionEnds) -> tuple[RangePlan | None, DataLoss]:
+        """``plan`` without what the partition no longer holds (``ends.start`` is past its start):
+        DataLossError with failOnDataLoss=true, else the rest of the range and what was skipped."""
+        gone_to = min(ends.start, plan.end.offset)
+        if self._options.fail_on_data_loss:
+            raise DataLossError(
+                f"topic {self._options.topic!r} partition {plan.partition}: offsets {plan.start.offset}..{gone_to} "
+                f"(messages {plan.start.count + 1}..) are gone, removed by retention before they were read; the "
+                f"partition now starts at offset {ends.start} (option 'failOnDataLoss'=true: set it to false to "
+                "skip what is gone and read the rest)")
+        if ends.start >= plan.end.offset:
+            rest = None
+            loss = DataLoss(plan.partition, plan.start.offset, plan.end.offset, plan.rows)
+        else:
+            offset, before = await self._http.message_at(plan.leader.http, self._options.topic, plan.partition,
+                                                         count=0, offset=ends.start)
+            rest = replace(plan, start=Position(offset, before))
+            loss = DataLoss(plan.partition, plan.start.offset, offset, before - plan.start.count)
+        logger.warning("topic %s partition %d: offsets %d..%d (%d messages) were removed by retention before they "
+                       "were read; skipped (failOnDataLoss=false)", self._options.topic, loss.partition, loss.start,
+                       loss.end, loss.messages)
+        return rest, loss
+
+    async def _split(self, state: TopicState, plans: list[RangePlan], wanted: int) -> list[RangePlan]:
+        """Each range cut into parts in proportion to its rows (Spark's Kafka source's rule),
+        every cut a message boundary (``GET /message/get`` by count)."""
+        total = sum(plan.rows for plan in plans)
+        if len(plans) >= wanted or total <= 0:
+            return plans
+        split: list[RangePlan] = []
+        for plan in plans:
+            parts = min(max(1, round(plan.rows / total * wanted)), max(plan.rows, 1))
+            cuts = [plan.start]
+            for k in range(1, parts):
+                cut = await self._cut(state, plan.partition, plan.start, plan.end, k * plan.rows // parts)
+                if cuts[-1].offset < cut.offset < plan.end.offset:
+                    cuts.append(cut)
+            cuts.append(plan.end)
+            split.extend(replace(plan, start=a, end=b) for a, b in itertools.pairwise(cuts))
+        return split
 
 
 def plan_ranges(start: Mapping[int, Position], end: Mapping[int, Position],

@@ -39,6 +39,10 @@ _READ_MODES = ("partitioned", "simple", "offsets")
 #: readMode=offsets names its channels <channel>-<partition>-<10 hex>#ephemeral, at most 64 characters.
 MAX_OFFSETS_CHANNEL_PREFIX = 64 - len("-1023-0123456789#ephemeral")
 _ROW_TRANSPORTS = ("plan", "tcp")
+#: 9999-12-31T23:59:59.999Z in milliseconds: the largest time option a timestamp option takes.
+MAX_TIMESTAMP_MS = 253_402_300_799_999
+#: More read tasks than this for one batch is a mistake, not a plan (Spark schedules each).
+MAX_MIN_PARTITIONS = 100_000
 
 
 def _addresses(name: str, text: str, *, http: bool = False) -> tuple[str, ...]:
@@ -68,6 +72,22 @@ def _int(name: str, text: str, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidValueError(f"option {name!r}={value} is outside the accepted range {low}..{high}")
     return value
+
+
+def _timestamps(name: str, text: str) -> dict[int, int]:
+    """JSON ``{"partition": milliseconds since the epoch}`` (Kafka's ``...OffsetsByTimestamp``)."""
+    try:
+        raw = json.loads(text)
+        if not isinstance(raw, dict) or not raw:
+            raise ValueError("not a JSON object of partitions")
+        parsed = {int(key): value for key, value in raw.items()}
+    except ValueError as exc:
+        raise InvalidValueError(f"option {name!r}={text!r} is not JSON {{\"partition\": milliseconds}} ({exc})") from None
+    for partition, value in parsed.items():
+        if partition < 0 or isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIMESTAMP_MS:
+            raise InvalidValueError(f"option {name!r}: partition {partition} timestamp {value!r} must be milliseconds "
+                                    f"since the epoch in 0..{MAX_TIMESTAMP_MS}")
+    return parsed
 
 
 def _text(name: str, text: str) -> str:
@@ -153,6 +173,15 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "ha": _bool,
     "startingOffsets": _text,
     "readStallTimeoutMs": lambda n, t: _int(n, t, 100, 86_400_000),
+    # readMode=offsets, named as Spark's Kafka source names them
+    "endingOffsets": _text,
+    "startingTimestamp": lambda n, t: _int(n, t, 0, MAX_TIMESTAMP_MS),
+    "endingTimestamp": lambda n, t: _int(n, t, 0, MAX_TIMESTAMP_MS),
+    "startingOffsetsByTimestamp": lambda n, t: _timestamps(n, t),
+    "endingOffsetsByTimestamp": lambda n, t: _timestamps(n, t),
+    "failOnDataLoss": _bool,
+    "minPartitions": lambda n, t: _int(n, t, 1, MAX_MIN_PARTITIONS),
+    "maxOffsetsPerTrigger": lambda n, t: _int(n, t, 1, 2**31 - 1),
     # sink
     "deferMs": lambda n, t: _int(n, t, 0, 3_600_000),
     "publishTimeoutMs": lambda n, t: _int(n, t, 1, 3_600_000),
@@ -163,9 +192,13 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
 #: Every option the data source knows, in its documented spelling.
 KNOWN_OPTIONS = tuple(_PARSERS)
 _BY_LOWER = {name.lower(): name for name in _PARSERS}
+#: Options of readMode=offsets only (Spark's Kafka source has each of them, under the same name).
+OFFSETS_ONLY = ("startingOffsets", "readStallTimeoutMs", "endingOffsets", "startingTimestamp", "endingTimestamp",
+                "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "failOnDataLoss", "minPartitions",
+                "maxOffsetsPerTrigger")
 _SOURCE_ONLY = ("channel", "maxInFlight", "connectionsPerNsqd", "maxRecordsPerBatch", "msgTimeoutMs",
                 "numPartitions", "readMode", "rowTransport", "rowServerHost", "rowServerPort",
-                "availableNowTimeoutMs", "ha", "startingOffsets", "readStallTimeoutMs")
+                "availableNowTimeoutMs", "ha") + OFFSETS_ONLY
 _SINK_ONLY = ("deferMs", "publishTimeoutMs", "publishWindow", "poolSize")
 
 
@@ -216,6 +249,20 @@ class SourceOptions:
     ha: bool = False
     starting_offsets: str = "earliest"  # readMode=offsets: earliest, latest or JSON {"partition": offset}
     read_stall_timeout: float = 30.0  # readMode=offsets: a range read with no message for this long fails
+    # readMode=offsets, as Spark's Kafka source has them (a timestamp option wins over its offsets option)
+    ending_offsets: str | None = None  # latest or JSON {"partition": offset}; None: no end (streaming)
+    starting_timestamp: int | None = None  # ms since the epoch, every partition
+    ending_timestamp: int | None = None
+    starting_by_timestamp: dict[int, int] | None = None  # {partition: ms}
+    ending_by_timestamp: dict[int, int] | None = None
+    fail_on_data_loss: bool = True
+    min_partitions: int | None = None
+
+    @property
+    def has_ending(self) -> bool:
+        """Whether an ending option was given (a streaming query then stops reading there)."""
+        return (self.ending_offsets is not None or self.ending_timestamp is not None
+                or self.ending_by_timestamp is not None)
 
     def consumer_kwargs(self) -> dict[str, Any]:
         """fastnsq Consumer keyword arguments.
@@ -360,7 +407,7 @@ def parse_source(options: Mapping[str, str]) -> SourceOptions:
         channel=values["channel"],
         max_in_flight=values.get("maxInFlight", 2500),
         connections_per_nsqd=values.get("connectionsPerNsqd", 1),
-        max_records_per_batch=values.get("maxRecordsPerBatch"),
+        max_records_per_batch=values.get("maxRecordsPerBatch", values.get("maxOffsetsPerTrigger")),
         msg_timeout_ms=values.get("msgTimeoutMs"),
         num_partitions=values.get("numPartitions", 1),
         read_mode=values.get("readMode", "partitioned"),
@@ -371,12 +418,20 @@ def parse_source(options: Mapping[str, str]) -> SourceOptions:
         ha=values.get("ha", False) or values.get("readMode") == "offsets",
         starting_offsets=values.get("startingOffsets", "earliest"),
         read_stall_timeout=values.get("readStallTimeoutMs", 30_000) / 1000,
+        ending_offsets=values.get("endingOffsets"),
+        starting_timestamp=values.get("startingTimestamp"),
+        ending_timestamp=values.get("endingTimestamp"),
+        starting_by_timestamp=values.get("startingOffsetsByTimestamp"),
+        ending_by_timestamp=values.get("endingOffsetsByTimestamp"),
+        fail_on_data_loss=values.get("failOnDataLoss", True),
+        min_partitions=values.get("minPartitions"),
     )
     if opts.read_mode == "offsets":
         _check_offsets_mode(opts, values)
-    elif "startingOffsets" in values or "readStallTimeoutMs" in values:
-        raise InvalidValueError("options 'startingOffsets' and 'readStallTimeoutMs' apply only with "
-                                "option 'readMode'=offsets (HA topics: read by queue offsets)")
+    elif any(name in values for name in OFFSETS_ONLY):
+        given = ", ".join(repr(name) for name in OFFSETS_ONLY if name in values)
+        raise InvalidValueError(f"option(s) {given} apply only with option 'readMode'=offsets "
+                                "(HA topics: read by queue offsets)")
     if opts.row_transport != "tcp" and ("rowServerHost" in values or "rowServerPort" in values):
         raise InvalidValueError("options 'rowServerHost' and 'rowServerPort' apply only with option 'rowTransport'=tcp")
     if opts.row_transport == "tcp" and opts.read_mode != "partitioned":
@@ -410,6 +465,11 @@ def _check_offsets_mode(opts: SourceOptions, values: Mapping[str, Any]) -> None:
             f"the prefix of the channels the read tasks create and may be at most {MAX_OFFSETS_CHANNEL_PREFIX}"
         )
     parse_starting_offsets(opts.starting_offsets)
+    if opts.ending_offsets is not None:
+        parse_ending_offsets(opts.ending_offsets)
+    if "maxRecordsPerBatch" in values and "maxOffsetsPerTrigger" in values:
+        raise InvalidValueError("options 'maxRecordsPerBatch' and 'maxOffsetsPerTrigger' are the same limit: "
+                                "give one of them")
     if opts.channel.endswith("#ephemeral"):
         raise InvalidValueError("option 'channel' must not end in #ephemeral with readMode=offsets: "
                                 "the read tasks' channels are ephemeral already")
@@ -437,6 +497,31 @@ def parse_starting_offsets(text: str) -> str | dict[int, int]:
         if partition < 0 or isinstance(offset, bool) or not isinstance(offset, int) or offset < -2:
             raise InvalidValueError(f"option 'startingOffsets': partition {partition} offset {offset!r} must be "
                                     "a queue offset >= 0, -2 (earliest) or -1 (latest)")
+    return parsed
+
+
+def parse_ending_offsets(text: str) -> str | dict[int, int]:
+    """Option ``endingOffsets``: ``latest``, or JSON ``{"partition": offset}`` where an offset is
+    where a message begins (the first one not read) or ``-1`` (that partition's latest).
+    ``earliest`` is refused, as Spark's Kafka source refuses it (the range would be empty).
+
+    >>> parse_ending_offsets('{"0": 4096, "1": -1}')
+    {0: 4096, 1: -1}
+    """
+    if text == "latest":
+        return text
+    try:
+        raw = json.loads(text)
+        if not isinstance(raw, dict) or not raw:
+            raise ValueError("not a JSON object of partitions")
+        parsed = {int(key): value for key, value in raw.items()}
+    except ValueError as exc:
+        raise InvalidValueError(f"option 'endingOffsets'={text!r} is not latest or JSON "
+                                f'{{"partition": offset}} ({exc})') from None
+    for partition, offset in parsed.items():
+        if partition < 0 or isinstance(offset, bool) or not isinstance(offset, int) or offset < -1:
+            raise InvalidValueError(f"option 'endingOffsets': partition {partition} offset {offset!r} must be "
+                                    "a queue offset >= 0 or -1 (latest)")
     return parsed
 
 

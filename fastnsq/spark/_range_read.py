@@ -16,6 +16,11 @@ in offset order, whatever the task attempt. How:
 3. Done when the cursor reaches ``end``. No message for ``readStallTimeoutMs``, a refused
    channel or a lost leader: ask the lookupd for the partition's leader again and read the
    whole range again from its start, up to three times, then fail the task (Spark retries it).
+
+Before each read the leader's ``/stats`` says where the partition starts now: a range that
+retention removed (in part) since it was planned fails the task at once naming the partition
+and the offsets (``failOnDataLoss=true``), or is read from where the partition now starts,
+with a warning and the count of what was skipped (``false``).
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..consumer import Consumer
 from ..errors import NSQError
 from ..nsqd_http import NsqdHTTP, NsqdHTTPError
-from ._offsets import Leader, OffsetPlanner, RangePlan
+from ._offsets import DataLossError, Leader, OffsetPlanner, RangePlan
 
 if TYPE_CHECKING:
     from ._options import SourceOptions
@@ -89,10 +95,15 @@ async def read_range(options: SourceOptions, plan: RangePlan) -> list[Any]:
     leader = plan.leader
     failures = []
     for attempt in range(ATTEMPTS):
-        if attempt or not leader.tcp:
-            leader = await _current_leader(options, plan.partition)
         try:
-            return await _read_once(options, plan, leader)
+            if attempt or not leader.tcp:
+                leader = await _current_leader(options, plan.partition)
+            rest = await _retained_rest(options, replace(plan, leader=leader))
+            if rest is None:
+                return []
+            return await _read_once(options, rest, leader)
+        except DataLossError:
+            raise
         except (NSQError, OSError) as exc:
             failures.append(f"{leader.tcp}: {exc}")
             logger.warning("topic %s partition %d range %d..%d: attempt %d failed on %s (%s)", options.topic,
@@ -106,6 +117,14 @@ async def _current_leader(options: SourceOptions, partition: int) -> Leader:
     planner = OffsetPlanner(options)
     try:
         return await planner.leader(partition)
+    finally:
+        await planner.close()
+
+
+async def _retained_rest(options: SourceOptions, plan: RangePlan) -> RangePlan | None:
+    planner = OffsetPlanner(options)
+    try:
+        return await planner.retained_rest(plan)
     finally:
         await planner.close()
 

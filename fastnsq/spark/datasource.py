@@ -13,6 +13,7 @@ from pyspark.sql.types import StructType
 
 from ..errors import InvalidValueError
 from ._options import parse_common, parse_sink, parse_source
+from .offset_batch import NSQOffsetBatchReader
 from .offset_source import NSQOffsetStreamReader
 from .sink import make_stream_writer, make_writer
 from .source import NSQSimpleStreamReader, NSQStreamReader, source_schema
@@ -54,9 +55,13 @@ class NSQDataSource(DataSource):
         return source_schema(parse_source(self.options).ha)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        options = parse_source(self.options)
+        if options.read_mode == "offsets":
+            return NSQOffsetBatchReader(options, schema)
         raise InvalidValueError(
-            "format 'nsq' is a streaming source (NSQ cannot replay a range of messages): "
-            "use spark.readStream.format('nsq'), with Trigger.AvailableNow to drain a topic once"
+            f"format 'nsq' with readMode={options.read_mode} is a streaming source (a channel cannot replay a range "
+            "of messages): use spark.readStream.format('nsq'), with Trigger.AvailableNow to drain a topic once, "
+            "or, on youzan's HA topics, option('readMode', 'offsets') for a batch read of an offset window"
         )
 
     def streamReader(self, schema: StructType) -> Any:

@@ -29,11 +29,12 @@ from pyspark.sql.types import StructType
 
 from ..loop import run
 from ._offsets import (
+    NEW_PARTITION_START,
+    DataLoss,
     OffsetPlanner,
     Position,
     RangePlan,
     TopicState,
-    plan_ranges,
     positions_from_json,
     positions_to_json,
 )
@@ -50,7 +51,7 @@ from .source import (
     messages_to_batch,
 )
 
-__all__ = ["NSQOffsetStreamReader", "OffsetRangePartition"]
+__all__ = ["NSQOffsetStreamReader", "OffsetRangePartition", "lag_report", "read_partition"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,11 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._last_end: dict[str, Any] | None = None  # PySpark < 4.2 calls latestOffset() without start
         self._cap: dict[int, Position] | None = None  # Trigger.AvailableNow: the ends when it was prepared
         self._state: tuple[str, TopicState] | None = None  # leaders seen by the last latestOffset
+        self._ending: dict[int, Position] | None = None  # the ending options, resolved once
+        self._ending_resolved = False
+        self._report: dict[str, Any] | None = None  # reportLatestOffset: the ends and the lag behind them
+        self._losses: list[DataLoss] = []  # failOnDataLoss=false: what planning skipped
+        self._planned: tuple[str, str, list[RangePlan]] | None = None  # (start, end, ranges) of the last batch
 
     def initialOffset(self) -> dict[str, Any]:
         positions = self._call("initial")
@@ -93,31 +99,54 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._cap = {p: Position(e.end, e.count) for p, e in state.ends.items()}
         logger.info("Trigger.AvailableNow: reading %s up to %s", self._options.topic, positions_to_json(self._cap))
 
+    def _stop_at(self) -> dict[int, Position] | None:
+        """Where reading stops: the ending options (resolved on first use), Trigger.AvailableNow's
+        ends, or the sooner of both per partition."""
+        if not self._ending_resolved:
+            self._ending = self._call("ending")
+            self._ending_resolved = True
+            if self._ending is not None:
+                logger.info("nsq offsets source on %s stops at %s", self._options.topic, positions_to_json(self._ending))
+        if self._ending is None or self._cap is None:
+            return self._ending if self._ending is not None else self._cap
+        return {p: min(end, self._ending.get(p, end), key=lambda pos: pos.offset) for p, end in self._cap.items()}
+
     def latestOffset(self, start: dict[str, Any] | None = None, limit: Any = None) -> dict[str, Any]:
         if start is None:
             start = self._last_end if self._last_end is not None else self.initialOffset()
         max_rows = getattr(limit, "max_rows", None) if limit is not None else self._options.max_records_per_batch
-        end, state = self._call("latest", positions_from_json(start), max_rows, self._cap)
+        end, state = self._call("latest", positions_from_json(start), max_rows, self._stop_at())
         encoded = positions_to_json(end)
         self._last_end = encoded
         self._state = (repr(encoded), state)
+        # Planned now, not in partitions(): what retention removed fails the query here, at once,
+        # and what was skipped is in this batch's progress (Spark asks reportLatestOffset next).
+        plans, losses = self._call("ranges", positions_from_json(start), end, state)
+        self._planned = (repr(start), repr(encoded), plans)
+        self._losses.extend(losses)
+        self._report = lag_report(end, state, self._ending, self._losses)
+        behind = sum(self._report["offsetsBehindLatest"].values())
+        if behind:
+            logger.info("nsq offsets source on %s: %d messages behind the partitions' ends after this batch (%s)",
+                        self._options.topic, behind, self._report["offsetsBehindLatest"])
         return encoded
 
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        """The partitions' ends when the last batch was planned, with the lag behind them (Spark
+        shows this as the source's ``latestOffset`` in the query progress: PySpark's Python data
+        source API has no source metrics, where Spark's Kafka source puts ``maxOffsetsBehindLatest``)."""
+        return self._report
+
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        state = self._state[1] if self._state is not None and self._state[0] == repr(end) else None
-        plans = plan_ranges(positions_from_json(start), positions_from_json(end), state)
+        if self._planned is not None and self._planned[:2] == (repr(start), repr(end)):
+            plans = self._planned[2]
+        else:  # a batch planned by an earlier run of the query (replayed from the checkpoint)
+            plans, losses = self._call("ranges", positions_from_json(start), positions_from_json(end), None)
+            self._losses.extend(losses)
         return [OffsetRangePartition(plan, i) for i, plan in enumerate(plans)]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        plan: RangePlan = partition.plan  # type: ignore[attr-defined]
-        messages = run(read_range(self._options, plan))
-        if len(messages) != plan.rows:
-            logger.info("partition %d range %d..%d: %d messages where the counts said %d", plan.partition,
-                        plan.start.offset, plan.end.offset, len(messages), plan.rows)
-        if not messages:
-            return iter(())
-        batch = messages_to_batch(messages, self._arrow(), self._options.topic, True)
-        return iter([batch]) if _arrow_reads_supported() else _batch_rows(batch)
+        return read_partition(self._options, self._arrow(), partition.plan)  # type: ignore[attr-defined]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: no message is held between batches (the ranges stay on nsqd's disk)."""
@@ -139,3 +168,39 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                 await planner.close()
 
         return run(call())
+
+
+def read_partition(options: SourceOptions, schema: pa.Schema, plan: RangePlan) -> Iterator[Any]:
+    """One read task: the range's messages as one Arrow batch (or rows, on a PySpark without Arrow reads)."""
+    messages = run(read_range(options, plan))
+    if len(messages) != plan.rows:
+        logger.info("partition %d range %d..%d: %d messages where the counts said %d", plan.partition,
+                    plan.start.offset, plan.end.offset, len(messages), plan.rows)
+    if not messages:
+        return iter(())
+    batch = messages_to_batch(messages, schema, options.topic, True)
+    return iter([batch]) if _arrow_reads_supported() else _batch_rows(batch)
+
+
+def lag_report(end: dict[int, Position], state: TopicState, ending: dict[int, Position] | None,
+               losses: list[DataLoss]) -> dict[str, Any]:
+    """The partitions' ends and how many messages each is behind them after the batch ending at
+    ``end`` (Spark's Kafka source's names; an ending option caps the ends it counts to).
+
+    >>> from fastnsq.nsqd_http import PartitionEnds
+    >>> state = TopicState({}, {0: PartitionEnds(0, 0, 900, 9, True, False)}, False)
+    >>> lag_report({0: Position(500, 5)}, state, None, [])["offsetsBehindLatest"]
+    {'0': 4}
+    """
+    latest = {p: Position(e.end, e.count) for p, e in state.ends.items()}
+    if ending is not None:
+        latest = {p: min(pos, ending.get(p, pos), key=lambda x: x.offset) for p, pos in latest.items()}
+    behind = {str(p): max(0, pos.count - end.get(p, NEW_PARTITION_START).count) for p, pos in sorted(latest.items())}
+    lags = list(behind.values()) or [0]
+    return {**positions_to_json(latest), "offsetsBehindLatest": behind, "maxOffsetsBehindLatest": max(lags),
+            "avgOffsetsBehindLatest": f"{sum(lags) / len(lags):.1f}", **_loss_report(losses)}
+
+
+def _loss_report(losses: list[DataLoss]) -> dict[str, Any]:
+    return {"dataLossMessages": sum(loss.messages for loss in losses),
+            "dataLossRanges": [[loss.partition, loss.start, loss.end] for loss in losses[-20:]]}

@@ -561,6 +561,17 @@ class HATopic(Topic):
             for _ in range(excess):
                 retained.popleft()
 
+    def remove_before(self, offset: int) -> int:
+        """Retention: forget the messages that begin before ``offset`` (youzan cleans old disk
+        segments this way; ``backend_start`` then moves, counts stay). Returns how many went."""
+        retained = self.retained
+        removed = 0
+        while retained and _offset_of(retained[0]) < offset:
+            retained.popleft()
+            removed += 1
+        self.retained_before += removed
+        return removed
+
     def start_messages(self, kind: str, value: int) -> list[Msg]:
         """What a channel moved to ``<kind>:<value>`` reads (youzan's SetChannelOffset searches).
 

@@ -281,6 +281,21 @@ class NSQCluster:
         """HA: the indices of the nodes that have ``partition`` of ``topic`` (leader first)."""
         return list(self._placement(topic, partition).replicas)
 
+    def remove_before(self, topic: str, partition: int, offset: int) -> int:
+        """HA: what youzan's retention does to old segments, on demand: every node holding
+        ``partition`` forgets its messages that begin before ``offset`` (the partition's
+        ``backend_start`` moves there; a channel moved before it reads from the new start).
+        Returns how many messages the leader removed."""
+        self._require_ha("remove_before")
+        placement = self._placement(topic, partition)
+        removed = 0
+        for index in placement.replicas:
+            held = self.nsqds[index].partitions.get((topic, partition))
+            if held is not None:
+                count = held.remove_before(offset)
+                removed = count if index == placement.leader else removed
+        return removed
+
     async def move_leader(self, topic: str, partition: int, to_node: int) -> None:
         """HA: make node ``to_node`` the leader of ``partition`` (see the class docstring).
 
