@@ -228,6 +228,32 @@ async def test_stop_deadline_requeues_what_handlers_still_hold(nsqd):
     assert stats["in_flight_count"] == 0 and stats["depth"] + stats["deferred_count"] == 5
 
 
+async def test_stop_deadline_holds_when_nsqd_does_not_answer_cls(nsqd):
+    """An nsqd that answers nothing (CLS included) does not stretch stop() past its timeout,
+    and the report says the deadline passed with the held messages requeued."""
+    topic = unique("deadline")
+    await publish_spread([nsqd.tcp_address], topic, 5)
+    started = asyncio.Event()
+
+    async def stuck(message):
+        started.set()
+        await asyncio.sleep(30)
+
+    consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=stuck, max_in_flight=5)
+    await consumer.start()
+    await started.wait()
+    nsqd.faults.stall(3.0)  # nothing leaves the server: CLS goes unanswered
+    report = await consumer.stop(timeout=0.5)
+    assert report.timed_out and report.abandoned == 5
+    assert report.duration < 2.0, report  # 0.5 s and the close, not CLS's own 5 s nor the 3 s stall
+    await eventually(lambda: _requeued_count(nsqd, topic, 5), timeout=10, what="5 messages back in the channel")
+
+
+async def _requeued_count(nsqd, topic: str, count: int) -> bool:
+    stats = (await channel_stats([nsqd.http_address], topic, "ch"))[0]
+    return stats["in_flight_count"] == 0 and stats["depth"] + stats["deferred_count"] == count
+
+
 async def test_batches_yield_on_starvation_before_max_wait(nsqd):
     topic = unique("starved")
     await publish_spread([nsqd.tcp_address], topic, 10)

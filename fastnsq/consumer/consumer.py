@@ -20,6 +20,7 @@ What happens to a message is :mod:`.dispatch`'s job; where the topic lives,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -312,7 +313,7 @@ class Consumer:
             await self._topology.close()
         await self._ha.close()
         self._apply(self._rdy.set_max_in_flight(0))
-        await asyncio.gather(*(self._cls(link) for link in self._all_links()), return_exceptions=True)
+        await asyncio.gather(*(self._cls(link, timeout) for link in self._all_links()), return_exceptions=True)
         while self._queue:  # never handed out: back to nsqd now
             message = self._queue.popleft()
             if not message.has_responded:
@@ -323,15 +324,14 @@ class Consumer:
             assert self._drained is not None
             self._drained.clear()
             if self._in_flight_total():
-                try:
+                with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._drained.wait(), remaining)
-                except asyncio.TimeoutError:
-                    report.timed_out = True
         for link in self._all_links():
             for message in list(link.in_flight):
                 report.abandoned += 1
                 if not message.has_responded:
                     message.requeue(0, backoff=False)
+        report.timed_out = report.abandoned > 0  # also when CLS alone took the whole timeout
         self._dispatch.cancel_tasks()  # past the deadline: their messages were requeued above
         await asyncio.sleep(0)  # let the last answers be written
         await asyncio.gather(*(link.conn.close() for link in self._all_links()), return_exceptions=True)
@@ -346,10 +346,10 @@ class Consumer:
         if self._drained is not None and not self._in_flight_total():
             self._drained.set()
 
-    async def _cls(self, link: Link) -> None:
-        if link.conn.is_open:
+    async def _cls(self, link: Link, timeout: float) -> None:
+        if link.conn.is_open:  # an nsqd that does not answer CLS holds the drain for 5 s at most
             try:
-                await asyncio.wait_for(link.conn.cls(), 5.0)
+                await asyncio.wait_for(link.conn.cls(), min(5.0, timeout))
             except (NSQError, asyncio.TimeoutError, OSError) as exc:
                 self._log.debug("CLS on %s: %s", link, exc)
 
