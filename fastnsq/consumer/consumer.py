@@ -703,7 +703,7 @@ class Consumer:
         self._retiring.add(link)
         self._apply(self._rdy.remove_connection(link))
         link.fast = False
-        await self._cls(link)
+        await self._cls(link, timeout)
         assert self._loop is not None
         deadline = self._loop.time() + timeout
         while link.in_flight and self._loop.time() < deadline:
