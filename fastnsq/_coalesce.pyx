@@ -4,7 +4,7 @@
 Publishes for the same key (a topic, or a topic on one nsqd partition) made during
 one pass of the event loop are gathered into one :class:`Batch`; at the end of the
 pass the producer's flush callback turns each batch into one PUB or MPUB, and the
-command's answer resolves every publish of the batch at once (:meth:`Batch.resolve`).
+command's answer resolves every publish of the batch at once (the Batch is that command's answer).
 
 It holds futures and calls their methods; it knows nothing of sockets or NSQ.
 ``_coalesce_py.py`` is the pure-Python twin with the same API.
@@ -38,27 +38,47 @@ cdef Py_ssize_t body_size(object body) except -1:
 
 
 cdef class Batch:
-    """The publishes of one loop pass for one key: bodies, their futures, the MPUB size."""
+    """The publishes of one loop pass for one key: bodies, their futures, the MPUB size.
+
+    A Batch is also the answer its PUB/MPUB waits for on the connection (``done``,
+    ``set_result``, ``set_exception``: what the connection calls on a command's future): it
+    resolves its publishes in the read that brings nsqd's answer, with no future of its own and
+    no loop pass in between. ``on_settled``, when set, is called with the error (None: answered).
+    """
 
     cdef readonly list bodies
     cdef readonly list futures
     cdef readonly Py_ssize_t nbytes
     cdef Coalescer owner
+    cdef bint _settled
+    cdef public object on_settled
 
     def __len__(self):
         return len(self.bodies)
 
+    def done(self):
+        return self._settled
+
+    def set_result(self, result):
+        self._settle(result, None)
+
+    def set_exception(self, error):
+        self._settle(None, error)
+
     def resolve(self, sent):
-        """Done-callback of the PUB/MPUB future: resolve every publish of the batch with its outcome."""
-        cdef object error = None
-        cdef object result = None
-        cdef Py_ssize_t ok = 0
+        """Done-callback of a PUB/MPUB future: resolve every publish of the batch with its outcome."""
         if sent.cancelled():
-            error = ConnectionClosedError("the command was cancelled")
+            self._settle(None, ConnectionClosedError("the command was cancelled"))
+        elif sent.exception() is not None:
+            self._settle(None, sent.exception())
         else:
-            error = sent.exception()
-            if error is None:
-                result = sent.result()
+            self._settle(sent.result(), None)
+
+    cdef _settle(self, object result, object error):
+        cdef Py_ssize_t ok = 0
+        if self._settled:
+            return
+        self._settled = True
         for future in self.futures:
             if future.done():
                 continue
@@ -69,13 +89,12 @@ cdef class Batch:
                 future.set_exception(error)
         self.owner.published += ok
         self.owner.pending -= len(self.futures)
+        if self.on_settled is not None:
+            self.on_settled(error)
 
     def fail(self, error):
         """The batch could not be sent: every publish of it gets ``error``."""
-        for future in self.futures:
-            if not future.done():
-                future.set_exception(error)
-        self.owner.pending -= len(self.futures)
+        self._settle(None, error)
 
     def split(self, Py_ssize_t max_bytes, Py_ssize_t max_count):
         """Batches of at most ``max_bytes`` (MPUB body) and ``max_count`` messages, in order."""
@@ -99,6 +118,8 @@ cdef Batch _new_batch(Coalescer owner):
     batch.futures = []
     batch.nbytes = 4  # the MPUB message count
     batch.owner = owner
+    batch._settled = False
+    batch.on_settled = None
     return batch
 
 

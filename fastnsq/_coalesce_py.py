@@ -27,29 +27,49 @@ def body_size(body: Any) -> int:
 
 
 class Batch:
-    """The publishes of one loop pass for one key: bodies, their futures, the MPUB size."""
+    """The publishes of one loop pass for one key: bodies, their futures, the MPUB size.
 
-    __slots__ = ("bodies", "futures", "nbytes", "owner")
+    A Batch is also the answer its PUB/MPUB waits for on the connection (``done``,
+    ``set_result``, ``set_exception``: what the connection calls on a command's future): it
+    resolves its publishes in the read that brings nsqd's answer, with no future of its own and
+    no loop pass in between. ``on_settled``, when set, is called with the error (None: answered).
+    """
+
+    __slots__ = ("_settled", "bodies", "futures", "nbytes", "on_settled", "owner")
 
     def __init__(self, owner: Coalescer) -> None:
         self.bodies: list[Any] = []
         self.futures: list[asyncio.Future[Any]] = []
         self.nbytes = 4  # the MPUB message count
         self.owner = owner
+        self._settled = False
+        self.on_settled: Callable[[BaseException | None], object] | None = None
 
     def __len__(self) -> int:
         return len(self.bodies)
 
+    def done(self) -> bool:
+        return self._settled
+
+    def set_result(self, result: Any) -> None:
+        self._settle(result, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._settle(None, error)
+
     def resolve(self, sent: asyncio.Future[Any]) -> None:
-        """Done-callback of the PUB/MPUB future: resolve every publish of the batch with its outcome."""
-        error: BaseException | None
-        result = None
+        """Done-callback of a PUB/MPUB future: resolve every publish of the batch with its outcome."""
         if sent.cancelled():
-            error = ConnectionClosedError("the command was cancelled")
+            self._settle(None, ConnectionClosedError("the command was cancelled"))
+        elif sent.exception() is not None:
+            self._settle(None, sent.exception())
         else:
-            error = sent.exception()
-            if error is None:
-                result = sent.result()
+            self._settle(sent.result(), None)
+
+    def _settle(self, result: Any, error: BaseException | None) -> None:
+        if self._settled:
+            return
+        self._settled = True
         ok = 0
         for future in self.futures:
             if future.done():
@@ -61,13 +81,12 @@ class Batch:
                 future.set_exception(error)
         self.owner.published += ok
         self.owner.pending -= len(self.futures)
+        if self.on_settled is not None:
+            self.on_settled(error)
 
     def fail(self, error: BaseException) -> None:
         """The batch could not be sent: every publish of it gets ``error``."""
-        for future in self.futures:
-            if not future.done():
-                future.set_exception(error)
-        self.owner.pending -= len(self.futures)
+        self._settle(None, error)
 
     def split(self, max_bytes: int, max_count: int) -> list[Batch]:
         """Batches of at most ``max_bytes`` (MPUB body) and ``max_count`` messages, in order."""

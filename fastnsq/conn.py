@@ -28,7 +28,7 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
 from ._protocol import HEARTBEAT, MAX_EXT_SIZE, MESSAGE_HEADER_SIZE, OK
@@ -46,7 +46,19 @@ from .errors import (
 if TYPE_CHECKING:
     from .compression import CompressionStream
 
-__all__ = ["STATE_CLOSED", "STATE_CLOSING", "STATE_CONNECTED", "STATE_INIT", "STATE_SUBSCRIBED", "Connection"]
+__all__ = ["STATE_CLOSED", "STATE_CLOSING", "STATE_CONNECTED", "STATE_INIT", "STATE_SUBSCRIBED", "Answer", "Connection"]
+
+
+class Answer(Protocol):
+    """What a command's answer goes to: an ``asyncio.Future`` by default. A publisher may pass its
+    own (``publish(..., answer=)``): it is answered within the read that brings nsqd's answer,
+    with no future and no loop pass in between, so it must not raise and must not block."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Any, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +129,7 @@ class Connection(asyncio.BufferedProtocol):
         self._on_error = on_error
         self._loop: asyncio.AbstractEventLoop | None = None
         self._transport: asyncio.Transport | None = None
-        self._pending: deque[tuple[asyncio.Future[Any], int]] = deque()
+        self._pending: deque[tuple[Answer, int]] = deque()
         # When commands went out, for expire_pending() and the round trips: (commands expected up to
         # then, time.perf_counter() of the write), one entry per write rather than per command, and
         # nothing kept once answered. Not the loop's clock: uvloop's is in ms, cached per pass.
@@ -394,22 +406,24 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- public API: publishing -------------------------------------------------------
 
-    def publish(self, topic: str, body: Any, *, partition: int | None = None) -> asyncio.Future[Any]:
-        """PUB; the future resolves with nsqd's answer (``b"OK"``)."""
+    def publish(self, topic: str, body: Any, *, partition: int | None = None, answer: Any = None) -> Any:
+        """PUB; the future (or ``answer``, see :class:`Answer`) gets nsqd's answer (``b"OK"``)."""
         # _check_open and _expect written out: this is the per-message path of coalesce=False.
         if self._transport is None or self.state in _NOT_OPEN:
             self._check_open("PUB")
         self._wbuf.pub(topic, body, partition)
-        future: asyncio.Future[Any] = self._loop.create_future()  # type: ignore[union-attr]
-        self._pending.append((future, KIND_PUBLISH))
+        if answer is None:
+            answer = self._loop.create_future()  # type: ignore[union-attr]
+        self._pending.append((answer, KIND_PUBLISH))
         if not self._flush_scheduled:
             self._schedule_flush()
-        return future
+        return answer
 
-    def mpublish(self, topic: str, bodies: Sequence[Any], *, partition: int | None = None) -> asyncio.Future[Any]:
+    def mpublish(self, topic: str, bodies: Sequence[Any], *, partition: int | None = None, answer: Any = None) -> Any:
+        """MPUB; as :meth:`publish`."""
         self._check_open("MPUB")
         self._wbuf.mpub(topic, bodies, partition)
-        return self._expect(KIND_PUBLISH)
+        return self._expect(KIND_PUBLISH, answer)
 
     def dpublish(self, topic: str, defer_ms: int, body: Any) -> asyncio.Future[Any]:
         self._check_open("DPUB")
@@ -622,12 +636,13 @@ class Connection(asyncio.BufferedProtocol):
         if plain:
             self._reader.feed(plain)
 
-    def _expect(self, kind: int) -> asyncio.Future[Any]:
-        assert self._loop is not None
-        future: asyncio.Future[Any] = self._loop.create_future()
-        self._pending.append((future, kind))
+    def _expect(self, kind: int, answer: Any = None) -> Any:
+        if answer is None:
+            assert self._loop is not None
+            answer = self._loop.create_future()
+        self._pending.append((answer, kind))
         self._schedule_flush()
-        return future
+        return answer
 
     def _check_open(self, command: str) -> None:
         if self.state in _NOT_OPEN or self._transport is None:

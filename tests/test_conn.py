@@ -263,6 +263,60 @@ async def test_commands_of_one_loop_pass_go_out_in_one_write(nsqd):
     await conn.close()
 
 
+class RecordingAnswer:
+    """A command's answer that is not a future (conn.Answer): records what it got, and whether the
+    connection was still inside the read of nsqd's answer then (no loop pass in between)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.outcomes: list[object] = []
+        self.in_read: list[bool] = []
+
+    def done(self) -> bool:
+        return bool(self.outcomes)
+
+    def set_result(self, result: object) -> None:
+        self.outcomes.append(result)
+        self.in_read.append(self.conn._in_read)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self.set_result(exception)
+
+
+async def test_an_answer_object_is_answered_in_the_read(nsqd):
+    conn = Connection(nsqd.tcp_address)
+    await conn.connect()
+    topic = unique("answer")
+    one, many = RecordingAnswer(conn), RecordingAnswer(conn)
+    assert conn.publish(topic, b"one", answer=one) is one
+    assert conn.mpublish(topic, [b"a", b"b"], answer=many) is many
+    await eventually(lambda: one.done() and many.done(), what="both answers")
+    assert one.outcomes == [b"OK"] and many.outcomes == [b"OK"]
+    assert one.in_read == [True] and many.in_read == [True]
+    lost = RecordingAnswer(conn)
+    conn.publish(topic, b"never answered", answer=lost)
+    conn.abort()  # before the write: the answer gets the connection's error
+    assert len(lost.outcomes) == 1 and isinstance(lost.outcomes[0], ConnectionClosedError)
+
+
+async def test_held_writes_go_out_in_one_write_at_the_release(nsqd):
+    conn = Connection(nsqd.tcp_address)
+    await conn.connect()
+    writes: list[int] = []
+    transport = conn._transport
+    original = transport.write
+    transport.write = lambda data: (writes.append(len(data)), original(data))[1]
+    topic = unique("held")
+    assert conn.hold_writes()
+    futures = [conn.publish(topic, b"m%d" % i) for i in range(3)]
+    assert writes == []
+    conn.release_writes()
+    assert len(writes) == 1  # at the release itself, not a loop pass later
+    assert await asyncio.gather(*futures) == [b"OK"] * 3
+    assert len(writes) == 1  # and no second, empty one
+    await conn.close()
+
+
 async def test_cls_answers_close_wait_and_keeps_fin_legal(nsqd):
     received: list = []
     conn = Connection(nsqd.tcp_address, on_message=received.append)

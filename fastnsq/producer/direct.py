@@ -9,11 +9,11 @@ connection hands each of its messages to the producer's retrying path (``failed`
 
 from __future__ import annotations
 
-import functools
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import ConnectionClosedError, InvalidValueError, NoConnectionError
+from ..errors import InvalidValueError, NoConnectionError
 from .ha import HAProducer
 from .messages import MPUB_FRAMING, body_size, check_message_size, mpub_chunks
 from .pool import ConnectionPool
@@ -71,35 +71,79 @@ class DirectPublisher:
         held = conn.hold_writes()  # this hand-over is the whole batch: written at once, not a pass later
         try:
             for chunk in chunks:
+                answer = _Answer(self, topic, chunk, self._ha.timer(conn.address))
                 try:
                     if len(chunk) == 1:
-                        sent = conn.publish(topic, chunk[0][0])
+                        conn.publish(topic, chunk[0][0], answer=answer)
                     else:
-                        sent = conn.mpublish(topic, [body for body, _ in chunk])
+                        conn.mpublish(topic, [body for body, _ in chunk], answer=answer)
                 except Exception as exc:  # noqa: BLE001 - e.g. the connection closed during this pass
                     for body, done in chunk:
                         self._failed(topic, body, done, exc)
                     continue
                 self.pending += len(chunk)
-                sent.add_done_callback(functools.partial(self._answered, topic, chunk))
-                self._ha.timed(conn.address, sent)
         finally:
             if held:
                 conn.release_writes()
             else:
                 conn.flush()
 
-    def _answered(self, topic: str, chunk: list[tuple[Any, Done]], sent: Any) -> None:
+    def _answered(self, topic: str, chunk: list[tuple[Any, Done]], error: BaseException | None, answer: Any) -> None:
         self.pending -= len(chunk)
-        error = ConnectionClosedError("the command was cancelled") if sent.cancelled() else sent.exception()
         if error is None:
-            answer = sent.result()
             self.published += len(chunk)
             for _, done in chunk:
-                done(answer, None)
+                _call_done(done, answer, None)
             return
         for body, done in chunk:
-            self._failed(topic, body, done, error)
+            try:
+                self._failed(topic, body, done, error)
+            except Exception as exc:  # noqa: BLE001 - an answer must not raise into the connection's read
+                _report(exc)
+
+
+class _Answer:
+    """One command's answer (the connection's :class:`~fastnsq.conn.Answer`): its callers get the
+    outcome in the read that brings it, with no future and no loop pass in between."""
+
+    __slots__ = ("_chunk", "_owner", "_settled", "_timer", "_topic")
+
+    def __init__(self, owner: DirectPublisher, topic: str, chunk: list[tuple[Any, Done]],
+                 timer: Callable[[BaseException | None], None]) -> None:
+        self._owner = owner
+        self._topic = topic
+        self._chunk = chunk
+        self._timer = timer
+        self._settled = False
+
+    def done(self) -> bool:
+        return self._settled
+
+    def set_result(self, result: Any) -> None:
+        self._settle(None, result)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self._settle(exception, None)
+
+    def _settle(self, error: BaseException | None, answer: Any) -> None:
+        if self._settled:
+            return
+        self._settled = True
+        self._timer(error)
+        self._owner._answered(self._topic, self._chunk, error, answer)
+
+
+def _call_done(done: Done, answer: Any, error: BaseException | None) -> None:
+    try:
+        done(answer, error)
+    except Exception as exc:  # noqa: BLE001 - a caller's callback must not raise into the connection's read
+        _report(exc)
+
+
+def _report(exc: BaseException) -> None:
+    asyncio.get_running_loop().call_exception_handler(
+        {"message": "a publish's answer callback raised", "exception": exc}
+    )
 
 
 def _no_header(item: tuple[Any, Done]) -> int:

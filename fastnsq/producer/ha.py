@@ -86,6 +86,18 @@ class HAProducer:
 
     # ---- the per-node figures ------------------------------------------------------------
 
+    def timer(self, address: str) -> Callable[[BaseException | None], None]:
+        """:meth:`timed` for an answer that is not a future: call the result with the command's
+        error (None: answered) when it is answered."""
+        sent = time.perf_counter()
+        loads = self.loads
+
+        def answered(error: BaseException | None) -> None:
+            if error is None:
+                loads.record(address, time.perf_counter() - sent)
+
+        return answered
+
     def timed(self, address: str, future: asyncio.Future[Any]) -> None:
         """Record the round trip of the command ``future`` answers, when it is answered."""
         sent = time.perf_counter()  # a real clock: uvloop's loop.time() is in ms, cached per pass

@@ -741,17 +741,18 @@ class Producer:
                 else:
                     parts = batch.split(self._mpub_limit, self._mpub_max_count)
                 for index, part in enumerate(parts):
+                    # The part is the command's answer: nsqd's answer resolves its publishes in the
+                    # read that brings it (no future, no loop pass in between).
+                    part.on_settled = ha.timer(conn.address)
                     try:
                         if len(part) == 1:
-                            sent = conn.publish(topic, part.bodies[0], partition=pid)
+                            conn.publish(topic, part.bodies[0], partition=pid, answer=part)
                         else:
-                            sent = conn.mpublish(topic, part.bodies, partition=pid)
+                            conn.mpublish(topic, part.bodies, partition=pid, answer=part)
                     except Exception as exc:  # noqa: BLE001 - e.g. the connection closed during this pass: every part fails with it
                         for unsent in parts[index:]:
                             unsent.fail(exc)
                         break
-                    sent.add_done_callback(part.resolve)
-                    ha.timed(conn.address, sent)
                 if len(batch) >= _FLUSH_AT or batch.nbytes >= _FLUSH_BYTES:
                     conn.flush()  # a full batch: let nsqd start on it while this pass goes on
         finally:
