@@ -203,6 +203,11 @@ def run_point(row: Row, server: Server, rate: int, topic: str, args: argparse.Na
     return point
 
 
+def _cpu_seconds(result: dict[str, Any]) -> float:
+    """A driver's CPU: fastnsq's reports ``cpu_s``, gonsq_latency user and system apart."""
+    return float(result.get("cpu_s") or result.get("cpu_user_s", 0) + result.get("cpu_sys_s", 0))
+
+
 def beyond_saturation(point: dict[str, Any]) -> bool:
     rate = point["rate"]
     for side in ("pub", "sub"):
@@ -231,8 +236,12 @@ def summarize(rows: list[Row], points: list[dict[str, Any]]) -> list[dict[str, A
                     entry[f"pub_{key}"] = statistics.median(pubs) if pubs else None
                 entry["e2e_p99_rounds"] = [round(p["sub"]["latency_ms"]["p99"], 3) for p in ok]
                 entry["achieved_rate"] = statistics.median(p["sub"]["achieved_rate"] for p in ok)
+                entry["e2e_p999_rounds"] = [round(p["sub"]["latency_ms"]["p999"], 3) for p in ok]
                 cpu = [p["nsqd_cpu_us_per_msg"] for p in ok if "nsqd_cpu_us_per_msg" in p]
                 entry["nsqd_cpu_us_per_msg"] = statistics.median(cpu) if cpu else None
+                for side in ("pub", "sub"):  # each process's CPU over all its messages (warm-up and cool-down too)
+                    per = [_cpu_seconds(p[side]) / p[side]["count"] * 1e6 for p in ok if p[side].get("count")]
+                    entry[f"{side}_cpu_us_per_msg"] = statistics.median(per) if per else None
                 entry["load"] = [round(p["load_before"], 2) for p in mine]
             # Beyond saturation when most rounds were.
             entry["saturated"] = sum(p["saturated"] for p in mine) * 2 > len(mine) or not ok
@@ -257,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patterns", action="store_true",
                         help="the publishing patterns of applications (a task per message, 100 request tasks, "
                              "8 blocking threads) against go-nsq's, one consumer for all, instead of the client rows")
+    parser.add_argument("--port-base", type=int, default=run_all.REAL_PORT_BASE,
+                        help="nsqd's TCP and HTTP ports: the first free pair from here")
     parser.add_argument("--only", help="only the rows whose name contains this (alternatives separated by |)")
     parser.add_argument("--readme", action="store_true", help="put the table into README.md")
     parser.add_argument("--report", type=Path, help="render this JSON again instead of measuring")
@@ -265,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     import latency_report
 
     if args.report is not None:
-        latency_report.render(json.loads(args.report.read_text()), args.report, readme=args.readme)
+        document = json.loads(args.report.read_text())
+        stored = [Row(r["name"], r["client"], r["config"], [], []) for r in document["rows"]]
+        document["summary"] = summarize(stored, document["points"])  # the figures this code adds, too
+        latency_report.render(document, args.report, readme=args.readme)
         return 0
     if args.real is None:
         raise SystemExit("--real BIN: the latency benchmark runs against a real nsqd only")
@@ -275,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         wanted = args.only.split("|")
         rows = [row for row in rows if any(w in row.name for w in wanted)]
     rates = [int(r) for r in args.rates.split(",")]
-    server = Server(None, None, None, real_bin=args.real, mem_queue_size=args.mem_queue_size)
+    server = Server(None, None, None, real_bin=args.real, mem_queue_size=args.mem_queue_size, port_base=args.port_base)
     server.start()
     points: list[dict[str, Any]] = []
     try:

@@ -212,15 +212,45 @@ def patterns_markdown(data: dict[str, Any], json_name: str) -> str:
             pub = " / ".join(f"{e['pub_p99']:.2f}" if e and e.get("pub_p99") is not None else "–"
                              for e in (other, entry))
             lines.append(f"| {entry['rate']:,} | {_cell(other)} | {_cell(entry)} | {pub} | {verdict} |")
+        lines += ["", ("CPU per message (µs; publisher and consumer over all their messages, nsqd over the window) "
+                  "and each round's end-to-end p99.9 (ms):"), "",
+                  ("| rate (msg/s) | go-nsq: publisher / consumer / nsqd | fastnsq: publisher / consumer / nsqd "
+                  "| p99.9 rounds go-nsq | p99.9 rounds fastnsq |"), "|---:|---:|---:|---|---|"]
+        for entry in ours:
+            other = theirs.get(entry["rate"])
+            lines.append(f"| {entry['rate']:,} | {_cpu_cell(other)} | {_cpu_cell(entry)} | "
+                         f"{_rounds(other)} | {_rounds(entry)} |")
         lines.append("")
     return "\n".join(lines)
+
+
+def _cpu_cell(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "–"
+    return " / ".join("–" if entry.get(key) is None else f"{entry[key]:.1f}"
+                      for key in ("pub_cpu_us_per_msg", "sub_cpu_us_per_msg", "nsqd_cpu_us_per_msg"))
+
+
+def _rounds(entry: dict[str, Any] | None) -> str:
+    return ", ".join(f"{v:.2f}" for v in (entry or {}).get("e2e_p999_rounds", [])) or "–"
+
+
+#: latency-patterns.md keeps what follows this line when the tables above it are rendered again.
+KEPT_MARKER = "<!-- written by hand below: kept when latency_report.py renders the tables again -->"
+
+
+def _kept_part(path: Path) -> str:
+    text = path.read_text() if path.exists() else ""
+    return text[text.index(KEPT_MARKER):] if KEPT_MARKER in text else ""
 
 
 def render(data: dict[str, Any], json_path: Path, *, readme: bool = False) -> None:
     resolved = json_path.resolve()
     if data.get("settings", {}).get("patterns"):
         json_name = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
-        (RESULTS / "latency-patterns.md").write_text(patterns_markdown(data, json_name) + "\n")
+        target = RESULTS / "latency-patterns.md"
+        kept = _kept_part(target)
+        target.write_text(patterns_markdown(data, json_name) + "\n" + (f"\n{kept}" if kept else ""))
         print((RESULTS / "latency-patterns.md").read_text())
         return
     json_name = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
