@@ -7,7 +7,9 @@ FINed when that nsqd answers OK, and requeued (with backoff) when it fails, the 
 then marked down. A batch's publish runs as a task, so several batches are on the wire at once
 (all within max in flight). Destinations: ``--destination-nsqd-tcp-address`` (a Producer per
 nsqd, as nsq_to_nsq), or ``--destination-lookupd-http-address`` (ours: one Producer that finds
-them). Youzan's HA cluster as a destination is a later step (its partitions and MPUB_EXT).
+them). Across dialects (:mod:`.crossing`, with ``--destination-lookupd-http-address``): to a
+partitioned youzan HA topic, with a sharding key from a JSON field, its ext headers and trace ids
+carried; a batch then goes out as one MPUB per partition, each part answered by its own outcome.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import time
 from typing import Any
 
 from ..producer import Producer
+from ..sharding import murmur3_32
+from ..topology import TopicRoute, Topology
+from .crossing import Crossing, Part
 from .hostpool import HostPool
 from .jsonfilter import JsonFilter, Verdict
 from .status import StatusLine
@@ -36,7 +41,8 @@ class ToNsq:
     def __init__(self, *, channel: str, destinations: list[str], destination_lookupd: list[str] | None = None,
                  destination_topic: str = "", mode: str = "hostpool", producer_options: dict[str, Any] | None = None,
                  require_json_field: str = "", require_json_value: str = "",
-                 whitelist_json_fields: list[str] | None = None, status_every: int = 250) -> None:
+                 whitelist_json_fields: list[str] | None = None, sharding_key_json_field: str = "",
+                 status_every: int = 250) -> None:
         self.channel = channel
         self.destinations = list(destinations)
         self.destination_lookupd = list(destination_lookupd or [])
@@ -44,6 +50,8 @@ class ToNsq:
         self.producer_options = dict(producer_options or {})
         self.filter = JsonFilter(require_json_field, require_json_value, whitelist_json_fields or ())
         self.pool = HostPool(self.destinations or [LOOKUPD], mode)
+        self.crossing = Crossing(sharding_key_json_field, self.producer_options.get("hasher") or murmur3_32)
+        self.routes: Topology | None = None  # the destination topic's partitions, with its lookupds
         self.producers: dict[str, Producer] = {}
         self.topic = destination_topic
         self.publishing: set[asyncio.Task[None]] = set()
@@ -58,6 +66,8 @@ class ToNsq:
                 self.producers[address] = Producer([address], **options)
         else:
             self.producers[LOOKUPD] = Producer(lookupd_http_addresses=self.destination_lookupd, **options)
+            self.routes = Topology(self.destination_lookupd, access="w",
+                                   poll_interval=float(options.get("lookupd_poll_interval", 60.0)))
         for producer in self.producers.values():
             await producer.start(background=True)  # a destination down at start: retried, as go-nsq's
 
@@ -87,26 +97,44 @@ class ToNsq:
         return passing, bodies
 
     async def _publish(self, messages: list[Any], bodies: list[bytes]) -> None:
+        try:
+            parts = self.crossing.split(await self._route(), messages, bodies)
+        except Exception as exc:  # noqa: BLE001 - lookupd down: requeued, tried again later
+            self._failed(messages, LOOKUPD, exc)
+            return
+        if len(parts) == 1:
+            await self._publish_part(parts[0])
+        else:
+            await asyncio.gather(*(self._publish_part(part) for part in parts))
+
+    async def _route(self) -> TopicRoute | None:
+        """The destination topic's route: kept by the Topology for its poll interval (no wait then)."""
+        return None if self.routes is None else await self.routes.route(self.topic)
+
+    async def _publish_part(self, part: Part) -> None:
         address = self.pool.get()
         began = time.monotonic()
         try:
-            await self.producers[address].mpublish(self.topic, bodies)
+            await self.producers[address].mpublish(self.topic, part.bodies, **part.publish_options())
         except Exception as exc:  # noqa: BLE001 - every failure requeues; the next batch may go elsewhere
-            self.pool.mark(address, False)
-            logger.warning("publishing %d messages to %s (%s) failed: %s; requeueing them", len(messages),
-                           address, self.topic, exc)
-            for message in messages:
-                if not message.has_responded:
-                    message.requeue()
+            self._failed(part.messages, address, exc)
             return
         self.pool.mark(address, True)
-        for message in messages:
+        for message in part.messages:
             if not message.has_responded:
                 message.finish()
         took = time.monotonic() - began
-        self.status.record(took, len(messages))
+        self.status.record(took, len(part.messages))
         if address in self.per_destination:
-            self.per_destination[address].record(took, len(messages))
+            self.per_destination[address].record(took, len(part.messages))
+
+    def _failed(self, messages: list[Any], address: str, exc: Exception) -> None:
+        self.pool.mark(address, False)
+        logger.warning("publishing %d messages to %s (%s) failed: %s; requeueing them", len(messages),
+                       address, self.topic, exc)
+        for message in messages:
+            if not message.has_responded:
+                message.requeue()
 
     async def drain(self) -> None:
         """Wait for the batches on the wire: their answers FIN or requeue them."""
@@ -117,3 +145,5 @@ class ToNsq:
         await self.drain()
         for producer in self.producers.values():
             await producer.close()
+        if self.routes is not None:
+            await self.routes.close()
