@@ -69,3 +69,49 @@ def require_servers(args: argparse.Namespace) -> None:
 
 def log_level(args: argparse.Namespace) -> str:
     return "DEBUG" if args.debug else LOG_LEVELS[args.log_level]
+
+
+def add_app_parser(commands: Any, parents: list[argparse.ArgumentParser], name: str, *, help: str,
+                   description: str, epilog: str) -> argparse.ArgumentParser:
+    """The app's subcommand, with the shared parents (the common and connection flags)."""
+    return commands.add_parser(name, parents=parents, help=help, description=description, epilog=epilog,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_http_timeouts(group: Any, *, request_default: str, note: str = "") -> None:
+    """nsq's apps' --http-client-connect-timeout (2s) and --http-client-request-timeout."""
+    group.add_argument("--http-client-connect-timeout", type=duration_arg, default=2.0, metavar="DURATION",
+                       help=f"timeout for HTTP connect (default 2s{note})")
+    group.add_argument("--http-client-request-timeout", type=duration_arg, default=parse_duration(request_default),
+                       metavar="DURATION", help=f"timeout for HTTP request (default {request_default}{note})")
+
+
+def check_http_timeouts(args: argparse.Namespace) -> None:
+    for flag in ("http_client_connect_timeout", "http_client_request_timeout"):
+        if getattr(args, flag) <= 0:
+            raise UsageError(f"--{flag.replace('_', '-')} should be positive")
+
+
+def run_app_from(args: argparse.Namespace, *, name: str, target: str, topics: list[str],
+                 handler_options: dict[str, Any], consumer: dict[str, Any] | None = None,
+                 **more: Any) -> int:
+    """Run the app on the worker runtime with the shared flags (servers, --channel,
+    --max-in-flight, --consumer-opt, the runtime's); ``more``: the rest of
+    :class:`~fastnsq.apps.hosting.AppRun`'s fields. A bad setting is a usage error."""
+    from ..apps.hosting import AppRun, SettingsError, run_app
+
+    app = AppRun(
+        name=name, target=target, topic="", topics=topics, channel=args.channel,
+        nsqd_tcp_addresses=args.nsqd_tcp_address, lookupd_http_addresses=args.lookupd_http_address,
+        max_in_flight=args.max_in_flight,
+        consumer_options=consumer_options(args) if consumer is None else consumer,
+        handler_options=handler_options,
+        # A quarter of max in flight a batch: several on the wire while nsqd refills the rest.
+        batch_size=max(1, args.max_in_flight // 4),
+        metrics_port=args.metrics_port, http_host=args.http_host, drain_timeout=args.drain_timeout,
+        log_level=log_level(args), **more,
+    )
+    try:
+        return run_app(app)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from None

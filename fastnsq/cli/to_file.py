@@ -7,7 +7,16 @@ import re
 from typing import Any
 
 from ..apps.goflags import add_bool
-from ._apps import add_consume_flags, consumer_options, duration_arg, log_level, require_servers
+from ._apps import (
+    add_app_parser,
+    add_consume_flags,
+    add_http_timeouts,
+    check_http_timeouts,
+    consumer_options,
+    duration_arg,
+    require_servers,
+    run_app_from,
+)
 from ._common import UsageError
 
 _EPILOG = """\
@@ -18,20 +27,15 @@ the file that holds it is written and fsynced. Beyond nsq_to_file: --zstd, --for
 
 
 def _build_to_file(commands: Any, common: argparse.ArgumentParser, client: argparse.ArgumentParser) -> None:
-    sub = commands.add_parser(
-        "to-file", parents=[common, client], help="archive topics to files (nsq_to_file)",
-        description="Write the messages of TOPIC to files, one body per line (nsq_to_file, faster).",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    sub = add_app_parser(commands, [common, client], "to-file", help="archive topics to files (nsq_to_file)",
+                         description="Write the messages of TOPIC to files, one body per line (nsq_to_file, "
+                                     "faster).", epilog=_EPILOG)
     what = add_consume_flags(sub, app="nsq_to_file")
     what.add_argument("--topic-pattern", default="", metavar="REGEX",
                       help="only log topics matching the following pattern")
     what.add_argument("--topic-refresh", type=duration_arg, default=60.0, metavar="DURATION",
                       help="how frequently the topic list should be refreshed (default 1m)")
-    what.add_argument("--http-client-connect-timeout", type=duration_arg, default=2.0, metavar="DURATION",
-                      help="timeout for HTTP connect (checked; lookupd requests use the Consumer's)")
-    what.add_argument("--http-client-request-timeout", type=duration_arg, default=5.0, metavar="DURATION",
-                      help="timeout for HTTP request (checked; lookupd requests use the Consumer's)")
+    add_http_timeouts(what, request_default="5s", note="; checked, lookupd requests use the Consumer's")
     files = sub.add_argument_group("files (nsq_to_file's flags)")
     files.add_argument("--output-dir", default="/tmp", metavar="DIR", help="directory to write output files to")
     files.add_argument("--work-dir", default="", metavar="DIR",
@@ -102,16 +106,12 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--topic-refresh {args.topic_refresh}: must be more than 0")
     if args.sync_interval <= 0:
         raise UsageError(f"--sync-interval {args.sync_interval}: must be more than 0")
-    for flag in ("http_client_connect_timeout", "http_client_request_timeout"):
-        if getattr(args, flag) <= 0:
-            raise UsageError(f"--{flag.replace('_', '-')} should be positive")
+    check_http_timeouts(args)
 
 
 def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..apps.filelog import FileLog, FileOptions, make_encoder
     from ..apps.filenames import FilenameError, host_identifier
-    from ..apps.hosting import AppRun, SettingsError, run_app
-
     _check(args)
     files = file_options(args)
     # Given topics are taken as they are, but those the pattern rejects (nsq_to_file's rule);
@@ -129,18 +129,9 @@ def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     # The express lane trades RDY for latency at low rates; an archive holds its messages until
     # the sync anyway, and the lane's small RDY would count as starved and sync every few messages.
     consumer.setdefault("express_lane", False)
-    app = AppRun(
-        name="to-file", target="fastnsq.apps.to_file:ToFile", topic="", topics=topics, channel=args.channel,
+    return run_app_from(
+        args, name="to-file", target="fastnsq.apps.to_file:ToFile", topics=topics, consumer=consumer,
         topic_pattern="" if args.topic else args.topic_pattern, topic_refresh=args.topic_refresh,
-        nsqd_tcp_addresses=args.nsqd_tcp_address, lookupd_http_addresses=args.lookupd_http_address,
-        max_in_flight=args.max_in_flight, consumer_options=consumer,
         handler_options={"channel": args.channel, "max_in_flight": args.max_in_flight,
                          "sync_interval": args.sync_interval, "file": files, "status_every": args.status_every},
-        batch_size=max(1, args.max_in_flight // 4),
-        metrics_port=args.metrics_port, http_host=args.http_host, drain_timeout=args.drain_timeout,
-        log_level=log_level(args),
     )
-    try:
-        return run_app(app)
-    except SettingsError as exc:
-        raise UsageError(str(exc)) from None

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._apps import add_consume_flags, consumer_options, duration_arg, log_level, require_servers
+from ._apps import (
+    add_app_parser,
+    add_consume_flags,
+    add_http_timeouts,
+    check_http_timeouts,
+    require_servers,
+    run_app_from,
+)
 from ._common import UsageError, int_at_least
 
 _EPILOG = """\
@@ -17,11 +24,9 @@ Beyond nsq_to_http: --batch N (up to N bodies a POST, newline-delimited), --mode
 
 
 def _build_to_http(commands: Any, common: argparse.ArgumentParser, client: argparse.ArgumentParser) -> None:
-    sub = commands.add_parser(
-        "to-http", parents=[common, client], help="feed topics to HTTP services (nsq_to_http)",
-        description="Consume TOPIC and make an HTTP request per message (nsq_to_http), or per batch (--batch).",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    sub = add_app_parser(commands, [common, client], "to-http", help="feed topics to HTTP services (nsq_to_http)",
+                         description="Consume TOPIC and make an HTTP request per message (nsq_to_http), or per "
+                                     "batch (--batch).", epilog=_EPILOG)
     add_consume_flags(sub, app="nsq_to_http")
     out = sub.add_argument_group("requests (nsq_to_http's flags)")
     out.add_argument("--post", action="append", default=[], metavar="URL",
@@ -41,10 +46,7 @@ def _build_to_http(commands: Any, common: argparse.ArgumentParser, client: argpa
                      help="number of concurrent publishers (requests at once; default 100)")
     out.add_argument("--sample", type=float, default=1.0, metavar="0-1",
                      help="%% of messages to publish (float b/w 0 -> 1)")
-    out.add_argument("--http-client-connect-timeout", type=duration_arg, default=2.0, metavar="DURATION",
-                     help="timeout for HTTP connect (default 2s)")
-    out.add_argument("--http-client-request-timeout", type=duration_arg, default=20.0, metavar="DURATION",
-                     help="timeout for HTTP request (default 20s)")
+    add_http_timeouts(out, request_default="20s")
     out.add_argument("--status-every", type=int, default=250, metavar="N",
                      help="the # of requests between logging status (per handler), 0 disables")
     out.add_argument("--batch", type=int_at_least(1), default=1, metavar="N",
@@ -81,21 +83,14 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--sample {args.sample}: must be between 0 and 1")
     if args.batch > 1 and args.get:
         raise UsageError(f"--batch {args.batch}: only with --post (a GET carries one body)")
-    for flag in ("http_client_connect_timeout", "http_client_request_timeout"):
-        if getattr(args, flag) <= 0:
-            raise UsageError(f"--{flag.replace('_', '-')} should be positive")
+    check_http_timeouts(args)
 
 
 def _run_to_http(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..apps.hosting import AppRun, SettingsError, run_app
-
     _check(args)
-    app = AppRun(
-        name="to-http", target="fastnsq.apps.to_http:ToHttp", topic="", topics=list(dict.fromkeys(args.topic)),
-        channel=args.channel, nsqd_tcp_addresses=args.nsqd_tcp_address,
-        lookupd_http_addresses=args.lookupd_http_address, max_in_flight=args.max_in_flight,
-        consumer_options=consumer_options(args), batch_size=max(1, args.max_in_flight // 4), batch_wait=0.005,
-        handler_options={
+    return run_app_from(
+        args, name="to-http", target="fastnsq.apps.to_http:ToHttp", topics=list(dict.fromkeys(args.topic)),
+        batch_wait=0.005, handler_options={
             "method": "POST" if args.post else "GET", "addresses": args.post or args.get, "mode": args.mode,
             "concurrency": args.n, "headers": parse_headers(args.header),
             "content_type": args.content_type or "application/octet-stream",
@@ -103,10 +98,4 @@ def _run_to_http(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
             "request_timeout": args.http_client_request_timeout, "sample": args.sample,
             "per_request": args.batch, "status_every": args.status_every,
         },
-        metrics_port=args.metrics_port, http_host=args.http_host, drain_timeout=args.drain_timeout,
-        log_level=log_level(args),
     )
-    try:
-        return run_app(app)
-    except SettingsError as exc:
-        raise UsageError(str(exc)) from None

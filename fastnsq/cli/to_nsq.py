@@ -5,24 +5,21 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ._apps import add_consume_flags, consumer_options, log_level, require_servers
+from ._apps import add_app_parser, add_consume_flags, require_servers, run_app_from
 from ._common import UsageError, http_address_arg, nsqd_address_arg, passthrough_options, topic_arg
 
 _EPILOG = """\
 Flags as nsq_to_nsq's (one dash or two: -topic=events works). Each batch goes out as one MPUB;
 its messages are FINed when the destination nsqd answers OK, requeued when it fails. Beyond
-nsq_to_nsq: --destination-lookupd-http-address, --metrics-port, --drain-timeout, and youzan's
-partitioned (HA) topics on either side: --sharding-key-json-field, ext headers and trace ids
-carried from an HA topic to an HA topic. docs/apps.md maps every nsq_to_nsq flag.
+nsq_to_nsq: --destination-lookupd-http-address, --metrics-port, --drain-timeout. docs/apps.md
+maps every nsq_to_nsq flag.
 """
 
 
 def _build_to_nsq(commands: Any, common: argparse.ArgumentParser, client: argparse.ArgumentParser) -> None:
-    sub = commands.add_parser(
-        "to-nsq", parents=[common, client], help="relay topics to other nsqd (nsq_to_nsq)",
-        description="Consume TOPIC and publish its messages to other nsqd (nsq_to_nsq, in MPUB batches).",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    sub = add_app_parser(commands, [common, client], "to-nsq", help="relay topics to other nsqd (nsq_to_nsq)",
+                         description="Consume TOPIC and publish its messages to other nsqd (nsq_to_nsq, in MPUB "
+                                     "batches).", epilog=_EPILOG)
     add_consume_flags(sub, app="nsq_to_nsq")
     out = sub.add_argument_group("destination (nsq_to_nsq's flags)")
     out.add_argument("--destination-nsqd-tcp-address", action="append", type=nsqd_address_arg, default=[],
@@ -35,10 +32,6 @@ def _build_to_nsq(commands: Any, common: argparse.ArgumentParser, client: argpar
     out.add_argument("--mode", choices=("round-robin", "hostpool", "epsilon-greedy"), default="hostpool",
                      help="the upstream request mode options: round-robin, hostpool (default), epsilon-greedy "
                           "(taken as hostpool)")
-    out.add_argument("--sharding-key-json-field", default="", metavar="FIELD",
-                     help="fastnsq's: on a partitioned (youzan HA) destination topic, the sharding key of each "
-                          "message is this field of its JSON body: a key's messages go to one partition, in order "
-                          "(needs --destination-lookupd-http-address)")
     out.add_argument("--producer-opt", action="append", default=[], metavar="NAME,VALUE",
                      help="option to pass through to the Producer (go-nsq's names; may be given multiple times)")
     out.add_argument("--status-every", type=int, default=250, metavar="N",
@@ -61,9 +54,6 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--destination-nsqd-tcp-address required (or fastnsq's --destination-lookupd-http-address)")
     if args.destination_nsqd_tcp_address and args.destination_lookupd_http_address:
         raise UsageError("use --destination-nsqd-tcp-address or --destination-lookupd-http-address, not both")
-    if args.sharding_key_json_field and not args.destination_lookupd_http_address:
-        raise UsageError("--sharding-key-json-field needs --destination-lookupd-http-address (the partitions "
-                         "come from nsqlookupd)")
     if args.require_json_value and not args.require_json_field:
         raise UsageError("--require-json-value needs --require-json-field")
     if args.status_every < 0:
@@ -71,29 +61,16 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _run_to_nsq(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..apps.hosting import AppRun, SettingsError, run_app
-
     _check(args)
     producer = passthrough_options(args.producer_opt, for_="producer", flag="--producer-opt")
-    topics = list(dict.fromkeys(args.topic))
-    app = AppRun(
-        name="to-nsq", target="fastnsq.apps.to_nsq:ToNsq", topic="", topics=topics, channel=args.channel,
-        nsqd_tcp_addresses=args.nsqd_tcp_address, lookupd_http_addresses=args.lookupd_http_address,
-        max_in_flight=args.max_in_flight, consumer_options=consumer_options(args),
-        # A quarter of max in flight a batch: four MPUBs on the wire while nsqd refills the rest.
-        batch_size=max(1, args.max_in_flight // 4), batch_wait=0.005,
+    return run_app_from(
+        args, name="to-nsq", target="fastnsq.apps.to_nsq:ToNsq", topics=list(dict.fromkeys(args.topic)),
+        batch_wait=0.005,  # a batch a quarter of max in flight: four MPUBs on the wire at once
         handler_options={
             "channel": args.channel, "destinations": args.destination_nsqd_tcp_address,
             "destination_lookupd": args.destination_lookupd_http_address,
             "destination_topic": args.destination_topic or "", "mode": args.mode, "producer_options": producer,
             "require_json_field": args.require_json_field, "require_json_value": args.require_json_value,
             "whitelist_json_fields": args.whitelist_json_field, "status_every": args.status_every,
-            "sharding_key_json_field": args.sharding_key_json_field,
         },
-        metrics_port=args.metrics_port, http_host=args.http_host, drain_timeout=args.drain_timeout,
-        log_level=log_level(args),
     )
-    try:
-        return run_app(app)
-    except SettingsError as exc:
-        raise UsageError(str(exc)) from None
