@@ -27,6 +27,7 @@ import argparse
 import array
 import asyncio
 import ctypes
+import gc
 import json
 import logging
 import math
@@ -131,6 +132,36 @@ def runqueue_wait_seconds() -> float:
         except (OSError, IndexError, ValueError):
             continue
     return total / 1e9
+
+
+class GCPauses:
+    """Python's cyclic collections while it runs (``gc.callbacks``): how many, the longest, the total.
+    A task per message makes short-lived objects; a collection's pause would hold every message due
+    meanwhile."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.longest_ns = 0
+        self.total_ns = 0
+        self._started = 0
+
+    def start(self) -> None:
+        gc.callbacks.append(self._note)
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._note)
+
+    def _note(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.monotonic_ns()
+            return
+        pause = time.monotonic_ns() - self._started
+        self.count += 1
+        self.total_ns += pause
+        self.longest_ns = max(self.longest_ns, pause)
+
+    def summary(self) -> dict[str, float]:
+        return {"collections": self.count, "longest_ms": self.longest_ns / 1e6, "total_ms": self.total_ns / 1e6}
 
 
 class _Timespec(ctypes.Structure):
@@ -242,16 +273,19 @@ async def publish_open_loop(
         await asyncio.sleep(0)  # every caller waiting
         alarm = MonotonicAlarm(loop, publish_due)
         cpu0, wait0 = cpu_seconds(), runqueue_wait_seconds()
+        collections = GCPauses()
+        collections.start()
         # Every 1/rate, but at most every PERIOD_NS: above 10,000 msg/s a wake takes all that is due.
         alarm.arm(schedule.due(0), max(PERIOD_NS, round(1e9 / schedule.rate)))
         await finished
+        collections.stop()
         cpu1, wait1 = cpu_seconds(), runqueue_wait_seconds()
         alarm.close()
         for worker in workers:
             worker.cancel()
     api = f"Producer.publish from {callers} tasks" if callers else "Producer.publish, a task each"
     return {**_publish_summary(schedule, sent, acks, cpu1 - cpu0, state["errors"], {"api": api, **(options or {})}),
-            "runqueue_wait_s": wait1 - wait0}
+            "runqueue_wait_s": wait1 - wait0, "gc": collections.summary()}
 
 
 def publish_from_threads(
@@ -298,6 +332,10 @@ def _publish_summary(schedule: Schedule, sent: array.array[int], acks: array.arr
                      config: dict[str, Any]) -> dict[str, Any]:
     count = schedule.count
     dues = [schedule.due(i) for i in range(count)]
+    dump = os.environ.get("FASTNSQ_LATENCY_DUMP")
+    if dump:  # for bench/latency_tail.py: due offset, then sent and answered after the due time (ms)
+        Path(dump).write_text("".join(f"{(dues[i] - schedule.start_ns) / 1e6:.3f} {(sent[i] - dues[i]) / 1e6:.3f} "
+                                      f"{(acks[i] - dues[i]) / 1e6:.3f}\n" for i in range(count)))
     window = [i for i in range(count) if schedule.in_window(dues[i])]
     latencies = [acks[i] - dues[i] for i in window]
     return {
