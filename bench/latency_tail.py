@@ -15,7 +15,9 @@ due during it); each run is put down to where its first message waited:
 * ``nsqd or consumer (after the answer)``: nsqd answered on time, the consumer got it late.
 
 It also prints the publisher's Python garbage collections (count, longest pause) and the
-time its threads waited for a core (``runqueue_wait_s``).
+time its threads waited for a core (``runqueue_wait_s``), and first the machine's own floor:
+how late a process that does nothing but sleep until the next 100 us mark wakes up (no nsqd,
+no client: what the scheduler and the virtual machine give any process at that moment).
 
     .venv/bin/python bench/latency_tail.py --real ~/nsq-real/bin --rate 10000 --rounds 3
 """
@@ -38,6 +40,26 @@ from run_all import ROOT, Server
 
 DRIVER = ROOT / "bench" / "latency_driver.py"
 CLASSES = ("publisher (before the send)", "publisher or nsqd (send to answer)", "nsqd or consumer (after the answer)")
+
+
+def wake_floor(seconds: float = 3.0, period_ns: int = 100_000) -> dict[str, float]:
+    """How late this process wakes from sleeping until each next ``period_ns`` mark (ms)."""
+    mark = time.monotonic_ns() + period_ns
+    end = mark + int(seconds * 1e9)
+    lateness = []
+    while mark < end:
+        wait = mark - time.monotonic_ns()
+        if wait > 0:
+            time.sleep(wait / 1e9)
+        lateness.append(time.monotonic_ns() - mark)
+        mark += period_ns
+    lateness.sort()
+
+    def rank(q: float) -> float:
+        return lateness[min(len(lateness) - 1, int(q * len(lateness)))] / 1e6
+
+    return {"p50": rank(0.5), "p99": rank(0.99), "p999": rank(0.999), "max": lateness[-1] / 1e6,
+            "over_1ms": sum(1 for x in lateness if x > 1_000_000), "over_2ms": sum(1 for x in lateness if x > 2_000_000)}
 
 
 def run_traced(server: Server, rate: int, publisher: list[str], folder: Path, number: int) -> dict[str, Any]:
@@ -117,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threshold", type=float, default=1.0, help="ms: a message later than this is late")
     parser.add_argument("--port-base", type=int, default=run_all.REAL_PORT_BASE)
     args = parser.parse_args(argv)
+    floor = wake_floor()
+    print(f"the machine's floor (load {os.getloadavg()[0]:.2f}): a process waking every 100 us for 3 s wakes late by "
+          f"p50 {floor['p50']:.3f} / p99 {floor['p99']:.3f} / p99.9 {floor['p999']:.3f} / max {floor['max']:.3f} ms "
+          f"({floor['over_1ms']:.0f} wakes over 1 ms, {floor['over_2ms']:.0f} over 2 ms)", flush=True)
     server = Server(None, None, None, real_bin=args.real, port_base=args.port_base, mem_queue_size=10_000)
     server.start()
     try:
