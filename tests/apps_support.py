@@ -156,8 +156,10 @@ class Sink:
 
         body = await request.read()
         failing = asyncio.get_running_loop().time() < self.fail_until
-        self.requests.append({"method": request.method, "path": request.path_qs, "body": body,
-                              "headers": dict(request.headers), "failed": failing})
+        self.requests.append({"method": request.method, "path": request.raw_path, "body": body,
+                              "headers": dict(request.headers), "failed": failing,
+                              # as they came: each name's case, in order
+                              "raw_headers": [(k.decode(), v.decode()) for k, v in request.raw_headers]})
         return web.Response(status=self.fail_status if failing else 200, text="ok")
 
     def fail_for(self, seconds: float) -> None:

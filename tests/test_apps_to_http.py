@@ -9,15 +9,17 @@ nothing, and a SIGKILL loses nothing.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from fastnsq.apps.to_http import canonical_key, go_sprintf, request_headers
 from fastnsq.cli._common import UsageError
 from fastnsq.cli.to_http import parse_headers
 
-from .apps_support import Sink, create_channels, go_app, run_to_exit, start, start_go
+from .apps_support import App, Sink, create_channels, go_app, run_to_exit, start, start_go
 from .helpers import eventually, unique
 from .test_consumer import channel_stats, publish_spread
 
@@ -28,11 +30,51 @@ async def drained(nsqd, topic: str, channel: str = "nsq_to_http") -> bool:
         "deferred_count"] == 0
 
 
+@pytest.fixture
+async def sink() -> AsyncIterator[Sink]:
+    """An HTTP sink recording every request, closed when the test ends."""
+    started = await Sink().start()
+    yield started
+    await started.close()
+
+
+@pytest.fixture
+async def sink2() -> AsyncIterator[Sink]:
+    started = await Sink().start()
+    yield started
+    await started.close()
+
+
+async def run_until_drained(nsqd, topic: str, *flags: str, log: Path, timeout: float = 30,
+                            channel: str = "nsq_to_http", starter=start) -> App:
+    """The app (ours, or nsq's with ``starter=start_go``) on ``topic`` until its channel is
+    drained, then stopped with SIGTERM (exit status 0)."""
+    command = "nsq_to_http" if starter is start_go else "to-http"
+    app = await starter(command, f"-topic={topic}", f"-channel={channel}", f"-nsqd-tcp-address={nsqd.tcp_address}",
+                        *flags, log=log)
+    await eventually(lambda: drained(nsqd, topic, channel), timeout, f"{channel} drained")
+    assert await app.stop() == 0, app.log()
+    return app
+
+
 def test_headers_as_nsq_to_http_parses_them() -> None:
     assert parse_headers(["X-A: 1", " X-B :two words "]) == {"X-A": "1", "X-B": "two words"}
     for bad in ("X-A", "X-A:", ": 1"):
         with pytest.raises(UsageError, match="invalid header"):
             parse_headers([bad])
+
+
+def test_request_headers_in_go_clients_order_and_case() -> None:
+    """What Go's net/http writes for nsq_to_http: User-Agent, (Content-Length), the rest sorted
+    with canonical names, then its transport's Accept-Encoding; a custom header replaces ours."""
+    before, after = request_headers("POST", "text/plain", {"x-team": "data", "accept": "*/*"})
+    assert list(before.items()) == [("User-Agent", "nsq_to_http v1.3.0")]
+    assert list(after.items()) == [("Accept", "*/*"), ("Content-Type", "text/plain"), ("X-Team", "data"),
+                                   ("Accept-Encoding", "gzip")]
+    before, after = request_headers("GET", "text/plain", {"user-agent": "mine", "Accept-Encoding": "br"})
+    assert before == {"User-Agent": "mine"} and list(after.items()) == [("Accept-Encoding", "br")]
+    assert [canonical_key(k) for k in ("x-team-ID", "content-type", "x y")] == ["X-Team-Id", "Content-Type", "x y"]
+    assert go_sprintf("http://h/%%7E?d=%s", "a+b") == "http://h/%7E?d=a+b"
 
 
 async def test_bad_usage_is_named() -> None:
@@ -46,101 +88,74 @@ async def test_bad_usage_is_named() -> None:
         assert status == 2 and said in out, (args, out)
 
 
-async def test_post_a_request_per_message(nsqd, tmp_path: Path) -> None:
+async def test_post_a_request_per_message(nsqd, sink: Sink, tmp_path: Path) -> None:
     topic = unique("tohttp")
     bodies = await publish_spread([nsqd.tcp_address], topic, 1000)
-    sink = await Sink().start()
-    try:
-        app = await start("to-http", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
-                          f"-post={sink.url('/in?x=1')}", "-header=X-Team: data", "-content-type=text/plain",
-                          "-n=20", "-status-every=500", log=tmp_path / "log")
-        await eventually(lambda: drained(nsqd, topic), 30, "the channel drained")
-        assert await app.stop() == 0, app.log()
-    finally:
-        await sink.close()
+    app = await run_until_drained(nsqd, topic, f"-post={sink.url('/in?x=1')}", "-header=x-team: data",
+                                  "-content-type=text/plain", "-n=20", "-status-every=500", log=tmp_path / "log")
     assert len(sink.requests) == 1000 and sorted(sink.bodies()) == sorted(bodies)
     first = sink.requests[0]
     assert first["method"] == "POST" and first["path"] == "/in?x=1"
-    assert first["headers"]["Content-Type"] == "text/plain" and first["headers"]["X-Team"] == "data"
+    # nsq_to_http's request, header for header (names, case, order) as Go's client writes it.
+    assert first["raw_headers"] == [("Host", f"127.0.0.1:{sink.port}"), ("User-Agent", "nsq_to_http v1.3.0"),
+                                    ("Content-Length", str(len(first["body"]))), ("Content-Type", "text/plain"),
+                                    ("X-Team", "data"), ("Accept-Encoding", "gzip")]
     assert "[aggregate]: finished 500" in app.log()
 
 
-async def test_get_escapes_the_body_and_fan_out_reaches_every_address(nsqd, tmp_path: Path) -> None:
+async def test_get_escapes_the_body_and_fan_out_reaches_every_address(nsqd, sink: Sink, sink2: Sink,
+                                                                        tmp_path: Path) -> None:
     topic = unique("tohttp")
     bodies = [f"a b&c=d/é {i}".encode() for i in range(50)]
     from fastnsq import Producer
 
     async with Producer([nsqd.tcp_address]) as producer:
         await producer.mpublish(topic, bodies)
-    one, two = await Sink().start(), await Sink().start()
-    try:
-        app = await start("to-http", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", "-mode=fan-out",
-                          f"-get={one.url('/q?d=%s&k=1')}", f"-get={two.url('/q?d=%s')}", log=tmp_path / "log")
-        await eventually(lambda: drained(nsqd, topic), 30, "the channel drained")
-        assert await app.stop() == 0, app.log()
-    finally:
-        await one.close()
-        await two.close()
-    for sink in (one, two):
-        assert len(sink.requests) == 50 and {r["method"] for r in sink.requests} == {"GET"}
-        got = sorted(parse_qs(urlsplit(r["path"]).query)["d"][0].encode() for r in sink.requests)
+    await run_until_drained(nsqd, topic, "-mode=fan-out", f"-get={sink.url('/q?d=%s&k=1')}",
+                            f"-get={sink2.url('/q?d=%s')}", log=tmp_path / "log")
+    for one in (sink, sink2):
+        assert len(one.requests) == 50 and {r["method"] for r in one.requests} == {"GET"}
+        got = sorted(parse_qs(urlsplit(r["path"]).query)["d"][0].encode() for r in one.requests)
         assert got == sorted(bodies)
-    assert "+" in one.requests[0]["path"] and "%26c%3Dd%2F%C3%A9" in one.requests[0]["path"]  # url.QueryEscape
+    assert "+" in sink.requests[0]["path"] and "%26c%3Dd%2F%C3%A9" in sink.requests[0]["path"]  # url.QueryEscape
+    assert [name for name, _ in sink.requests[0]["raw_headers"]] == ["Host", "User-Agent", "Accept-Encoding"]
 
 
-async def test_batch_sends_up_to_n_bodies_a_request(nsqd, tmp_path: Path) -> None:
+async def test_batch_sends_up_to_n_bodies_a_request(nsqd, sink: Sink, tmp_path: Path) -> None:
     topic = unique("tohttp")
     bodies = await publish_spread([nsqd.tcp_address], topic, 3000)
-    sink = await Sink().start()
-    try:
-        app = await start("to-http", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
-                          f"-post={sink.url()}", "-batch=100", "-max-in-flight=1000", log=tmp_path / "log")
-        await eventually(lambda: drained(nsqd, topic), 30, "the channel drained")
-        assert await app.stop() == 0, app.log()
-    finally:
-        await sink.close()
+    await run_until_drained(nsqd, topic, f"-post={sink.url()}", "-batch=100", "-max-in-flight=1000",
+                            log=tmp_path / "log")
     sizes = [len(r["body"].split(b"\n")) for r in sink.requests]
     assert max(sizes) == 100 and len(sink.requests) < 100, sizes
     assert sorted(sink.bodies()) == sorted(bodies)
 
 
 @pytest.mark.slow
-async def test_a_sink_failing_for_10_s_loses_nothing(nsqd, tmp_path: Path) -> None:
+async def test_a_sink_failing_for_10_s_loses_nothing(nsqd, sink: Sink, tmp_path: Path) -> None:
     """500 for 10 s, then 200: every message delivered, none given up (max attempts not reached)."""
     topic = unique("tohttp")
     bodies = await publish_spread([nsqd.tcp_address], topic, 2000)
-    sink = await Sink().start()
     sink.fail_for(10.0)
-    try:
-        app = await start("to-http", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
-                          f"-post={sink.url()}", "-max-in-flight=200",
-                          "-consumer-opt=default_requeue_delay,1s", "-consumer-opt=max_attempts,20",
-                          "-consumer-opt=max_backoff_duration,2s", log=tmp_path / "log")
-        await eventually(lambda: drained(nsqd, topic), 90, "the channel drained")
-        assert await app.stop() == 0, app.log()
-    finally:
-        await sink.close()
+    app = await run_until_drained(nsqd, topic, f"-post={sink.url()}", "-max-in-flight=200",
+                                  "-consumer-opt=default_requeue_delay,1s", "-consumer-opt=max_attempts,20",
+                                  "-consumer-opt=max_backoff_duration,2s", log=tmp_path / "log", timeout=90)
     assert any(r["failed"] for r in sink.requests) and "got status code 500" in app.log()
     assert sorted(set(sink.bodies())) == sorted(bodies)  # 0 lost
     assert "giving up" not in app.log().lower()
 
 
 @pytest.mark.slow
-async def test_sigkill_mid_stream_loses_nothing(nsqd, tmp_path: Path) -> None:
+async def test_sigkill_mid_stream_loses_nothing(nsqd, sink: Sink, tmp_path: Path) -> None:
     topic = unique("tohttp")
     bodies = await publish_spread([nsqd.tcp_address], topic, 30_000)
-    sink = await Sink().start()
-    args = [f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", f"-post={sink.url()}",
-            "-max-in-flight=500", "-batch=50", "-status-every=0", "-consumer-opt=msg_timeout,3s"]
-    try:
-        app = await start("to-http", *args, log=tmp_path / "log")
-        await eventually(lambda: len(sink.requests) > 50, 30, "a part sent")
-        await app.kill()
-        app = await start("to-http", *args, log=tmp_path / "log")
-        await eventually(lambda: drained(nsqd, topic), 60, "the channel drained")
-        assert await app.stop() == 0, app.log()
-    finally:
-        await sink.close()
+    args = [f"-post={sink.url()}", "-max-in-flight=500", "-batch=50", "-status-every=0",
+            "-consumer-opt=msg_timeout,3s"]
+    app = await start("to-http", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", *args,
+                      log=tmp_path / "log")
+    await eventually(lambda: len(sink.requests) > 50, 30, "a part sent")
+    await app.kill()
+    await run_until_drained(nsqd, topic, *args, log=tmp_path / "log", timeout=60)
     counts = Counter(sink.bodies())
     assert set(counts) == set(bodies)
     assert sum(counts.values()) - len(bodies) <= 500
@@ -148,29 +163,23 @@ async def test_sigkill_mid_stream_loses_nothing(nsqd, tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not go_app("nsq_to_http"), reason="nsq's nsq_to_http is run beside ours in the real pass")
 @pytest.mark.parametrize("method", ["post", "get"])
-async def test_same_requests_as_nsq_to_http(nsqd, tmp_path: Path, method: str) -> None:
-    """The same flags to nsq_to_http and to ours: the same requests (method, path and query,
-    body, Content-Type, custom headers); the User-Agent says which client it is."""
+async def test_same_requests_as_nsq_to_http(nsqd, sink: Sink, tmp_path: Path, method: str) -> None:
+    """The same flags to nsq_to_http and to ours, into the same sink: the same requests, byte for
+    byte as the sink reads them (method, path and query, every header with its name's case, in
+    order, User-Agent included, and the body)."""
     topic = unique("tohttp")
     await create_channels(nsqd.http_address, topic, "go", "ours")
     from fastnsq import Producer
 
-    bodies = [f"x {i} &é".encode() for i in range(100)]
+    bodies = [f"x {i} &é/~*'+%".encode() for i in range(100)]
     async with Producer([nsqd.tcp_address]) as producer:
         await producer.mpublish(topic, bodies)
+    target = sink.url("/in?d=%s") if method == "get" else sink.url("/in?a=1")
+    extra = ["-content-type=application/json"] if method == "post" else []
     seen = {}
     for name, starter in (("go", start_go), ("ours", start)):
-        sink = await Sink().start()
-        target = sink.url("/in?d=%s") if method == "get" else sink.url("/in?a=1")
-        extra = ["-content-type=application/json"] if method == "post" else []
-        try:
-            app = await starter("nsq_to_http" if name == "go" else "to-http", f"-topic={topic}", f"-channel={name}",
-                                f"-nsqd-tcp-address={nsqd.tcp_address}", f"-{method}={target}",
-                                "-header=X-Team: data", *extra, log=tmp_path / f"{name}.log")
-            await eventually(lambda name=name: drained(nsqd, topic, name), 30, f"{name} drained")
-            assert await app.stop() == 0, app.log()
-        finally:
-            await sink.close()
-        seen[name] = sorted((r["method"], r["path"], r["body"], r["headers"].get("Content-Type"),
-                             r["headers"].get("X-Team")) for r in sink.requests)
-    assert seen["ours"] == seen["go"] and len(seen["go"]) == 100
+        sink.requests.clear()
+        await run_until_drained(nsqd, topic, f"-{method}={target}", "-header=x-team: data", "-header=Accept: */*",
+                                *extra, channel=name, starter=starter, log=tmp_path / f"{name}.log")
+        seen[name] = sorted((r["method"], r["path"], r["raw_headers"], r["body"]) for r in sink.requests)
+    assert seen["ours"] == seen["go"] and len(seen["go"]) == 100, (seen["ours"][:2], seen["go"][:2])

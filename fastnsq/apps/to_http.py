@@ -7,7 +7,8 @@ url.QueryEscape). ``--mode``: round-robin or hostpool over the addresses (:mod:`
 or fan-out to every one. A POST succeeds on a 2xx, a GET on a 200 (nsq_to_http's rules);
 anything else, a timeout or a refused connection requeues the messages with backoff, and the
 Consumer gives a message up (its give-up hook logs it) past max_attempts. At most ``--n``
-requests run at once, over aiohttp's keep-alive connections, TLS verified.
+requests run at once, over aiohttp's keep-alive connections, TLS verified. The requests are
+nsq_to_http's to the byte (:func:`request_headers`): its User-Agent, its header names and order.
 """
 
 from __future__ import annotations
@@ -21,14 +22,39 @@ from urllib.parse import quote_plus
 
 from yarl import URL
 
-from .._version import __version__
 from .hostpool import HostPool
 from .status import StatusLine
 
 logger = logging.getLogger("fastnsq.apps.to_http")
 
-#: nsq_to_http's User-Agent is "nsq_to_http v<version>"; ours says which it is.
-USER_AGENT = f"fastnsq to-http v{__version__}"
+#: nsq_to_http's User-Agent, of the version whose requests ours repeat: a service that routes,
+#: allows or counts requests by it sees no change when the binary is swapped. ``--header
+#: 'User-Agent: ...'`` sets another, as with nsq_to_http.
+USER_AGENT = "nsq_to_http v1.3.0"
+#: Headers Go's client writes in a place of their own (Host, Content-Length) or not at all.
+_PLACED = {"host", "content-length", "user-agent"}
+
+
+def canonical_key(key: str) -> str:
+    """Go's textproto.CanonicalMIMEHeaderKey: ``x-team`` -> ``X-Team`` (a key with a byte that is
+    not a token character stays as it is)."""
+    if not key or any(not (c.isascii() and (c.isalnum() or c in "!#$%&'*+-.^_`|~")) for c in key):
+        return key
+    return "-".join(part[:1].upper() + part[1:].lower() for part in key.split("-"))
+
+
+def request_headers(method: str, content_type: str, custom: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """The headers of nsq_to_http's requests, in the order Go's client writes them: (those before
+    Content-Length, those after). Host (aiohttp's, first), User-Agent, Content-Length (a POST's),
+    then the rest sorted by name (Content-Type and the custom ones, Set by Go as they come: a
+    custom User-Agent or Content-Type replaces nsq_to_http's), then Go's transport's
+    ``Accept-Encoding: gzip`` unless a custom one was given."""
+    named = {canonical_key(key): value for key, value in custom.items()}
+    rest = {**({"Content-Type": content_type} if method == "POST" else {}), **named}
+    before = {"User-Agent": rest.pop("User-Agent", USER_AGENT)}
+    after = {key: rest[key] for key in sorted(rest) if key.lower() not in _PLACED}
+    after.setdefault("Accept-Encoding", "gzip")
+    return before, after
 
 
 class RequestFailed(Exception):
@@ -47,8 +73,7 @@ class ToHttp:
         self.method, self.addresses, self.mode = method, list(addresses), mode
         self.pool = HostPool(self.addresses, "hostpool" if mode == "fan-out" else mode)
         self.concurrency = concurrency
-        self.headers = {"User-Agent": USER_AGENT, **({"Content-Type": content_type} if method == "POST" else {}),
-                        **(headers or {})}
+        self.before, self.after = request_headers(method, content_type, headers or {})
         self.connect_timeout, self.request_timeout = connect_timeout, request_timeout
         self.sample, self.per_request = sample, per_request
         self.session: Any = None
@@ -65,9 +90,9 @@ class ToHttp:
         # Keep-alive connections, at most --n at once; TLS verified (aiohttp's default).
         connector = aiohttp.TCPConnector(limit=self.concurrency, limit_per_host=self.concurrency)
         timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=self.headers,
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout,
                                              # No Accept header, as nsq_to_http sends none.
-                                             skip_auto_headers=("User-Agent", "Accept"),
+                                             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
                                              cookie_jar=aiohttp.DummyCookieJar())
         self.urls = {address: URL(address) for address in self.addresses}  # parsed once, not per request
         self.running = asyncio.Semaphore(self.concurrency)
@@ -116,11 +141,13 @@ class ToHttp:
     async def _request(self, address: str, body: bytes) -> None:
         try:
             if self.method == "POST":
-                response = await self.session.post(self.urls[address], data=body)
+                # Content-Length given here, so that it goes where Go's client writes it.
+                headers = {**self.before, "Content-Length": str(len(body)), **self.after}
+                response = await self.session.post(self.urls[address], data=body, headers=headers)
             else:
                 # encoded=True: the URL goes out byte for byte (yarl would turn %2F back into /).
-                url = URL(address.replace("%s", quote_plus(body, safe=""), 1), encoded=True)
-                response = await self.session.get(url)
+                url = URL(go_sprintf(address, quote_plus(body, safe="")), encoded=True)
+                response = await self.session.get(url, headers={**self.before, **self.after})
             async with response:
                 await response.read()  # the whole answer read: the connection goes back to the pool
                 ok = 200 <= response.status < 300 if self.method == "POST" else response.status == 200
@@ -139,3 +166,14 @@ class ToHttp:
         await self.drain()
         if self.session is not None:
             await self.session.close()
+
+
+def go_sprintf(template: str, value: str) -> str:
+    """Go's ``fmt.Sprintf(template, value)`` for a --get address: its one ``%s`` is the value
+    and ``%%`` is ``%`` (the address has exactly one ``%s``, checked at start)."""
+    parts = template.split("%%")
+    for index, part in enumerate(parts):
+        if "%s" in part:
+            parts[index] = part.replace("%s", value, 1)
+            break
+    return "%".join(parts)
