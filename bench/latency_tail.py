@@ -70,7 +70,7 @@ def run_traced(server: Server, rate: int, publisher: list[str], folder: Path, nu
                 "--start-ns", str(start_ns)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     pub_dump, sub_dump = folder / f"{number}.pub", folder / f"{number}.sub"
-    sub = subprocess.Popen([sys.executable, str(DRIVER), "--mode", "sub", *schedule, "--channel", "ch", "--drain", "3",
+    sub = subprocess.Popen([sys.executable, str(DRIVER), "--mode", "sub", *schedule, "--channel", run_all.CHANNEL, "--drain", "3",
                             "--options", json.dumps({"max_in_flight": 2500, "output_buffer_size": -1})],
                            stdout=subprocess.PIPE, text=True, env={**env, "FASTNSQ_LATENCY_DUMP": str(sub_dump)})
     pub = subprocess.Popen([sys.executable, str(DRIVER), "--mode", "pub", *publisher, *schedule],
