@@ -211,7 +211,7 @@ class MonotonicAlarm:
 
 async def publish_open_loop(
     address: str, topic: str, schedule: Schedule, *, size: int = 100, options: dict[str, Any] | None = None,
-    callers: int = 1000,
+    callers: int = 1000, period_ns: int = PERIOD_NS,
 ) -> dict[str, Any]:
     """Publish ``schedule.count`` messages, each when due; the summary of publish latency.
 
@@ -275,8 +275,8 @@ async def publish_open_loop(
         cpu0, wait0 = cpu_seconds(), runqueue_wait_seconds()
         collections = GCPauses()
         collections.start()
-        # Every 1/rate, but at most every PERIOD_NS: above 10,000 msg/s a wake takes all that is due.
-        alarm.arm(schedule.due(0), max(PERIOD_NS, round(1e9 / schedule.rate)))
+        # Every 1/rate, but at most every period_ns: above 10,000 msg/s a wake takes all that is due.
+        alarm.arm(schedule.due(0), max(period_ns, round(1e9 / schedule.rate)))
         await finished
         collections.stop()
         cpu1, wait1 = cpu_seconds(), runqueue_wait_seconds()
@@ -462,6 +462,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cooldown", type=float, default=0.5, help="published after the window, not measured")
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--callers", type=int, default=1000, help="publishing tasks (0: a task per message)")
+    parser.add_argument("--period-us", type=float, default=PERIOD_NS / 1000,
+                        help="the publisher wakes at most this often and publishes what is due (1000: in bunches of "
+                             "a millisecond, as a publisher woken by a millisecond timer does)")
     parser.add_argument("--threads", type=int, default=0,
                         help="publish through fastnsq.sync.Producer from this many threads instead of tasks")
     parser.add_argument("--consume", choices=CONSUMER_MODES, default="handler")
@@ -479,7 +482,8 @@ def main(argv: list[str] | None = None) -> None:
                                       size=args.size, options=options)
     elif args.mode == "pub":
         result = fastnsq.run(publish_open_loop(args.nsqd_tcp_address, args.topic, schedule,
-                                               size=args.size, options=options, callers=args.callers))
+                                               size=args.size, options=options, callers=args.callers,
+                                               period_ns=round(args.period_us * 1000)))
     else:
         result = fastnsq.run(consume_open_loop(
             args.nsqd_tcp_address, args.topic, args.channel, schedule, mode=args.consume, options=options,

@@ -20,6 +20,7 @@ how late a process that does nothing but sleep until the next 100 us mark wakes 
 no client: what the scheduler and the virtual machine give any process at that moment).
 
     .venv/bin/python bench/latency_tail.py --real ~/nsq-real/bin --rate 10000 --rounds 3
+    .venv/bin/python bench/latency_tail.py --real ~/nsq-real/bin --publisher "--callers 0 --period-us 1000"  # bunched by 1 ms
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from typing import Any
 
 import run_all
 from run_all import ROOT, Server
+
+from fastnsq.benchmark import process_cpu_seconds
 
 DRIVER = ROOT / "bench" / "latency_driver.py"
 CLASSES = ("publisher (before the send)", "publisher or nsqd (send to answer)", "nsqd or consumer (after the answer)")
@@ -75,7 +78,12 @@ def run_traced(server: Server, rate: int, publisher: list[str], folder: Path, nu
                            stdout=subprocess.PIPE, text=True, env={**env, "FASTNSQ_LATENCY_DUMP": str(sub_dump)})
     pub = subprocess.Popen([sys.executable, str(DRIVER), "--mode", "pub", *publisher, *schedule],
                            stdout=subprocess.PIPE, text=True, env={**env, "FASTNSQ_LATENCY_DUMP": str(pub_dump)})
-    results = {}
+    window_start = start_ns + 1_000_000_000  # the drivers' 1 s warm-up
+    time.sleep(max(0.0, (window_start - time.monotonic_ns()) / 1e9))
+    nsqd0 = (process_cpu_seconds(server.pid) if server.pid else None) or 0.0
+    time.sleep(max(0.0, (window_start + 3_000_000_000 - time.monotonic_ns()) / 1e9))
+    nsqd1 = (process_cpu_seconds(server.pid) if server.pid else None) or 0.0
+    results: dict[str, Any] = {"nsqd_cpu_us_per_msg": (nsqd1 - nsqd0) / (3 * rate) * 1e6}
     for side, process in (("pub", pub), ("sub", sub)):
         out, _ = process.communicate(timeout=60)
         lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
@@ -114,9 +122,11 @@ def runs_of_late(pub_dump: Path, sub_dump: Path, low_ms: float, high_ms: float,
 def report(point: dict[str, Any], threshold: float) -> str:
     pub, sub, runs = point["pub"], point["sub"], point["runs"]
     e2e = sub.get("latency_ms", {})
+    per_message = " / ".join(f"{side.get('cpu_s', 0) / max(1, side.get('count', 1)) * 1e6:.1f}" for side in (pub, sub))
     lines = [(f"end-to-end p50 / p99 / p99.9 / max: {e2e.get('p50', 0):.2f} / {e2e.get('p99', 0):.2f} / "
-             f"{e2e.get('p999', 0):.2f} / {e2e.get('max', 0):.2f} ms; publisher CPU {pub.get('cpu_s', 0):.2f} s, "
-             f"waiting for a core {pub.get('runqueue_wait_s', 0):.2f} s; gc {pub.get('gc')}")]
+             f"{e2e.get('p999', 0):.2f} / {e2e.get('max', 0):.2f} ms; CPU per message publisher / consumer / nsqd "
+             f"{per_message} / {point['nsqd_cpu_us_per_msg']:.1f} us; the publisher waited for a core "
+             f"{pub.get('runqueue_wait_s', 0):.2f} s; gc {pub.get('gc')}")]
     by_class: Counter[str] = Counter()
     for run in runs:
         by_class[run["where"]] += run["messages"]
