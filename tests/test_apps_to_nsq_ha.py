@@ -29,7 +29,7 @@ from fastnsq.testing.real import ENV_REAL_HA_BIN, ENV_REAL_HA_NEXT_PORT, RealHAC
 from fastnsq.topology import TopicRoute
 
 from .apps_support import run_to_exit, start
-from .helpers import eventually, unique
+from .helpers import eventually, skip_if_external, unique
 from .test_consumer import channel_stats
 
 pytestmark = pytest.mark.timeout(300)
@@ -224,12 +224,7 @@ async def test_sigkill_mid_stream_into_a_partitioned_topic_loses_nothing(nsq_clu
                 "-consumer-opt=default_requeue_delay,0.5", "-consumer-opt=msg_timeout,3s",
                 *[f"-destination-lookupd-http-address={a}" for a in lookupd]]
         app = await start("to-nsq", *args, log=tmp_path / "log")
-
-        async def relayed(count: int) -> bool:
-            stats = await channel_stats([source.http_address], topic, "nsq_to_nsq")
-            return bool(stats) and stats[0]["message_count"] - stats[0]["depth"] > count
-
-        await eventually(lambda: relayed(10_000), 60, "a part relayed")
+        await eventually(lambda: relayed(source.http_address, topic, 10_000), 60, "a part relayed")
         await app.kill()
         app = await start("to-nsq", *args, log=tmp_path / "log")
         await eventually(lambda: drained(source.http_address, topic), 120, "the source drained")
@@ -283,18 +278,8 @@ async def test_the_destination_leader_killed_and_back_loses_nothing(own_ha_clust
     async with NSQD() as source:
         async with Producer([source.tcp_address]) as producer:
             await producer.mpublish(topic, bodies)
-        app = await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={source.tcp_address}",
-                          f"-destination-topic={target}", "-sharding-key-json-field=user", "-max-in-flight=100",
-                          "-status-every=0", "-consumer-opt=default_requeue_delay,1",
-                          "-consumer-opt=backoff_multiplier,0.1", "-producer-opt=publish_timeout,2",
-                          "-producer-opt=lookupd_poll_interval,1",
-                          *[f"-destination-lookupd-http-address={a}" for a in lookupd], log=tmp_path / "log")
-
-        async def relayed(count: int) -> bool:
-            stats = await channel_stats([source.http_address], topic, "nsq_to_nsq")
-            return bool(stats) and stats[0]["message_count"] - stats[0]["depth"] > count
-
-        await eventually(lambda: relayed(2_000), 60, "a part relayed")
+        app = await start_sharding(source.tcp_address, topic, target, lookupd, tmp_path)
+        await eventually(lambda: relayed(source.http_address, topic, 2_000), 60, "a part relayed")
         victim = own_ha_cluster.tcp_addresses.index(leaders[0])
         own_ha_cluster.kill_nsqd(victim)
         await eventually(lambda: _led_elsewhere(cluster, target, leaders[0]), 120, "a new leader of partition 0")
@@ -309,6 +294,49 @@ async def test_the_destination_leader_killed_and_back_loses_nothing(own_ha_clust
     print(f"\nleader killed: {len(bodies)} published, {len(counts)} arrived, "
           f"{sum(counts.values()) - len(bodies)} duplicates")
     assert "requeueing them" in app.log()  # the dead leader's keys waited
+    assert set(counts) == set(bodies)  # 0 lost
+    for key, found in _partitions_of(got).items():
+        assert found == {partition_for_key(key, 2)}, (key, found)
+
+
+async def start_sharding(source: str, topic: str, target: str, lookupd: list[str], tmp_path: Path) -> Any:
+    """to-nsq from an upstream nsqd to an HA topic by key, quick to requeue and to look up again."""
+    return await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={source}", f"-destination-topic={target}",
+                       "-sharding-key-json-field=user", "-max-in-flight=100", "-status-every=0",
+                       "-consumer-opt=default_requeue_delay,1", "-consumer-opt=backoff_multiplier,0.1",
+                       "-producer-opt=publish_timeout,2", "-producer-opt=lookupd_poll_interval,1",
+                       *[f"-destination-lookupd-http-address={a}" for a in lookupd], log=tmp_path / "log")
+
+
+async def relayed(http_address: str, topic: str, count: int) -> bool:
+    stats = await channel_stats([http_address], topic, "nsq_to_nsq")
+    return bool(stats) and stats[0]["message_count"] - stats[0]["depth"] > count
+
+
+@pytest.mark.slow
+async def test_the_destination_leader_stopped_and_back_loses_nothing_embedded(nsq_cluster_ha: Any,
+                                                                              tmp_path: Path) -> None:
+    """The embedded cluster's version of the test above: the node leading partition 0 stopped
+    mid-stream (the cluster moves its partitions first) and started again 2 s later."""
+    skip_if_external(nsq_cluster_ha, "its nodes are stopped (on youzan's, the test above kills one of its own)")
+    topic, target = unique("up"), unique("ha")
+    lookupd = nsq_cluster_ha.lookupd_http_addresses
+    leaders = await nsq_cluster_ha.create_topic(target, partitions=2, channels=["check"])
+    bodies = docs(20_000, keys=200)
+    async with NSQD() as source:
+        async with Producer([source.tcp_address]) as producer:
+            await producer.mpublish(topic, bodies)
+        app = await start_sharding(source.tcp_address, topic, target, lookupd, tmp_path)
+        await eventually(lambda: relayed(source.http_address, topic, 2_000), 60, "a part relayed")
+        await nsq_cluster_ha.stop_node(leaders[0])
+        await asyncio.sleep(2)
+        await nsq_cluster_ha.start_node(leaders[0])
+        await eventually(lambda: drained(source.http_address, topic), 120, "the source drained")
+        assert await app.stop() == 0, app.log()
+    got = await read_ha(lookupd, target, set(bodies), 120)
+    counts = Counter(g[2] for g in got)
+    print(f"\nleader stopped: {len(bodies)} published, {len(counts)} arrived, "
+          f"{sum(counts.values()) - len(bodies)} duplicates")
     assert set(counts) == set(bodies)  # 0 lost
     for key, found in _partitions_of(got).items():
         assert found == {partition_for_key(key, 2)}, (key, found)
