@@ -7,7 +7,8 @@ reach half of max_in_flight (the other half arrives while it runs), when the con
 starved (nsqd sends little more until we answer), every ``--sync-interval``, and on the drain
 (SIGTERM/SIGINT). A write or fsync that fails ends the process, as nsq_to_file does. So a killed process leaves each
 message in a synced file or unanswered, and nsqd redelivers it: at most max_in_flight
-duplicates, nothing lost.
+duplicates, nothing lost. SIGHUP (:meth:`ToFile.hup`) syncs what is held and closes the file,
+as nsq_to_file does: the next message opens one anew (after logrotate moved it away).
 """
 
 from __future__ import annotations
@@ -121,6 +122,17 @@ class ToFile:
             elif self.log is not None:
                 async with self._file:  # never beside a sync's write: one thread on the file at a time
                     await asyncio.to_thread(self.log.tick)
+
+    async def hup(self) -> None:
+        """nsq_to_file's SIGHUP: sync and FIN what is held, then close the file (fsynced, moved
+        to the output dir when there is a work dir); the next sync opens the next one, by
+        nsq_to_file's rules (the same name appended to without ``<REV>``, the next ``<REV>``
+        with it), and an idle tick replaces it by an empty one unless --skip-empty-files."""
+        logger.info("[%s/%s] SIGHUP: syncing and closing the file", self.topic, self.channel)
+        await self.sync()
+        if self.log is not None:
+            async with self._file:  # not beside a sync's write
+                await asyncio.to_thread(self.log.close)
 
     async def drain(self) -> None:
         self.draining = True

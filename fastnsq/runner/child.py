@@ -193,6 +193,8 @@ class Child:
             kind = message.get("type")
             if kind == "stop":
                 self.request_stop("asked by the supervisor")
+            elif kind == "hup" and self.handler.hup is not None:
+                self.tasks.append(asyncio.create_task(run_hook(self.handler.hup)))
             elif kind == "report":
                 self.channel.send({"type": "report", "id": message.get("id"), **self._report()})
             elif kind == "assign":

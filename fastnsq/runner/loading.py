@@ -33,10 +33,12 @@ class Handler:
     teardown: Callable[[], Any] | None = None
     #: A built-in app's hooks (``fastnsq to-file`` and the like): ``attach(consumer)`` once the
     #: Consumer runs, ``drain()`` before it stops; and whether it answers its batches itself
-    #: (to-file FINs only after an fsync, to-nsq only after nsqd's OK).
+    #: (to-file FINs only after an fsync, to-nsq only after nsqd's OK); ``hup()`` on a SIGHUP the
+    #: supervisor forwards (with the ``hup`` setting).
     attach: Callable[[Any], Any] | None = None
     drain: Callable[[], Any] | None = None
     answers_batches: bool = False
+    hup: Callable[[], Any] | None = None
 
 
 def load(target: str, options: dict[str, Any] | None = None) -> Handler:
@@ -91,11 +93,13 @@ def _describe(target: str, found: Any) -> Handler:
         raise LoadError(f"handler {target!r} is a {type(found).__name__}, not a function or an object with handle()")
     setup = getattr(found, "setup", None) if hooks else None
     teardown = getattr(found, "teardown", None) if hooks else None
-    attach, drain = (getattr(found, "attach", None), getattr(found, "drain", None)) if hooks else (None, None)
+    attach, drain, hup = (getattr(found, name, None) for name in ("attach", "drain", "hup")) if hooks else (
+        None, None, None)
     return Handler(target, call, _is_coroutine_function(call),
                    setup if callable(setup) else None, teardown if callable(teardown) else None,
                    attach if callable(attach) else None, drain if callable(drain) else None,
-                   bool(getattr(found, "answers_batches", False)) if hooks else False)
+                   bool(getattr(found, "answers_batches", False)) if hooks else False,
+                   hup if callable(hup) else None)
 
 
 def _is_coroutine_function(call: Any) -> bool:

@@ -8,7 +8,8 @@ group runs is restarted after a backoff (0.5 s doubling, at most 30 s); one that
 than ``max_restarts`` times within ``restart_window`` seconds ends the group with exit
 status 3. The first SIGTERM or SIGINT drains every child (``Consumer.stop`` within
 ``drain_timeout``); a second one is logged and changes nothing; a child still alive
-``KILL_GRACE`` seconds past the deadline is killed and the group exits 1.
+``KILL_GRACE`` seconds past the deadline is killed and the group exits 1. With ``hup`` (a
+built-in app's setting) a SIGHUP is forwarded to every child, whose handler's ``hup()`` runs.
 """
 
 from __future__ import annotations
@@ -80,6 +81,8 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.on_signal, signal.Signals(sig).name)
+        if self.settings.hup:
+            loop.add_signal_handler(signal.SIGHUP, self.on_hup)
         if self.settings.split_nsqd:
             self.assignments = rebalance({}, self.settings.nsqd_tcp_addresses, self.settings.processes)
             self._spawn_task(self._watch_nsqd())
@@ -102,6 +105,12 @@ class Supervisor:
             return
         logger.info("%s: draining every worker (at most %.0f s)", name, self.settings.drain_timeout)
         self.begin_stop()
+
+    def on_hup(self) -> None:
+        logger.info("SIGHUP: passed to every worker")
+        for slot in self.slots:
+            if slot.alive and slot.channel is not None:
+                slot.channel.send({"type": "hup"})
 
     def begin_stop(self) -> None:
         self.stopping = True
