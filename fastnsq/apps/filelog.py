@@ -62,9 +62,10 @@ class FileOptions:
 
 
 class Encoder(Protocol):
-    """What turns the records of one sync into the bytes appended to the file."""
+    """What turns the records of one sync into the bytes appended to the file; ``groups``: the
+    sizes of the consumer's batches they came in (Parquet makes each a row group)."""
 
-    def encode(self, records: list[Any]) -> bytes: ...
+    def encode(self, records: list[Any], groups: list[int] | None = None) -> bytes: ...
 
 
 class Lines:
@@ -77,7 +78,7 @@ class Lines:
 
             self._zstd = cramjam.zstd
 
-    def encode(self, records: list[Any]) -> bytes:
+    def encode(self, records: list[Any], groups: list[int] | None = None) -> bytes:
         data = b"\n".join([record.body for record in records]) + b"\n"
         if self.compression == "gzip":
             packer = zlib.compressobj(self.level, zlib.DEFLATED, 31)  # 31: a gzip member
@@ -88,9 +89,10 @@ class Lines:
 
 
 class Parquet:
-    """A whole Parquet file per sync (pyarrow): a footer-less file is unreadable, so a file is
-    finished before its records are acknowledged. Columns body, id, timestamp, attempts, and
-    partition and offset when the messages carry them (an HA topic)."""
+    """A whole Parquet file per sync (pyarrow), a row group per batch the consumer delivered:
+    a footer-less file is unreadable, so a file is finished before its records are
+    acknowledged. Columns body, id, timestamp, attempts, and partition and offset when the
+    messages carry them (an HA topic)."""
 
     def __init__(self, compression: str, level: int) -> None:
         try:
@@ -102,7 +104,7 @@ class Parquet:
         self.compression = {"gzip": "gzip", "zstd": "zstd"}.get(compression, "snappy")
         self.level = level if compression else None
 
-    def encode(self, records: list[Any]) -> bytes:
+    def encode(self, records: list[Any], groups: list[int] | None = None) -> bytes:
         pa = self.pa
         columns: dict[str, Any] = {
             "body": pa.array([r.body for r in records], pa.binary()),
@@ -117,8 +119,12 @@ class Parquet:
             columns["offset"] = pa.array([r.offset for r in records], pa.int64())
         sink = pa.BufferOutputStream()
         table = pa.table(columns)
-        self.pq.write_table(table, sink, row_group_size=max(1, len(records)), compression=self.compression,
-                            compression_level=self.level)
+        with self.pq.ParquetWriter(sink, table.schema, compression=self.compression,
+                                   compression_level=self.level) as writer:
+            start = 0
+            for size in groups or [len(records)]:  # each write a row group: one batch's records
+                writer.write_table(table.slice(start, size), row_group_size=size)
+                start += size
         return bytes(sink.getvalue())
 
 
@@ -213,8 +219,9 @@ class FileLog:
 
     # ---- writing ----------------------------------------------------------------------------
 
-    def sync(self, records: list[Any]) -> None:
+    def sync(self, records: list[Any], groups: list[int] | None = None) -> None:
         """Write ``records`` (rotating first if due) and fsync: after this they are on disk.
+        ``groups``: the sizes of the batches they came in, in order (Parquet's row groups).
 
         With ``--rotate-size`` a file takes records until it is past the size, then the next
         one starts, as nsq_to_file checks before each message; the date and the interval are
@@ -236,15 +243,15 @@ class FileLog:
                 self.size += len(record.body) + 1
         else:
             self.size += sum(len(record.body) + 1 for record in records)
-        self._write(records[start:])
+        self._write(records[start:], groups if whole_files else None)
         if whole_files:
             self.close()
 
-    def _write(self, records: list[Any]) -> None:
+    def _write(self, records: list[Any], groups: list[int] | None = None) -> None:
         assert self.fd is not None
         if not records:
             return
-        view = memoryview(self.encoder.encode(records))
+        view = memoryview(self.encoder.encode(records, groups))
         while view:
             written = os.write(self.fd, view)
             view = view[written:]

@@ -42,6 +42,7 @@ class ToFile:
         self.encoder = make_encoder(self.options)
         self.log: FileLog | None = None
         self.held: list[Any] = []
+        self.groups: list[int] = []  # the sizes of the batches held, in order (Parquet's row groups)
         self.held_since = 0.0
         self.consumer: Any = None
         self.draining = False
@@ -63,7 +64,9 @@ class ToFile:
     async def handle(self, batch: Any) -> None:
         if not self.held:
             self.held_since = time.monotonic()
+        before = len(self.held)
         self.held.extend(batch)
+        self.groups.append(len(self.held) - before)
         starved = self.consumer is not None and self.consumer.is_starved()
         # Half of max in flight, not all of it: while one half is written and fsynced (in a
         # thread), the other half keeps arriving, so nsqd never waits on the disk alone.
@@ -81,8 +84,9 @@ class ToFile:
     async def _write(self) -> None:
         while self.sync_wanted and self.held:
             self.sync_wanted = False
-            records, since, self.held = self.held, self.held_since, []
-            await self._sync(records, since)
+            records, groups, since = self.held, self.groups, self.held_since
+            self.held, self.groups = [], []
+            await self._sync(records, since, groups)
 
     async def sync(self) -> None:
         """Sync everything held, and wait until it is on disk and FINed."""
@@ -91,7 +95,7 @@ class ToFile:
             assert self.writer is not None
             await self.writer
 
-    async def _sync(self, records: list[Any], since: float) -> None:
+    async def _sync(self, records: list[Any], since: float, groups: list[int]) -> None:
         """Write, fsync, then FIN. The write runs in a thread (zlib, zstd and fsync let go of the
         GIL), so the loop keeps reading meanwhile."""
         if self.log is None:
@@ -99,7 +103,7 @@ class ToFile:
         logger.info("[%s/%s] syncing %d records to disk", self.topic, self.channel, len(records))
         try:
             async with self._file:
-                await asyncio.to_thread(self.log.sync, records)
+                await asyncio.to_thread(self.log.sync, records, groups)
         except OSError as exc:
             # nsq_to_file exits here too: nothing unsynced was FINed, so nsqd redelivers it
             # to the process the supervisor starts next.
