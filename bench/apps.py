@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from fastnsq.benchmark import process_cpu_seconds
+from fastnsq.benchmark import process_cpu_seconds, process_tree
 from fastnsq.testing.process import NSQDProcess, free_port
 
 REAL_NSQD_FLAGS = ("--mem-queue-size=10000000",)
@@ -165,23 +165,6 @@ def app_command(case: str, impl: str, args: argparse.Namespace, source: str, ext
     return [sys.executable, "-m", "fastnsq", f"to-{kind}", *flags]
 
 
-def pids_of(root: int) -> list[int]:
-    """``root`` and its descendants (the supervisor and its child)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
-    found, frontier = [root], [root]
-    while frontier:
-        frontier = [pid for pid, parent in parents.items() if parent in frontier]
-        found += frontier
-    return found
-
-
 def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -> dict[str, Any]:
     kind = case.split("-")[0]
     nsqd = start_nsqd(args.nsqd_bin)
@@ -211,7 +194,7 @@ def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -
             if app.poll() is not None or time.perf_counter() > deadline:
                 raise RuntimeError(f"{impl} {case}: exited or timed out (depth {depth}); see {log.name}")
         elapsed = time.perf_counter() - began
-        pids = pids_of(app.pid)
+        pids = process_tree(app.pid)
         app_cpu = sum(process_cpu_seconds(pid) or 0.0 for pid in pids)
         nsqd_cpu = (process_cpu_seconds(nsqd.pid or 0) or 0.0) - nsqd_cpu0
         dest_cpu = (process_cpu_seconds(destination.pid or 0) or 0.0) - dest_cpu0 if destination else 0.0

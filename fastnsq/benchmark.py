@@ -144,6 +144,25 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process below it (Linux /proc): a supervisor and its workers, whose
+    CPU seconds add up to the app's."""
+    parents: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # gone meanwhile
+            parents[int(entry.name)] = int(stat[stat.rindex(b")") + 2 :].split()[1])
+    found, frontier = [root], [root]
+    while frontier:
+        frontier = [pid for pid, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
+
+
 class _Meter:
     """Counts acknowledged messages; opens the window after the warm-up, closes it at the end."""
 

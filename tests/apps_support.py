@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from fastnsq.benchmark import process_tree
 from fastnsq.testing.real import real_bin_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +39,7 @@ class App:
     async def kill(self) -> None:
         """SIGKILL the working child first (it runs in a session of its own), then the supervisor:
         a crash, with no drain anywhere."""
-        for pid in children(self.process.pid):
+        for pid in process_tree(self.process.pid)[1:]:
             os.kill(pid, signal.SIGKILL)
         if self.process.returncode is None:
             os.killpg(self.process.pid, signal.SIGKILL)
@@ -47,7 +48,7 @@ class App:
 
     def kill_now(self) -> None:
         """SIGKILL the app and its children without waiting (the test's loop may be gone)."""
-        for pid in children(self.process.pid):
+        for pid in process_tree(self.process.pid)[1:]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -60,20 +61,6 @@ def kill_leftovers() -> None:
         app = STARTED.pop()
         if app.running:
             app.kill_now()
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rpartition(")")[2].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 async def start(command: str, *args: str, log: Path) -> App:
