@@ -60,7 +60,8 @@ HA_TESTS = ["tests/test_ha.py", "tests/test_embedded_ha.py", "tests/test_ha_fail
             "tests/test_ha_bodies.py", "tests/test_youzan_interop.py",
             "tests/test_ha_endpoints.py", "tests/test_ha_producer.py",
             "tests/test_ha_tags.py", "tests/test_ha_fins.py", "tests/test_otel.py", "tests/test_partitions.py",
-            "tests/test_spark_offsets.py", "tests/test_spark_ha.py", "tests/test_apps_to_nsq_ha.py"]
+            "tests/test_spark_offsets.py", "tests/test_spark_ha.py", "tests/test_apps_to_nsq_ha.py",
+            "tests/test_metrics_partitions.py"]
 
 
 def venv_python(venv_dir: Path = VENV) -> Path:

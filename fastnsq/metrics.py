@@ -7,8 +7,13 @@ nsqd, not per message). Needs the optional extra ``metrics`` (prometheus_client)
 only by this module.
 
 Labels stay bounded: a consumer's ``topic`` and ``channel``, the ``nsqd`` address it
-connects to, an error ``code``; a producer's ``producer`` name (given to :meth:`track`).
-Never client ports, message ids or bodies. Several clients with the same labels are summed.
+connects to, an error ``code``, an HA ``partition``; a producer's ``producer`` name (given to
+:meth:`track`). Never client ports, message ids or bodies. Several clients with the same
+labels are summed.
+
+HA consumers also get per-partition gauges (``position``, ``end``, ``lag``): those are the
+channel's figures as each partition's leader reports them, asked at scrape time (one small
+``/stats`` request per leader node, at most once a second; :mod:`fastnsq.consumer.progress`).
 
 Example::
 
@@ -32,6 +37,7 @@ from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFam
 from prometheus_client.registry import Collector
 
 from .consumer import Consumer
+from .consumer.progress import progress_reader
 from .producer import Producer
 
 __all__ = ["ROUND_TRIP_BUCKETS", "NSQMetrics"]
@@ -55,6 +61,11 @@ _CONSUMER_GAUGES = (
     ("max_in_flight", "the consumer's max_in_flight"),
     ("backoff_level", "the backoff level (0: consuming normally)"),
 )
+_PARTITION_GAUGES = (
+    ("position", "HA: the channel's confirmed queue offset in the partition (everything before it is finished)"),
+    ("end", "HA: the partition's end queue offset (where its next message will be written)"),
+    ("lag", "HA: messages of the partition the channel has not finished (from its position to the end)"),
+)
 _PRODUCER_COUNTERS = (
     ("published", "messages acknowledged by nsqd", "messages_published"),
     ("failed", "messages whose publish raised", "messages_failed"),
@@ -69,10 +80,15 @@ class NSQMetrics(Collector):
     ``registry``: where to register (prometheus_client's default registry unless given;
     None registers nowhere: call ``registry.register(metrics)`` yourself). ``namespace``
     prefixes every metric name (``nsq_consumer_messages_received_total``...).
+    ``progress_wait``: how long a scrape waits for the HA leaders' figures (the last ones
+    read are reported if they take longer).
     """
 
-    def __init__(self, registry: CollectorRegistry | None = REGISTRY, *, namespace: str = "nsq") -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = REGISTRY, *, namespace: str = "nsq", progress_wait: float = 2.0
+    ) -> None:
         self.namespace = namespace
+        self.progress_wait = progress_wait
         self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
         self._producers: weakref.WeakKeyDictionary[Producer, str] = weakref.WeakKeyDictionary()
         # Observed as publishes are answered; kept out of any registry and reported by collect().
@@ -141,6 +157,24 @@ class NSQMetrics(Collector):
         yield _gauge(f"{prefix}_connections", "open connections, by nsqd", [*labels, "nsqd"],
                      per_nsqd["connections"])
         yield _gauge(f"{prefix}_rdy", "the RDY count held, by nsqd", [*labels, "nsqd"], per_nsqd["rdy"])
+        yield from self._partition_families(prefix)
+
+    def _partition_families(self, prefix: str) -> Iterator[Metric]:
+        """HA: where each tracked consumer's channel stands in each partition, as its leader says
+        (:mod:`fastnsq.consumer.progress`; read at scrape time, waiting up to ``progress_wait``).
+        The figures are the channel's, not the consumer's: two consumers of one channel show them
+        once."""
+        figures: dict[str, dict[tuple[str, ...], float]] = defaultdict(dict)
+        for consumer in list(self._consumers):
+            if not any(partition is not None for partition in consumer.partitions):
+                continue  # an upstream nsqd's topic: no partitions, no queue offsets
+            for partition, progress in progress_reader(consumer).read_from_thread(self.progress_wait).items():
+                key = (consumer.topic, consumer.channel, str(partition))
+                for field in ("position", "end", "lag"):
+                    figures[field][key] = getattr(progress, field)
+        labels = ["topic", "channel", "partition"]
+        for field, help_text in _PARTITION_GAUGES:
+            yield _gauge(f"{prefix}_partition_{field}", help_text, labels, figures[field])
 
     # ---- producers ----------------------------------------------------------------------
 

@@ -86,6 +86,13 @@ class NsqdHTTP:
         answer = await self._request("GET", address, "stats", {"format": "json", "topic": topic})
         return parse_channel_state(answer, topic, partition, channel)
 
+    async def stats(self, address: str, topic: str, channel: str | None = None) -> Any:
+        """``GET /stats?format=json&topic=T[&channel=C]`` without the clients lists, as nsqd answers it."""
+        query = {"format": "json", "topic": topic, "needClients": "false"}
+        if channel is not None:
+            query["channel"] = channel
+        return await self._request("GET", address, "stats", query)
+
     async def create_channel(self, address: str, topic: str, partition: int, channel: str) -> None:
         """``POST /channel/create`` on the partition's leader (nothing happens if it exists)."""
         await self._request("POST", address, "channel/create", _where(topic, partition, channel))

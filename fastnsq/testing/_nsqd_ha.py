@@ -393,6 +393,11 @@ class HAChannel(Channel):
             for client in list(self.clients.values()):
                 self.client_may_be_ready(client)
 
+    def confirmed_offset(self, end: int) -> int:
+        """The offset of the oldest message not finished yet (``end`` when all are)."""
+        pending = [*self.queue, *self.in_flight.values(), *self.deferred.values()]
+        return min((_offset_of(msg) for msg in pending), default=end)
+
     def take_state(self) -> tuple[list[Msg], list[tuple[float, Msg]]]:
         """Empty this channel for a leader move: (queued messages, in flight first), (deferred)."""
         now = self.server.loop.time()
@@ -630,6 +635,11 @@ class HATopic(Topic):
             entry["message_count"] = self.retained_before + len(self.retained)
             for channel in entry["channels"]:
                 channel["client_num"] = channel["client_count"]  # youzan's name
+                held = self.channels.get(channel["channel_name"])
+                if isinstance(held, HAChannel):
+                    # youzan: the bytes from the channel's confirmed offset (its oldest message
+                    # not finished: queued, in flight or deferred) to the partition's end
+                    channel["depth_size"] = self.next_offset - held.confirmed_offset(self.next_offset)
             entry["is_leader"] = self.leader
             entry["is_multi_ordered"] = self.ordered
             entry["is_ext"] = self.ext
