@@ -11,10 +11,12 @@ and the bodies every process handled are checked: each message exactly once.
 Two layouts, rounds alternating 1 and 2 processes, medians reported:
 
 * ``single``: one nsqd, every process connected to it (the default);
-* ``split``: three nsqd behind an nsqlookupd, ``--split-nsqd`` (each nsqd to one process;
-  every poll also checks that each nsqd holds exactly one connection of the channel).
+* ``split``: three nsqd behind an nsqlookupd, ``--split-nsqd`` (each nsqd to one process,
+  an nsqd moved from a busy process to an idle one while messages wait; every poll also
+  checks that each nsqd holds at most one connection of the channel, and the run records
+  how many nsqd moved).
 
-    python bench/worker.py --bin ~/nsq-real/bin --rounds 3
+    python bench/worker.py --bin ~/nsq-real/bin --rounds 3 [--port-base 24100]
 
 Writes ``bench/results/worker-<date>.json`` and prints a summary.
 """
@@ -112,7 +114,7 @@ async def one_run(servers: dict[str, Any], processes: int, args: argparse.Namesp
     nsqds = servers["nsqd"]
     await prefill([n.tcp_address for n in nsqds], topic, args.count)
     out = Path(tempfile.mkdtemp(prefix="fastnsq-worker-bench-"))
-    port = free_port()
+    port = args.port_base + 99 if args.port_base else free_port()
     command = [sys.executable, "-m", "fastnsq", "worker", "worker:Burn", "--topic", topic, "--channel", "bench",
                "--processes", str(processes), "--max-in-flight", str(args.max_in_flight),
                "--metrics-port", str(port), "--log-level", "WARNING"]
@@ -175,6 +177,7 @@ async def _measure(worker: Any, nsqds: list[Any], topic: str, port: int, out: Pa
         "handled": len(seen), "distinct": len(set(seen)), "exactly_once": len(seen) == len(set(seen)) == args.count,
         "nsqd_cpu_share": nsqd_cpu / duration, "worker_cpu_seconds": _metric(metrics, "process_cpu_seconds_total"),
         "connections_per_nsqd": most_connections, "load_average_1m": load,
+        "nsqd_moves": _metric(metrics, "nsq_worker_nsqd_moves_total"),
     }
 
 
@@ -185,20 +188,23 @@ def _metric(text: str, name: str) -> float:
 # ---- the layouts -------------------------------------------------------------------------------
 
 
-def start_servers(layout: str, binary_dir: Path) -> dict[str, Any]:
+def start_servers(layout: str, binary_dir: Path, port_base: int | None) -> dict[str, Any]:
     from fastnsq.testing.process import NSQDProcess, NSQLookupdProcess
+
+    ports = iter(range(port_base, port_base + 100)) if port_base else None
+
+    def start(server: Any) -> Any:
+        if ports is not None:  # the ports asked for, else the kernel's free ones
+            server.tcp_address, server.http_address = f"127.0.0.1:{next(ports)}", f"127.0.0.1:{next(ports)}"
+        server.start()
+        return server
 
     flags = ("--mem-queue-size=1000000",)
     if layout == "single":
-        nsqd = NSQDProcess(*flags, binary=binary_dir / "nsqd")
-        nsqd.start()
-        return {"nsqd": [nsqd], "lookupd": None}
-    lookupd = NSQLookupdProcess(binary_dir / "nsqlookupd")
-    lookupd.start()
-    nsqds = [NSQDProcess(*flags, binary=binary_dir / "nsqd", lookupd_tcp_addresses=[lookupd.tcp_address])
+        return {"nsqd": [start(NSQDProcess(*flags, binary=binary_dir / "nsqd"))], "lookupd": None}
+    lookupd = start(NSQLookupdProcess(binary_dir / "nsqlookupd"))
+    nsqds = [start(NSQDProcess(*flags, binary=binary_dir / "nsqd", lookupd_tcp_addresses=[lookupd.tcp_address]))
              for _ in range(3)]
-    for nsqd in nsqds:
-        nsqd.start()
     return {"nsqd": nsqds, "lookupd": lookupd}
 
 
@@ -212,7 +218,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     loops = calibrate(args.handler_us)
     results: dict[str, Any] = {"runs": [], "loops": loops}
     for layout in args.layouts:
-        servers = start_servers(layout, Path(args.bin).expanduser())
+        servers = start_servers(layout, Path(args.bin).expanduser(), args.port_base)
         try:
             for round_index in range(args.rounds):
                 for processes in (1, 2) if round_index % 2 == 0 else (2, 1):
@@ -240,6 +246,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             "every_run_exactly_once": all(r["exactly_once"] for r in runs),
             "every_exit_0": all(r["exit_status"] == 0 for r in runs),
             "connections_per_nsqd": sorted({tuple(r["connections_per_nsqd"]) for r in runs}),
+            "nsqd_moves": {p: [r.get("nsqd_moves", 0) for r in by[p]] for p in (1, 2)},
         }
     return summary
 
@@ -254,6 +261,8 @@ def main() -> None:
     parser.add_argument("--worker-arg", action="append", default=[],
                         help="one more argument for fastnsq worker (repeat: --worker-arg=--consumer-opt "
                              "--worker-arg=express_lane=false)")
+    parser.add_argument("--port-base", type=int, help="nsqd and nsqlookupd on ports from this one up "
+                        "(default: free ones the kernel picks); the worker's metrics port too")
     parser.add_argument("--layouts", nargs="+", default=["single", "split"], choices=["single", "split"])
     parser.add_argument("--out", default=str(HERE / "results" / f"worker-{time.strftime('%Y-%m-%d-%H%M')}.json"))
     args = parser.parse_args()

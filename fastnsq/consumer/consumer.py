@@ -118,7 +118,7 @@ class StopReport:
 
 
 class Consumer:
-    """Consumes a topic's channel from nsqd, directly or through nsqlookupd.
+    """Consumes a topic's channel from nsqd, directly or through nsqlookupd (``nsqd_tcp_addresses=[]``: none yet).
 
     >>> async def main():                                   # doctest: +SKIP
     ...     def handle(message):
@@ -201,8 +201,8 @@ class Consumer:
         )
         self._direct = direct_endpoints(nsqd_tcp_addresses, s["partition"])
         self._lookupd_addresses = address_list(lookupd_http_addresses)
-        if not self._direct and not self._lookupd_addresses:
-            raise InvalidValueError("give nsqd_tcp_addresses or lookupd_http_addresses")
+        if nsqd_tcp_addresses is None and not self._lookupd_addresses:  # [] given: connect_to_nsqd later
+            raise InvalidValueError("give nsqd_tcp_addresses ([]: connect_to_nsqd later) or lookupd_http_addresses")
         check_callable("handler", handler)
         self._handler = handler
         self._inbox = codec.Inbox()  # messages for `async for` / batches() (no handler)
@@ -347,7 +347,7 @@ class Consumer:
             self._drained.set()
 
     async def _cls(self, link: Link, timeout: float) -> None:
-        if link.conn.is_open:  # an nsqd that does not answer CLS holds the drain for 5 s at most
+        if link.conn.state in ("connected", "subscribed"):  # not twice (nsqd: fatal); 5 s at most for CLS
             try:
                 await asyncio.wait_for(link.conn.cls(), min(5.0, timeout))
             except (NSQError, asyncio.TimeoutError, OSError) as exc:

@@ -2,7 +2,8 @@
 
 A supervisor process (:mod:`.supervisor`) and N children (:mod:`.child`), each a
 :class:`~fastnsq.Consumer` running the handler :mod:`.loading` found, with its share of
-max_in_flight and, with ``--split-nsqd``, its share of the nsqd (:mod:`.assign`); the
+max_in_flight and, with ``--split-nsqd``, its share of the nsqd (:mod:`.assign`, changed
+while the group runs by :mod:`.shares` from the children's :mod:`.activity`); the
 pipe between them (:mod:`.channel`); the group's ``/metrics``, ``/healthz`` and
 ``/readyz`` (:mod:`.endpoints`, :mod:`.gather`); settings from flags, environment and a
 config file (:mod:`.settings`). It sits above the public Consumer, which never imports it.

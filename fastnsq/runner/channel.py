@@ -3,10 +3,12 @@
 One job: framing. Every message is a JSON object with a ``"type"``. The supervisor sends
 ``settings`` (first, once: the settings travel here rather than on the command line, so
 that an AUTH secret stays out of ``ps``), ``assign`` (the nsqd a child consumes from with
-``--split-nsqd``), ``report`` (asks for a report now) and ``stop`` (drain and exit). A
-child sends ``started``, ``report`` (its Prometheus text and health: every second, and with
-the request's ``id`` when asked), ``fatal`` (why it is about to exit) and ``stopped`` (its
-drain report, with a last report).
+``--split-nsqd``, numbered by ``seq``), ``report`` (asks for a report now) and ``stop``
+(drain and exit). A child sends ``started``, ``report`` (its Prometheus text and health:
+every second, and with the request's ``id`` when asked), ``assigned`` (the ``seq`` it
+applied: the nsqd it lost are let go), ``activity`` (``--split-nsqd``: its busy nsqd and
+whether it is idle, when that changes), ``fatal`` (why it is about to exit) and ``stopped``
+(its drain report, with a last report).
 """
 
 from __future__ import annotations

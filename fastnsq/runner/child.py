@@ -24,6 +24,7 @@ from typing import Any
 from .._version import __version__
 from ..consumer import Consumer
 from ..loop import run
+from .activity import Activity
 from .channel import FD_ENV, Channel
 from .loading import Handler, LoadError, load, run_hook
 from .settings import WorkerSettings
@@ -52,6 +53,7 @@ class Child:
         self.tasks: list[asyncio.Task[Any]] = []  # the child's own loops, cancelled at the end
         self._batches: set[asyncio.Task[Any]] = set()  # batches in threads, assignments (done ones leave)
         self._assigning = asyncio.Lock()
+        self.activity: Activity | None = None  # --split-nsqd: what the supervisor hears to move work
 
     # ---- the life of a child --------------------------------------------------------------
 
@@ -60,8 +62,11 @@ class Child:
         self._install_signals()
         self.tasks.append(asyncio.create_task(self._listen()))
         self.tasks.append(asyncio.create_task(self._report_health()))
-        if self.assignment is None or self.assignment:
-            await self._start_consumer(self.assignment)
+        # With --split-nsqd and no nsqd yet, the consumer runs with none: the supervisor may give it one.
+        await self._start_consumer(self.assignment)
+        if self.assignment is not None and self.consumer is not None:
+            self.activity = Activity(self.consumer)
+            self.tasks.append(asyncio.create_task(self.activity.watch(self.channel.send)))
         self.channel.send({"type": "started", "pid": os.getpid()})
         await self.stop_requested.wait()
         report = await self._drain()
@@ -163,24 +168,31 @@ class Child:
         finally:
             running.release()
 
-    async def assign(self, nsqd: list[str]) -> None:
-        """--split-nsqd: consume from exactly these nsqd from now on."""
+    async def assign(self, nsqd: list[str], seq: int | None = None) -> None:
+        """--split-nsqd: consume from exactly these nsqd from now on, then tell the supervisor
+        (which waits for a release before it lets another child take that nsqd)."""
         async with self._assigning:
-            if self.stop_requested.is_set():
-                return
-            if self.consumer is None:
-                if nsqd:
-                    await self._start_consumer(nsqd)
-                self.assignment = list(nsqd)
-                return
-            old = set(self.assignment or ())
-            for address in sorted(set(nsqd) - old):
-                logger.info("assigned nsqd %s", address)
-                await self.consumer.connect_to_nsqd(address)
-            for address in sorted(old - set(nsqd)):
-                logger.info("nsqd %s moved to another worker (or left): disconnecting", address)
-                await self.consumer.disconnect_from_nsqd(address, self.settings.drain_timeout)
-            self.assignment = list(nsqd)
+            try:
+                if not self.stop_requested.is_set() and self.consumer is not None:
+                    await self._apply_assignment(self.consumer, nsqd)
+            except Exception:  # logged; the supervisor still hears where this child stands
+                logger.exception("could not apply the nsqd assignment %s", nsqd)
+            finally:
+                self.channel.send({"type": "assigned", "seq": seq, "nsqd": self.assignment})
+
+    async def _apply_assignment(self, consumer: Consumer, nsqd: list[str]) -> None:
+        held = list(self.assignment or ())
+        leaving, coming = sorted(set(held) - set(nsqd)), sorted(set(nsqd) - set(held))
+        for address in leaving:
+            logger.info("nsqd %s moved to another worker (or left): disconnecting", address)
+        # Let go first (one connection per nsqd), all at once; then connect to the new ones at
+        # once too (in turn, each connect would wait for a busy handler's turns of the loop).
+        await asyncio.gather(*(consumer.disconnect_from_nsqd(a, self.settings.drain_timeout) for a in leaving))
+        self.assignment = [a for a in held if a not in leaving]
+        for address in coming:
+            logger.info("assigned nsqd %s", address)
+        await asyncio.gather(*(consumer.connect_to_nsqd(a) for a in coming))
+        self.assignment = [*self.assignment, *coming]
 
     # ---- the pipe -------------------------------------------------------------------------
 
@@ -199,7 +211,7 @@ class Child:
                 self.channel.send({"type": "report", "id": message.get("id"), **self._report()})
             elif kind == "assign":
                 # A task, so that a stop or a report is not held up by a drain; the lock keeps them in order.
-                task = asyncio.create_task(self.assign(list(message["nsqd"])))
+                task = asyncio.create_task(self.assign(list(message["nsqd"]), message.get("seq")))
                 self._batches.add(task)
                 task.add_done_callback(self._batches.discard)
 
@@ -228,7 +240,10 @@ class Child:
         }
 
     def _report(self) -> dict[str, Any]:
-        return {"metrics": _exposition(), "health": self._health()}
+        report = {"metrics": _exposition(), "health": self._health()}
+        if self.activity is not None:
+            report["activity"] = self.activity.state
+        return report
 
 
 # ---- metrics: the child's whole Prometheus registry, sent as text --------------------------------

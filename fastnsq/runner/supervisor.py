@@ -3,7 +3,8 @@
 One job: the group's lifecycle. It spawns ``processes`` children (``python -m
 fastnsq.runner.child``, each in a session of its own so that a terminal's Ctrl-C reaches
 the supervisor only, which then forwards one stop to each child), sends each its settings,
-share of max_in_flight and, with ``--split-nsqd``, its nsqd. A child that dies while the
+share of max_in_flight and, with ``--split-nsqd``, its nsqd (changed while the group runs
+by :mod:`.shares`, which also moves an nsqd to an idle child). A child that dies while the
 group runs is restarted after a backoff (0.5 s doubling, at most 30 s); one that died more
 than ``max_restarts`` times within ``restart_window`` seconds ends the group with exit
 status 3. The first SIGTERM or SIGINT drains every child (``Consumer.stop`` within
@@ -25,10 +26,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .assign import rebalance
 from .channel import FD_ENV, Channel
 from .gather import Family, Gatherer, group_family
 from .settings import WorkerSettings
+from .shares import Shares
 
 logger = logging.getLogger("fastnsq.worker")
 
@@ -55,6 +56,9 @@ class Slot:
     crashes: list[float] = field(default_factory=list)
     restarts: int = 0
     started_at: float = 0.0
+    activity: dict[str, Any] = field(default_factory=dict)  # --split-nsqd: its busy nsqd, idle or not
+    applied: int = 0  # --split-nsqd: the last assignment it said it applied
+    acknowledged: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def alive(self) -> bool:
@@ -67,7 +71,7 @@ class Supervisor:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.slots = [Slot(index) for index in range(settings.processes)]
-        self.assignments: dict[int, list[str]] = {index: [] for index in range(settings.processes)}
+        self.shares = Shares(self.slots, settings.drain_timeout, self._spawn_task)
         self.gatherer = Gatherer()
         self.stopping = False
         self.exit_status = 0
@@ -84,7 +88,7 @@ class Supervisor:
         if self.settings.hup:
             loop.add_signal_handler(signal.SIGHUP, self.on_hup)
         if self.settings.split_nsqd:
-            self.assignments = rebalance({}, self.settings.nsqd_tcp_addresses, self.settings.processes)
+            self.shares.start(self.settings.nsqd_tcp_addresses)
             self._spawn_task(self._watch_nsqd())
         if self.settings.topic_pattern:
             self._spawn_task(self._watch_topics())
@@ -113,7 +117,7 @@ class Supervisor:
                 slot.channel.send({"type": "hup"})
 
     def begin_stop(self) -> None:
-        self.stopping = True
+        self.stopping = self.shares.stopping = True
         for slot in self.slots:
             if slot.alive and slot.channel is not None:
                 slot.channel.send({"type": "stop"})
@@ -151,7 +155,7 @@ class Supervisor:
         slot.fatal, slot.health, slot.started_at = "", {}, time.monotonic()
         first: dict[str, Any] = {"type": "settings", "settings": self.settings.as_json(), "index": slot.index}
         if self.settings.split_nsqd:
-            first["nsqd"] = self.assignments[slot.index]
+            first["nsqd"] = self.shares.assignments.get(slot.index, [])
         slot.channel.send(first)
         logger.info("worker %d started (pid %d)", slot.index, slot.process.pid)
         self._spawn_task(self._listen(slot, slot.channel))
@@ -166,7 +170,12 @@ class Supervisor:
                 slot.metrics = message["metrics"]
                 if message.get("id") == slot.wanted_report:
                     slot.reported.set()
-            if kind == "fatal":
+            if "activity" in message:
+                slot.activity = message["activity"]
+                self.shares.consider()
+            if kind == "assigned":
+                self.shares.acknowledged(slot, int(message.get("seq") or 0))
+            elif kind == "fatal":
                 slot.fatal = str(message.get("error", ""))
             elif kind == "started" and self.stopping:
                 channel.send({"type": "stop"})  # started while the group was being stopped
@@ -179,6 +188,7 @@ class Supervisor:
             self.gatherer.retire(slot.metrics)  # its counters stay in the group's totals
             slot.metrics = ""
         slot.health = {}
+        self.shares.exited(slot)
         if self.stopping:
             level = logging.INFO if status == 0 else logging.WARNING
             logger.log(level, "worker %d (pid %d) %s", slot.index, process.pid, describe_exit(status, slot.fatal))
@@ -226,7 +236,7 @@ class Supervisor:
             while not self.stopping:
                 found = await self._discover(client)
                 if found is not None:
-                    self._reassign(found)
+                    await self.shares.found(found)
                 await asyncio.sleep(interval)
 
     async def _discover(self, client: Any) -> set[str] | None:
@@ -242,16 +252,6 @@ class Supervisor:
             answered = True
             found.update(node.address for node in result.producers)
         return found if answered else None  # every lookupd failed: keep the assignment as it is
-
-    def _reassign(self, nsqd: set[str]) -> None:
-        new = rebalance(self.assignments, nsqd, self.settings.processes)
-        for index, addresses in new.items():
-            if addresses != self.assignments.get(index):
-                logger.info("worker %d consumes from %s", index, ", ".join(addresses) or "no nsqd")
-                slot = self.slots[index]
-                if slot.alive and slot.channel is not None:
-                    slot.channel.send({"type": "assign", "nsqd": addresses})
-        self.assignments = new
 
     # ---- a topic per process, found by a pattern ---------------------------------------------
 
@@ -300,10 +300,11 @@ class Supervisor:
             "connections": connections,
             "draining": self.stopping,
             "stuck_in_backoff": stuck,
+            **({"nsqd_moves": self.shares.moves} if self.settings.split_nsqd else {}),
             "workers": [
                 {"index": s.index, "pid": s.process.pid if s.process else None, "alive": s.alive,
                  "restarts": s.restarts, **s.health,
-                 **({"assigned": self.assignments[s.index]} if self.settings.split_nsqd else {})}
+                 **({"assigned": self.shares.assignments.get(s.index, [])} if self.settings.split_nsqd else {})}
                 for s in self.slots
             ],
         }
@@ -325,6 +326,8 @@ class Supervisor:
                          sum(slot.alive for slot in self.slots)),
             group_family("nsq_worker_restarts", "counter", "worker processes restarted after dying", self.restarts),
             group_family("nsq_worker_draining", "gauge", "1 while the group drains", int(self.stopping)),
+            group_family("nsq_worker_nsqd_moves", "counter", "nsqd moved to an idle worker (--split-nsqd)",
+                         self.shares.moves),
         ]
         return families
 
