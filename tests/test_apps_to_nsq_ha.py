@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from fastnsq import ConsumeOffset, Consumer, Producer
-from fastnsq.apps.crossing import Crossing, json_key
+from fastnsq.apps.crossing import Crossing, NoPartitionsError, json_key
 from fastnsq.sharding import murmur3_32, partition_for_key
 from fastnsq.testing import NSQD, ExternalCluster, ExternalLookupd, ExternalNSQD
 from fastnsq.testing.real import ENV_REAL_HA_BIN, ENV_REAL_HA_NEXT_PORT, RealHACluster
@@ -110,6 +110,9 @@ def test_a_batch_splits_by_the_partition_of_its_keys() -> None:
     assert [p.messages for p in parts if p.sharding_key is None] == [[messages[-1]]]
     upstream = Crossing("k", murmur3_32).split(None, messages, [m.body for m in messages])
     assert len(upstream) == 1 and upstream[0].publish_options() == {}
+    with pytest.raises(NoPartitionsError, match="not created yet"):  # requeued: no round robin meanwhile
+        Crossing("k", murmur3_32).split(TopicRoute("t"), messages, [m.body for m in messages])
+    assert len(Crossing("", murmur3_32).split(TopicRoute("t"), messages, [m.body for m in messages])) == 1
 
 
 def test_ext_headers_and_trace_ids_go_where_the_destination_takes_them() -> None:
@@ -155,6 +158,29 @@ async def test_upstream_to_a_partitioned_topic_by_a_json_sharding_key(nsq_cluste
     assert sorted(g[2] for g in got) == sorted(bodies)  # each once
     check_sharded(got, 4)
     assert len({g[0] for g in got}) == 4
+
+
+async def test_a_destination_topic_created_later_gets_every_key_on_its_partition(nsq_cluster_ha: Any,
+                                                                                  tmp_path: Path) -> None:
+    """Started before the HA topic exists: the batches wait (requeued), none goes round robin."""
+    topic, target = unique("up"), unique("ha")
+    bodies = docs(1000, keys=30)
+    async with NSQD() as source:
+        async with Producer([source.tcp_address]) as producer:
+            await producer.mpublish(topic, bodies)
+        app = await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={source.tcp_address}",
+                          f"-destination-topic={target}", "-sharding-key-json-field=user", "-max-in-flight=100",
+                          "-consumer-opt=default_requeue_delay,0.2", "-consumer-opt=backoff_multiplier,0.1",
+                          *[f"-destination-lookupd-http-address={a}" for a in nsq_cluster_ha.lookupd_http_addresses],
+                          log=tmp_path / "log")
+        await eventually(lambda: "not created yet" in app.log(), 30, "a batch waiting for the topic")
+        await nsq_cluster_ha.create_topic(target, partitions=3, channels=["check"])
+        await eventually(lambda: drained(source.http_address, topic), 90, "the source drained")
+        assert await app.stop() == 0, app.log()
+    got = await read_ha(nsq_cluster_ha.lookupd_http_addresses, target, set(bodies))
+    assert set(Counter(g[2] for g in got)) == set(bodies)
+    for key, found in _partitions_of(got).items():
+        assert found == {partition_for_key(key, 3)}, (key, found)
 
 
 async def test_ha_to_ha_carries_ext_headers_and_trace_ids(nsq_cluster_ha: Any, tmp_path: Path) -> None:

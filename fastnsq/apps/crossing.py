@@ -68,6 +68,10 @@ def json_key(body: bytes, field: str) -> Any:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
+class NoPartitionsError(Exception):
+    """Keys to route and no partitions to route them to: the batch is requeued."""
+
+
 class Crossing:
     """Splits batches for one destination topic (``key_field`` empty: no sharding key)."""
 
@@ -77,19 +81,25 @@ class Crossing:
         self._warned = False
 
     def split(self, route: TopicRoute | None, messages: Sequence[Any], bodies: Sequence[bytes]) -> list[Part]:
+        if self.key_field and route is not None and not (route.endpoints or route.partitions):
+            # Not round robin meanwhile: a key's messages would land on other partitions.
+            raise NoPartitionsError(f"the lookupds list no nsqd for topic {route.topic} (not created yet?): "
+                                    "--sharding-key-json-field waits for its partitions")
         if route is None or not route.is_ha:
-            if self.key_field and route is not None and route.endpoints and not self._warned:
-                self._warned = True  # a topic not created yet has no endpoints: its publish fails, requeued
+            if self.key_field and route is not None and not self._warned:
+                self._warned = True
                 logger.warning("--sharding-key-json-field %s is not used: the destination topic %s is not "
                                "partitioned (an upstream nsqd)", self.key_field, route.topic)
             return [Part(list(messages), list(bodies))]
         if not self.key_field:
             return [self._carried(route, list(messages), list(bodies))]
         count = route.partition_num or len(route.partitions)
+        if not count:
+            raise NoPartitionsError(f"the lookupds list no partition of topic {route.topic} yet")
         groups: dict[int | None, tuple[list[Any], list[bytes], list[Any]]] = {}
         for message, body in zip(messages, bodies):
             key = json_key(message.body, self.key_field)  # the source's body: a whitelist may drop the field
-            pid = None if key is None or not count else self.hasher(key_bytes(key)) % count
+            pid = None if key is None else self.hasher(key_bytes(key)) % count
             group = groups.setdefault(pid, ([], [], []))
             group[0].append(message)
             group[1].append(body)

@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Any
 
+from ..config import secret_text
 from ..producer import Producer
 from ..sharding import murmur3_32
 from ..topology import TopicRoute, Topology
@@ -67,7 +68,9 @@ class ToNsq:
         else:
             self.producers[LOOKUPD] = Producer(lookupd_http_addresses=self.destination_lookupd, **options)
             self.routes = Topology(self.destination_lookupd, access="w",
-                                   poll_interval=float(options.get("lookupd_poll_interval", 60.0)))
+                                   poll_interval=float(options.get("lookupd_poll_interval", 60.0)),
+                                   poll_timeout=float(options.get("lookupd_poll_timeout", 60.0)),
+                                   auth_secret=secret_text(options.get("auth_secret")))
         for producer in self.producers.values():
             await producer.start(background=True)  # a destination down at start: retried, as go-nsq's
 
@@ -99,7 +102,7 @@ class ToNsq:
     async def _publish(self, messages: list[Any], bodies: list[bytes]) -> None:
         try:
             parts = self.crossing.split(await self._route(), messages, bodies)
-        except Exception as exc:  # noqa: BLE001 - lookupd down: requeued, tried again later
+        except Exception as exc:  # noqa: BLE001 - no partitions for the keys yet: requeued, tried again later
             self._failed(messages, LOOKUPD, exc)
             return
         if len(parts) == 1:
@@ -108,8 +111,14 @@ class ToNsq:
             await asyncio.gather(*(self._publish_part(part) for part in parts))
 
     async def _route(self) -> TopicRoute | None:
-        """The destination topic's route: kept by the Topology for its poll interval (no wait then)."""
-        return None if self.routes is None else await self.routes.route(self.topic)
+        """The destination topic's route: kept by the Topology for its poll interval (no wait then);
+        one that lists no nsqd (the topic not created yet) is asked for again at the next batch."""
+        if self.routes is None:
+            return None
+        route = self.routes.cached(self.topic)
+        if route is None or not route.endpoints:
+            route = await self.routes.refresh(self.topic)
+        return route
 
     async def _publish_part(self, part: Part) -> None:
         address = self.pool.get()
