@@ -8,7 +8,10 @@ once the output holds it). CPU seconds of the app (every process of it) and of n
 the destination nsqd for to-nsq) are read from /proc. Go and fastnsq alternate within each
 round, and the order flips every round; medians over ``--rounds``.
 
-The cases: ``file`` (plain), ``file-gzip`` (``--gzip --gzip-level 1`` for both), ``nsq`` (into
+The cases: ``file`` (plain), ``file-gzip`` (``--gzip --gzip-level 1`` for both),
+``file-parquet`` (ours only, ``--format parquet``: its rate beside plain to-file's; the topic's
+bodies are distinct numbers and, once drained, the files are read back by pyarrow and by
+Spark, untimed: the same count and bodies, or the run fails), ``nsq`` (into
 a second real nsqd), ``http`` (``--post`` to a sink answering 200, ``-n 100``, a request per
 message for both) and ``http-batch`` (ours with ``--batch 100``, beside Go's one request per
 message). The sink is nginx (one worker, keep-alive, ``return 200``), or an aiohttp server
@@ -43,7 +46,8 @@ from fastnsq.testing.process import NSQDProcess, free_port
 
 REAL_NSQD_FLAGS = ("--mem-queue-size=10000000",)
 TOPIC = "bench"
-CASES = ("file", "file-gzip", "nsq", "http", "http-batch")
+CASES = ("file", "file-gzip", "file-parquet", "nsq", "http", "http-batch")
+OURS_ONLY = ("http-batch", "file-parquet")  # Go's nsq_to_file has no Parquet, nsq_to_http no batch
 GO_BINARY = {"file": "nsq_to_file", "nsq": "nsq_to_nsq", "http": "nsq_to_http"}
 
 NGINX_CONF = """\
@@ -85,9 +89,10 @@ def start_nsqd(binary: str) -> NSQDProcess:
     return nsqd
 
 
-def fill(address: str, count: int, size: int) -> None:
+def fill(address: str, count: int, size: int, *, distinct: bool = False) -> None:
     """``count`` bodies of ``size`` bytes on TOPIC, in MPUBs of 5,000 (before the channel exists:
-    the channel the app makes then takes them all, as nsqd copies a topic's backlog to its first one)."""
+    the channel the app makes then takes them all, as nsqd copies a topic's backlog to its first one).
+    ``distinct``: body i is i, zero-padded to ``size`` digits (to check what was written)."""
     import asyncio
 
     from fastnsq import Producer
@@ -96,7 +101,9 @@ def fill(address: str, count: int, size: int) -> None:
         body = b"x" * size
         async with Producer([address]) as producer:
             for start in range(0, count, 5000):
-                await producer.mpublish(TOPIC, [body] * min(5000, count - start))
+                stop = min(count, start + 5000)
+                await producer.mpublish(TOPIC, [str(i).zfill(size).encode() for i in range(start, stop)]
+                                        if distinct else [body] * (stop - start))
 
     asyncio.run(publish())
 
@@ -154,6 +161,8 @@ def app_command(case: str, impl: str, args: argparse.Namespace, source: str, ext
         flags += [f"-output-dir={extra['dir']}", f"-sync-interval={args.sync_interval}"]
         if case == "file-gzip":
             flags += ["-gzip", f"-gzip-level={args.gzip_level}"]
+        elif case == "file-parquet":
+            flags += ["-format=parquet"]
     elif kind == "nsq":
         flags += [f"-destination-nsqd-tcp-address={extra['destination']}"]
     else:
@@ -172,7 +181,7 @@ def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -
     folder = tempfile.mkdtemp(prefix="bench-apps-", dir=args.work_dir)
     try:
         source = f"127.0.0.1:{nsqd.tcp_port}"
-        fill(source, args.count, args.size)
+        fill(source, args.count, args.size, distinct=case == "file-parquet")
         extra = {"dir": folder, "url": f"http://127.0.0.1:{sink.port}/in" if sink else "",
                  "destination": f"127.0.0.1:{destination.tcp_port}" if destination else ""}
         channel = {"file": "nsq_to_file", "nsq": "nsq_to_nsq", "http": "nsq_to_http"}[kind]
@@ -201,7 +210,8 @@ def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -
         app.send_signal(signal.SIGTERM)
         app.wait(60)
         log.close()
-        return {
+        checked = read_back_parquet(folder, args.count, args.size) if case == "file-parquet" else {}
+        return {**checked,
             "case": case, "impl": impl, "count": args.count, "seconds": elapsed, "rate": args.count / elapsed,
             "app_cpu_s": app_cpu, "app_us_per_msg": app_cpu / args.count * 1e6,
             "nsqd_cpu_s": nsqd_cpu, "nsqd_us_per_msg": nsqd_cpu / args.count * 1e6,
@@ -212,6 +222,43 @@ def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -
         if destination is not None:
             destination.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_back_parquet(folder: str, count: int, size: int) -> dict[str, Any]:
+    """The Parquet files read by pyarrow and by Spark: ``count`` rows whose bodies are exactly
+    the numbers 0 .. count-1 fill() published (pyarrow compares every body; Spark counts the
+    rows and the distinct numbers within range), or RuntimeError."""
+    import pyarrow.dataset as ds
+
+    began = time.perf_counter()
+    bodies = ds.dataset(folder, format="parquet").to_table(columns=["body"]).column("body").to_pylist()
+    expected = [str(i).zfill(size).encode() for i in range(count)]
+    if len(bodies) != count or sorted(bodies) != expected:
+        raise RuntimeError(f"pyarrow read {len(bodies)} rows from {folder}, not the {count} bodies published")
+    pyarrow_s = time.perf_counter() - began
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    spark = (SparkSession.builder.master("local[2]").appName("bench-apps-parquet")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.ui.enabled", "false").getOrCreate())
+    try:
+        began = time.perf_counter()
+        numbers = spark.read.parquet(folder).selectExpr("CAST(CAST(body AS STRING) AS BIGINT) AS n",
+                                                        "length(body) AS size")
+        row = numbers.agg(F.count("*").alias("rows"), F.count("n").alias("parsed"), F.min("size").alias("shortest"),
+                          F.count_distinct(F.when((F.col("n") >= 0) & (F.col("n") < count), F.col("n")))
+                          .alias("distinct")).first()
+        spark_s = time.perf_counter() - began
+    finally:
+        spark.stop()
+    rows, parsed, shortest, distinct = row["rows"], row["parsed"], row["shortest"], row["distinct"]
+    if not rows == parsed == distinct == count or shortest != size:
+        raise RuntimeError(f"Spark read {rows} rows, {parsed} numbers, {distinct} distinct in range, the shortest "
+                           f"body {shortest} bytes; published {count} distinct numbers of {size} bytes")
+    files = len([name for name in os.listdir(folder) if name.endswith(".parquet")])
+    return {"parquet_files": files, "pyarrow_rows": len(bodies), "spark_rows": rows, "spark_distinct": distinct,
+            "pyarrow_read_s": pyarrow_s, "spark_read_s": spark_s}
 
 
 # ---- the rounds ---------------------------------------------------------------------------------
@@ -230,6 +277,10 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if len(medians) == 2:
             row["speedup"] = medians["fastnsq"]["rate"] / medians["go"]["rate"]
         rows.append(row)
+    plain = next((r for r in rows if r["case"] == "file" and "fastnsq_rate" in r), None)
+    for row in rows:  # Parquet's rate beside plain to-file's (Go has none)
+        if row["case"] == "file-parquet" and plain is not None and "fastnsq_rate" in row:
+            row["of_plain_to_file"] = row["fastnsq_rate"] / plain["fastnsq_rate"]
     return rows
 
 
@@ -240,7 +291,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         print(f"{row['case']:<11} {row.get('go_rate', 0):>10,.0f} {row.get('fastnsq_rate', 0):>11,.0f} "
               f"{row.get('speedup', 0):>6.2f} {row.get('go_app_us_per_msg', 0):>10.2f} "
               f"{row.get('fastnsq_app_us_per_msg', 0):>12.2f} "
-              f"{row.get('go_nsqd_us_per_msg', 0):>9.2f} / {row.get('fastnsq_nsqd_us_per_msg', 0):<8.2f}")
+              f"{row.get('go_nsqd_us_per_msg', 0):>9.2f} / {row.get('fastnsq_nsqd_us_per_msg', 0):<8.2f}"
+              + (f"  ({row['of_plain_to_file']:.2f}x plain to-file's rate)" if "of_plain_to_file" in row else ""))
 
 
 def main() -> int:
@@ -270,8 +322,8 @@ def main() -> int:
             order = ("go", "fastnsq") if round_index % 2 == 0 else ("fastnsq", "go")
             for case in cases:
                 for impl in order:
-                    if case == "http-batch" and impl == "go" and "http" in cases:
-                        continue  # Go has no batch: its number is the http case's
+                    if case in OURS_ONLY and impl == "go":
+                        continue  # Go has no batch (its number is the http case's) and no Parquet
                     run_args = argparse.Namespace(**vars(args))
                     if case.startswith("http") and args.http_count:
                         run_args.count = args.http_count
