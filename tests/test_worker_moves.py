@@ -1,6 +1,6 @@
 """``fastnsq worker --split-nsqd`` moving work: an nsqd goes from a busy process to an idle one.
 
-Three nsqd (embedded, or real ones from ``FASTNSQ_REAL_BIN``) on ports 24000-24999, a group
+Three nsqd (embedded, or real ones in a real-server run) on ports 24000-24999, a group
 of two processes given ``--nsqd-tcp-address`` for each: the supervisor's first share gives
 worker 0 two nsqd and worker 1 one. The test fills worker 1's nsqd with a few messages and
 worker 0's with many, so that worker 1 runs dry while worker 0 has two nsqd with messages:
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from fastnsq.errors import InvalidValueError
 from fastnsq.runner.assign import pick_move
 from fastnsq.testing import NSQD
 from fastnsq.testing.process import NSQDProcess
+from fastnsq.testing.real import real_bin_dir
 
 from .helpers import eventually, unique
 from .test_consumer import channel_stats
@@ -66,10 +68,11 @@ def test_an_idle_child_takes_a_busy_nsqd_from_a_child_with_two() -> None:
 
 @contextlib.asynccontextmanager
 async def three_nsqd(base: int) -> AsyncIterator[list[Any]]:
-    """Three nsqd on ports base..base+5: real ones from FASTNSQ_REAL_BIN, else embedded ones."""
-    real_bin = os.environ.get("FASTNSQ_REAL_BIN")
-    if real_bin:
-        servers = [NSQDProcess(binary=Path(real_bin).expanduser() / "nsqd") for _ in range(3)]
+    """Three nsqd on ports base..base+5: real ones in a real-server run (``dev.py test --real``),
+    else embedded ones."""
+    real_bin = real_bin_dir()
+    if real_bin is not None:
+        servers = [NSQDProcess(binary=real_bin / "nsqd") for _ in range(3)]
         for index, server in enumerate(servers):
             server.tcp_address = f"127.0.0.1:{base + 2 * index}"
             server.http_address = f"127.0.0.1:{base + 2 * index + 1}"
@@ -110,16 +113,16 @@ class StatsWatch:
 
 
 async def _prefill(servers: list[Any], topic: str, counts: list[int]) -> int:
+    """``counts[i]`` distinct messages on nsqd i (see :func:`_bodies`); how many in all."""
     from fastnsq import Producer
 
-    number = 0
-    for server, count in zip(servers, counts):
-        bodies = [b"%s-%08d" % (server.tcp_address.encode(), number + i) for i in range(count)]
-        number += count
+    bodies = _bodies(servers, counts)
+    for server in servers:
+        mine = [b for b in bodies if b.startswith(server.tcp_address.encode() + b"-")]
         async with Producer([server.tcp_address]) as producer:
-            for start in range(0, count, 500):
-                await producer.mpublish(topic, bodies[start : start + 500])
-    return number
+            for start in range(0, len(mine), 500):
+                await producer.mpublish(topic, mine[start : start + 500])
+    return len(bodies)
 
 
 def _split_args(topic: str, servers: list[Any], *more: str) -> list[str]:
@@ -202,6 +205,49 @@ async def test_a_sigterm_while_an_nsqd_is_let_go_loses_nothing(tmp_path: Path, c
         channels = await channel_stats([s.http_address for s in servers], topic, "work")
         assert all(c["in_flight_count"] == 0 and not c["clients"] for c in channels), channels
         assert sum(c["timeout_count"] for c in channels) == 0
+
+
+async def test_a_process_killed_while_it_lets_an_nsqd_go(tmp_path: Path, cleanup: list[Worker]) -> None:
+    """SIGKILL of worker 0 while it lets an nsqd go: its connections die with it, which counts as
+    let go: the idle worker takes the nsqd, worker 0 is restarted with the one left to it, its
+    messages in flight come back after msg_timeout and are handled; never two connections."""
+    topic = unique("wkmove")
+    async with three_nsqd(24040) as servers:
+        by_address = {s.tcp_address: s for s in servers}
+        zero, one = _first_share(servers)
+        ordered = [by_address[zero[0]], by_address[zero[1]], by_address[one[0]]]
+        total = await _prefill(ordered, topic, [150, 150, 2])
+        watch = StatsWatch(servers, topic)
+        worker = await start_worker(tmp_path, "wk_jobs:handle", *_split_args(
+            topic, servers, "--max-in-flight", "40", "--consumer-opt", "msg_timeout=2s"), sleep=0.02)
+        cleanup.append(worker)
+        try:
+            await eventually(lambda: "disconnecting" in worker.log(), 30, "worker 0 letting go of an nsqd")
+            [pid] = [w["pid"] for w in (await worker.health())["workers"] if w["index"] == 0]
+            os.kill(pid, signal.SIGKILL)
+            await eventually(lambda: _restarted(worker), 20, "worker 0 restarted")
+            await eventually(lambda: _nothing_left(servers, topic), 60, "every message finished")
+        finally:
+            await watch.stop()
+        assert watch.most == [1, 1, 1], watch.most
+        health = await worker.health()
+        assert sorted(a for w in health["workers"] for a in w["assigned"]) == sorted(by_address)
+        assert await worker.stop() == 0
+        handled = worker.lines("handled")
+        assert set(handled) == {b.decode() for b in _bodies(ordered, [150, 150, 2])}
+        assert len(handled) < total + 40, "more handled twice than worker 0 held in flight"
+
+
+def _bodies(servers: list[Any], counts: list[int]) -> list[bytes]:
+    number, bodies = 0, []
+    for server, count in zip(servers, counts):
+        bodies += [b"%s-%08d" % (server.tcp_address.encode(), number + i) for i in range(count)]
+        number += count
+    return bodies
+
+
+async def _restarted(worker: Worker) -> bool:
+    return any(w["index"] == 0 and w["restarts"] >= 1 and w["alive"] for w in (await worker.health())["workers"])
 
 
 async def _moves_at_least(worker: Worker, count: int) -> bool:
