@@ -157,6 +157,7 @@ class Connection(asyncio.BufferedProtocol):
         self._closed_waiter: asyncio.Future[None] | None = None
         self._heartbeat_timer: asyncio.TimerHandle | None = None
         self._write_paused = False
+        self._eof_written = False  # close(wait_for_server=...): nothing more goes out
         self._write_timer: asyncio.TimerHandle | None = None
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._established = False  # on_close is only reported for connections that were up
@@ -307,10 +308,17 @@ class Connection(asyncio.BufferedProtocol):
         except ValueError:
             raise ProtocolError("nsqd answered AUTH with something that is not JSON") from None
 
-    async def close(self) -> None:
-        """Close the socket (after writing what is buffered) and wait until it is closed."""
+    async def close(self, wait_for_server: float = 0.0) -> None:
+        """Close the socket (after writing what is buffered) and wait until it is closed. With
+        ``wait_for_server`` s, end our side first and let nsqd close its own (that long at most):
+        nsqd has then dropped the client from its channel (and ``/stats``) when this returns."""
         if self._transport is not None and self.state != STATE_CLOSED:
             self._flush()
+            if wait_for_server > 0 and self._closed_waiter is not None and self._transport.can_write_eof():
+                self._transport.write_eof()
+                self._eof_written = True
+                await asyncio.wait([self._closed_waiter], timeout=wait_for_server)
+        if self._transport is not None and self.state != STATE_CLOSED:
             self._transport.close()
         if self._closed_waiter is not None:
             await asyncio.shield(self._closed_waiter)
@@ -689,7 +697,7 @@ class Connection(asyncio.BufferedProtocol):
             for message in reversed(fins):
                 self._wbuf.fin(message)
             fins.clear()
-        if self._transport is None or not len(self._wbuf):
+        if self._transport is None or not len(self._wbuf) or self._eof_written:
             return
         data = self._wbuf.take()
         if self._deflater is not None:

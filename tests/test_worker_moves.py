@@ -308,3 +308,23 @@ async def test_stop_while_disconnecting_from_an_nsqd_sends_cls_once() -> None:
         [stats] = await channel_stats([servers[0].http_address], topic, "work")
         assert stats["in_flight_count"] == 0 and stats["timeout_count"] == 0
         assert stats["depth"] + len(handled) == 50 and len(set(handled)) == len(handled)
+
+
+async def test_disconnect_returns_once_nsqd_has_dropped_the_client() -> None:
+    """disconnect_from_nsqd ends its side of the connection and waits for nsqd to close its own,
+    which nsqd does after removing the client from the channel: when it returns, /stats lists no
+    client, so the next worker's connection is the only one nsqd ever shows."""
+    topic = unique("wkmove")
+    async with three_nsqd(24050) as servers:
+        await _prefill(servers[:2], topic, [30, 30])
+        consumer = Consumer(topic, "work", nsqd_tcp_addresses=[s.tcp_address for s in servers[:2]],
+                            handler=lambda m: None, max_in_flight=10)
+        await consumer.start()
+        try:
+            await eventually(lambda: consumer.snapshot().received >= 10, 10, "messages")
+            for server in servers[:2]:
+                await consumer.disconnect_from_nsqd(server.tcp_address, 5)
+                [stats] = await channel_stats([server.http_address], topic, "work")
+                assert stats["clients"] == [], stats["clients"]
+        finally:
+            await consumer.stop(5)

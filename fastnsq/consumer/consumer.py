@@ -684,9 +684,9 @@ class Consumer:
     async def disconnect_from_nsqd(self, address: str, timeout: float = 30.0) -> None:
         """Stop consuming from the nsqd at ``address`` (given directly or by lookupd): its share
         of ``max_in_flight`` goes to the others at once, then CLS, its handlers finish (up to
-        ``timeout``; what is left is requeued) and its connections close. A lookupd that lists it
-        again makes the consumer connect to it again, as in go-nsq; filter it out with
-        ``discovery_filter`` to keep away."""
+        ``timeout``; what is left is requeued) and its connections close (nsqd has dropped them when
+        this returns). A lookupd that lists it again makes the consumer connect to it again, as in
+        go-nsq; filter it out with ``discovery_filter`` to keep away."""
         links = [link for link in self._all_links() if link.endpoint.address == address]
         given = [endpoint for endpoint in self._direct if endpoint.address == address]
         if not given and not links:
@@ -711,7 +711,7 @@ class Consumer:
         for message in list(link.in_flight):
             if not message.has_responded:
                 message.requeue(0, backoff=False)
-        await link.conn.close()
+        await link.conn.close(wait_for_server=2.0)  # returns once nsqd has dropped the client
 
     async def connect_to_lookupd(self, address: str) -> None:
         """Ask the lookupd at ``address`` too, from the next poll on."""

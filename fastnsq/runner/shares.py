@@ -4,12 +4,13 @@ One job: carrying out changes of the nsqd shares. A change (nsqd come or go, fou
 supervisor's lookupd polls, or a move of work) goes in two steps. First every child that
 loses an nsqd lets it go: ``Consumer.disconnect_from_nsqd`` sends RDY 0 and CLS, lets its
 handlers finish the messages in flight (what is left at ``drain_timeout`` is requeued) and
-closes the connection; the child then says so (``assigned``). Only then do the children
-that gain an nsqd connect to it. So the group never holds two connections to one nsqd;
-between the two steps that nsqd has none from the group (a few milliseconds: the close,
-two hops over the pipes, a connect, IDENTIFY and SUB), its messages wait in its channel,
-and its ``/stats`` shows no client of the group, then the new one. A child that dies while
-it lets go counts as having let go (its connections closed with it).
+closes the connection, returning once nsqd has closed its side too (nsqd drops the client
+from the channel, and ``/stats``, before that); the child then says so (``assigned``).
+Only then do the children that gain an nsqd connect to it. So the group never holds two
+connections to one nsqd; between the two steps that nsqd has none from the group (a few
+milliseconds: two hops over the pipes, a connect, IDENTIFY and SUB), its messages wait in
+its channel, and its ``/stats`` shows no client of the group, then the new one. A child
+that dies while it lets go counts as having let go (its connections closed with it).
 
 Moving work: each child reports its activity (:mod:`.activity`). When a child is idle
 while another holds two or more nsqd that still deliver, one of those moves to the idle
