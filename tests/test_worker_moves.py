@@ -63,6 +63,42 @@ def test_an_idle_child_takes_a_busy_nsqd_from_a_child_with_two() -> None:
     assert pick_move(held, {0: ["a:1", "b:2"]}, [1, 2]) == ("b:2", 0, 2)
 
 
+async def test_activity_says_busy_while_an_nsqd_delivers_then_idle() -> None:
+    """A child's activity, sampled from a real consumer: busy while an nsqd delivers (and just
+    after it was connected), idle once it ran dry and nothing is in flight; a change is reported."""
+    from fastnsq.runner.activity import WINDOW, Activity
+
+    topic = unique("wkmove")
+    async with three_nsqd(24060) as servers:
+        await _prefill(servers[:1], topic, [300])
+        release = asyncio.Event()
+
+        async def held(message: Any) -> None:
+            await release.wait()
+
+        consumer = Consumer(topic, "work", nsqd_tcp_addresses=[], handler=held, max_in_flight=10)
+        await consumer.start()
+        activity = Activity(consumer)
+        try:
+            activity.sample()
+            assert activity.state == {"busy": [], "idle": True}  # no nsqd yet: ready to take one
+            await consumer.connect_to_nsqd(servers[0].tcp_address)
+            assert activity.sample() and activity.state["busy"] == [servers[0].tcp_address]
+            await eventually(lambda: consumer.snapshot().in_flight == 10, 10, "a full window")
+            activity.sample()  # the watch samples every INTERVAL: deliveries seen at the next one
+            await asyncio.sleep(WINDOW + 0.05)
+            activity.sample()  # nothing delivered lately, but messages held: neither busy nor idle
+            assert activity.state == {"busy": [], "idle": False}
+            release.set()
+            await eventually(lambda: activity.sample() or activity.state["busy"], 5, "deliveries again")
+            await eventually(lambda: consumer.snapshot().finished == 300, 20, "all finished")
+            activity.sample()
+            await asyncio.sleep(WINDOW + 0.05)
+            assert activity.sample() and activity.state == {"busy": [], "idle": True}
+        finally:
+            await consumer.stop(5)
+
+
 # ---- servers ---------------------------------------------------------------------------------
 
 

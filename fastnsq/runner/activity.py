@@ -4,8 +4,8 @@ One job: sampling the child's consumer. Every ``INTERVAL`` s the child reads its
 connections' counters. An nsqd is *busy* while it delivered a message within the last
 ``WINDOW`` s (its channel has messages for this child: nsqd refills the RDY window as
 fast as the handler answers), or while its connection is younger than that (just taken,
-its first messages on their way). The child is *idle* when none of its nsqd is busy and it
-holds no message in flight. The child sends the supervisor a new activity only when it
+its first messages on their way). The child is *idle* when none of its nsqd is busy, it
+holds no message in flight and it is not in backoff. The child sends the supervisor a new activity only when it
 changes (and with every report); the supervisor moves an nsqd to an idle child
 (:mod:`.shares`).
 """
@@ -48,7 +48,8 @@ class Activity:
             if address not in received:
                 del self._last_seen[address]  # let go of
         busy = sorted(a for a, seen in self._last_seen.items() if now - seen < WINDOW)
-        state = {"busy": busy, "idle": not busy and snapshot.in_flight == 0}
+        # A consumer in backoff receives nothing by choice: not idle (it would slow a moved nsqd down).
+        state = {"busy": busy, "idle": not busy and snapshot.in_flight == 0 and not snapshot.backoff_level}
         changed = state != self.state
         self.state = state
         return changed
