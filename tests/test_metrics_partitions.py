@@ -18,7 +18,7 @@ pytest.importorskip("prometheus_client", reason="metrics need the 'metrics' extr
 from prometheus_client import CollectorRegistry
 
 from fastnsq import Consumer, Producer
-from fastnsq.consumer.progress import parse_progress
+from fastnsq.consumer.progress import parse_progress, progress_reader
 from fastnsq.metrics import NSQMetrics
 
 from .helpers import eventually, stats_json, unique
@@ -169,3 +169,28 @@ def test_parse_progress_reads_only_leaders_of_the_channel() -> None:
     found = parse_progress(stats, "t", "c")
     assert list(found) == [0]
     assert (found[0].position, found[0].end, found[0].lag) == (910, 1300, 3)
+
+
+async def test_a_scrape_on_the_consumers_loop_reports_the_previous_read(nsq_cluster_ha: Any) -> None:
+    """generate_latest() on the consumer's own loop cannot wait for the leaders: it starts a read
+    and shows what the previous one found (nothing the first time)."""
+    cluster = nsq_cluster_ha
+    topic, _ = await topic_with(cluster, ("c",), partitions=2)
+    registry = CollectorRegistry()
+    metrics = NSQMetrics(registry)
+    ends: dict[int, int] = {}
+    got: list[Any] = []
+    async with Producer(lookupd_http_addresses=cluster.lookupd_http_addresses) as producer:
+        for partition in range(2):
+            answer = await producer.publish(topic, b"x", partition=partition, trace_id=1)
+            ends[partition] = answer.offset + answer.size
+    consumer = Consumer(topic, "c", lookupd_http_addresses=cluster.lookupd_http_addresses, handler=got.append,
+                        max_in_flight=10, lookupd_poll_interval=0.5)
+    metrics.track(consumer)
+    async with consumer:
+        await eventually(lambda: len(got) == 2, timeout=30)
+        await asyncio.sleep(0.3)  # the FINs reach nsqd before the read below asks
+        assert gauges(scrape(registry), topic, "c") == {}  # the read it started is not back yet
+        await eventually(lambda: len(progress_reader(consumer).latest) == 2, timeout=10, what="the read's answer")
+        assert gauges(scrape(registry), topic, "c") == {p: {"position": ends[p], "end": ends[p], "lag": 0}
+                                                         for p in range(2)}

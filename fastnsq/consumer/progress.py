@@ -18,10 +18,11 @@ offset and size, which tell where the consumer *reads*, not where the partition 
 plain ``SUB`` messages carry neither. Counting offsets on the message path would also slow
 every consumer down for a figure only a scrape wants. So the figures are read on demand:
 :meth:`ProgressReader.read` asks every leader of the consumer's partitions at once (one
-``GET /stats?topic=T&channel=C&needClients=false`` per leader node: a few hundred bytes,
-the clients list left out), and answers for ``max_age`` seconds from what it read. A
-scrape every 15 s costs one small request per leader node every 15 s, and nothing when
-nobody scrapes.
+``GET /stats?topic=T&channel=C&needClients=false`` per leader node, the clients lists left
+out), and answers for ``max_age`` seconds from what it read. Measured on youzan's
+0.3.7-HA.1.13.0 (3 nodes, 4 partitions, 3 channels, 3 consumers): 3.8 KB and 0.6 ms a
+request, 3.4 ms for a whole read of the 3 leaders. A scrape every 15 s costs one such
+request per leader node every 15 s, and nothing when nobody scrapes.
 
 The leaders' HTTP addresses come from lookupd (``lookupd_http_addresses``): a consumer of
 direct endpoints only has no figures (nsqd's IDENTIFY does not give its HTTP port).
