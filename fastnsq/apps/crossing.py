@@ -28,6 +28,10 @@ from ..topology import TopicRoute
 
 logger = logging.getLogger("fastnsq.apps.to_nsq")
 
+#: json.loads without its per-call work (finding the encoding of bytes): a third of its cost
+#: on a 90-byte body, and a keyed batch parses every body.
+_decode = json.JSONDecoder().decode
+
 
 @dataclass
 class Part:
@@ -55,8 +59,8 @@ def json_key(body: bytes, field: str) -> Any:
     """The sharding key in ``body``'s JSON ``field``: a string or an integer as it is, any
     other value as its compact JSON text (equal values, equal keys); None without one."""
     try:
-        document = json.loads(body)
-    except ValueError:
+        document = _decode(body.decode("utf-8") if isinstance(body, bytes) else bytes(body).decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError is one
         return None
     if not isinstance(document, dict):
         return None
