@@ -11,8 +11,9 @@ from ._common import UsageError, http_address_arg, nsqd_address_arg, passthrough
 _EPILOG = """\
 Flags as nsq_to_nsq's (one dash or two: -topic=events works). Each batch goes out as one MPUB;
 its messages are FINed when the destination nsqd answers OK, requeued when it fails. Beyond
-nsq_to_nsq: --destination-lookupd-http-address, --metrics-port, --drain-timeout. docs/apps.md
-maps every nsq_to_nsq flag.
+nsq_to_nsq: --destination-lookupd-http-address, --metrics-port, --drain-timeout, and youzan's
+partitioned (HA) topics on either side: --sharding-key-json-field, ext headers and trace ids
+carried from an HA topic to an HA topic. docs/apps.md maps every nsq_to_nsq flag.
 """
 
 
@@ -32,6 +33,10 @@ def _build_to_nsq(commands: Any, common: argparse.ArgumentParser, client: argpar
     out.add_argument("--mode", choices=("round-robin", "hostpool", "epsilon-greedy"), default="hostpool",
                      help="the upstream request mode options: round-robin, hostpool (default), epsilon-greedy "
                           "(taken as hostpool)")
+    out.add_argument("--sharding-key-json-field", default="", metavar="FIELD",
+                     help="fastnsq's: on a partitioned (youzan HA) destination topic, the sharding key of each "
+                          "message is this field of its JSON body: a key's messages go to one partition, in order "
+                          "(needs --destination-lookupd-http-address)")
     out.add_argument("--producer-opt", action="append", default=[], metavar="NAME,VALUE",
                      help="option to pass through to the Producer (go-nsq's names; may be given multiple times)")
     out.add_argument("--status-every", type=int, default=250, metavar="N",
@@ -54,6 +59,9 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--destination-nsqd-tcp-address required (or fastnsq's --destination-lookupd-http-address)")
     if args.destination_nsqd_tcp_address and args.destination_lookupd_http_address:
         raise UsageError("use --destination-nsqd-tcp-address or --destination-lookupd-http-address, not both")
+    if args.sharding_key_json_field and not args.destination_lookupd_http_address:
+        raise UsageError("--sharding-key-json-field needs --destination-lookupd-http-address (the partitions "
+                         "come from nsqlookupd)")
     if args.require_json_value and not args.require_json_field:
         raise UsageError("--require-json-value needs --require-json-field")
     if args.status_every < 0:
@@ -72,5 +80,6 @@ def _run_to_nsq(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
             "destination_topic": args.destination_topic or "", "mode": args.mode, "producer_options": producer,
             "require_json_field": args.require_json_field, "require_json_value": args.require_json_value,
             "whitelist_json_fields": args.whitelist_json_field, "status_every": args.status_every,
+            "sharding_key_json_field": args.sharding_key_json_field,
         },
     )
