@@ -18,9 +18,9 @@ from collections.abc import Callable
 from typing import Any
 
 #: Seconds between two samples of the consumer's counters.
-INTERVAL = 0.1
+INTERVAL = 0.05
 #: An nsqd that delivered within this many seconds is busy.
-WINDOW = 0.3
+WINDOW = 0.2
 
 
 class Activity:
@@ -54,9 +54,9 @@ class Activity:
         self.state = state
         return changed
 
-    async def watch(self, send: Callable[[dict[str, Any]], None]) -> None:
-        """Sample every INTERVAL s; ``send`` the new activity each time it changes."""
+    async def watch(self, changed: Callable[[], None]) -> None:
+        """Sample every INTERVAL s; call ``changed()`` each time the activity changes."""
         while True:
             if self.sample():
-                send({"type": "activity", "activity": self.state})
+                changed()
             await asyncio.sleep(INTERVAL)

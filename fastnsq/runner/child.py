@@ -54,6 +54,7 @@ class Child:
         self._batches: set[asyncio.Task[Any]] = set()  # batches in threads, assignments (done ones leave)
         self._assigning = asyncio.Lock()
         self.activity: Activity | None = None  # --split-nsqd: what the supervisor hears to move work
+        self.applied = 0  # --split-nsqd: the last assignment applied (the activity is about it)
 
     # ---- the life of a child --------------------------------------------------------------
 
@@ -66,7 +67,7 @@ class Child:
         await self._start_consumer(self.assignment)
         if self.assignment is not None and self.consumer is not None:
             self.activity = Activity(self.consumer)
-            self.tasks.append(asyncio.create_task(self.activity.watch(self.channel.send)))
+            self.tasks.append(asyncio.create_task(self.activity.watch(self._activity_changed)))
         self.channel.send({"type": "started", "pid": os.getpid()})
         await self.stop_requested.wait()
         report = await self._drain()
@@ -178,6 +179,7 @@ class Child:
             except Exception:  # logged; the supervisor still hears where this child stands
                 logger.exception("could not apply the nsqd assignment %s", nsqd)
             finally:
+                self.applied = max(self.applied, seq or 0)
                 self.channel.send({"type": "assigned", "seq": seq, "nsqd": self.assignment})
 
     async def _apply_assignment(self, consumer: Consumer, nsqd: list[str]) -> None:
@@ -240,10 +242,14 @@ class Child:
         }
 
     def _report(self) -> dict[str, Any]:
-        report = {"metrics": _exposition(), "health": self._health()}
+        report: dict[str, Any] = {"metrics": _exposition(), "health": self._health()}
         if self.activity is not None:
-            report["activity"] = self.activity.state
+            report.update(activity=self.activity.state, applied=self.applied)
         return report
+
+    def _activity_changed(self) -> None:
+        assert self.activity is not None
+        self.channel.send({"type": "activity", "activity": self.activity.state, "applied": self.applied})
 
 
 # ---- metrics: the child's whole Prometheus registry, sent as text --------------------------------

@@ -42,6 +42,7 @@ class Holder(Protocol):
     channel: Channel | None
     activity: dict[str, Any]
     applied: int
+    sent: int
     acknowledged: asyncio.Event
 
     @property
@@ -90,8 +91,10 @@ class Shares:
             self.assignments[index] = list(addresses)  # a child (re)started from now on gets these
             logger.info("worker %d consumes from %s", index, ", ".join(addresses) or "no nsqd")
             slot = self.slots[index]
+            slot.activity = {}  # what it said is about its old share: unknown until it reports again
             if slot.alive and slot.channel is not None and slot.process is not None:
                 self._seq += 1
+                slot.sent = self._seq
                 slot.channel.send({"type": "assign", "nsqd": list(addresses), "seq": self._seq})
                 waits.append(self._applied(slot, self._seq, slot.process))
         await asyncio.gather(*waits)
@@ -111,6 +114,13 @@ class Shares:
                 await asyncio.wait_for(slot.acknowledged.wait(), remaining)
             except asyncio.TimeoutError:
                 continue
+
+    def reported(self, slot: Holder, activity: dict[str, Any], applied: int) -> None:
+        """A child's activity; ignored while it is about a share older than the last one sent
+        (a report already on its way when the new share left)."""
+        if applied >= slot.sent:
+            slot.activity = activity
+            self.consider()
 
     def acknowledged(self, slot: Holder, seq: int) -> None:
         slot.applied = max(slot.applied, seq)
@@ -144,8 +154,6 @@ class Shares:
                 new = {index: list(addresses) for index, addresses in self.assignments.items()}
                 new[donor].remove(address)
                 new[taker] = sorted([*new.get(taker, []), address])
-                for index in (donor, taker):
-                    self.slots[index].activity = {}  # stale: wait for what they report next
                 self.moves += 1
                 await self._change(new)
         finally:

@@ -58,6 +58,7 @@ class Slot:
     started_at: float = 0.0
     activity: dict[str, Any] = field(default_factory=dict)  # --split-nsqd: its busy nsqd, idle or not
     applied: int = 0  # --split-nsqd: the last assignment it said it applied
+    sent: int = 0  # --split-nsqd: the last assignment sent to it
     acknowledged: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -142,6 +143,8 @@ class Supervisor:
     async def _start(self, slot: Slot) -> None:
         if self.stopping:
             return
+        # A new process starts from its settings' share: no assignment sent or applied yet.
+        slot.channel, slot.sent, slot.applied = None, 0, 0
         ours, theirs = socket.socketpair()
         try:
             slot.process = await asyncio.create_subprocess_exec(
@@ -171,8 +174,7 @@ class Supervisor:
                 if message.get("id") == slot.wanted_report:
                     slot.reported.set()
             if "activity" in message:
-                slot.activity = message["activity"]
-                self.shares.consider()
+                self.shares.reported(slot, message["activity"], int(message.get("applied") or 0))
             if kind == "assigned":
                 self.shares.acknowledged(slot, int(message.get("seq") or 0))
             elif kind == "fatal":
