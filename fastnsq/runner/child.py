@@ -189,12 +189,26 @@ class Child:
             logger.info("nsqd %s moved to another worker (or left): disconnecting", address)
         # Let go first (one connection per nsqd), all at once; then connect to the new ones at
         # once too (in turn, each connect would wait for a busy handler's turns of the loop).
-        await asyncio.gather(*(consumer.disconnect_from_nsqd(a, self.settings.drain_timeout) for a in leaving))
+        if leaving:
+            await self._let_go(consumer, leaving)
         self.assignment = [a for a in held if a not in leaving]
         for address in coming:
             logger.info("assigned nsqd %s", address)
         await asyncio.gather(*(consumer.connect_to_nsqd(a) for a in coming))
         self.assignment = [*self.assignment, *coming]
+
+    async def _let_go(self, consumer: Consumer, leaving: list[str]) -> None:
+        """Disconnect from ``leaving`` with every connection paused meanwhile (RDY 0): each step of
+        a disconnect (CLS, its answer, the close) waits a turn of the loop, and a turn spent on a
+        full read of a busy nsqd is tens of ms of handler: 0.2 s for a release against 0.03 s
+        paused, measured with a 50 us handler. The other child waits for the release."""
+        share = consumer.max_in_flight
+        consumer.set_max_in_flight(0)
+        try:
+            await asyncio.gather(*(consumer.disconnect_from_nsqd(a, self.settings.drain_timeout) for a in leaving))
+        finally:
+            if not self.stop_requested.is_set():  # a drain keeps RDY 0
+                consumer.set_max_in_flight(share)
 
     # ---- the pipe -------------------------------------------------------------------------
 
