@@ -485,19 +485,7 @@ def parse_starting_offsets(text: str) -> str | dict[int, int]:
     """
     if text in ("earliest", "latest"):
         return text
-    try:
-        raw = json.loads(text)
-        if not isinstance(raw, dict) or not raw:
-            raise ValueError("not a JSON object of partitions")
-        parsed = {int(key): value for key, value in raw.items()}
-    except ValueError as exc:
-        raise InvalidValueError(f"option 'startingOffsets'={text!r} is not earliest, latest or JSON "
-                                f'{{"partition": offset}} ({exc})') from None
-    for partition, offset in parsed.items():
-        if partition < 0 or isinstance(offset, bool) or not isinstance(offset, int) or offset < -2:
-            raise InvalidValueError(f"option 'startingOffsets': partition {partition} offset {offset!r} must be "
-                                    "a queue offset >= 0, -2 (earliest) or -1 (latest)")
-    return parsed
+    return _partition_offsets("startingOffsets", text, "earliest, latest", -2, ", -2 (earliest) or -1 (latest)")
 
 
 def parse_ending_offsets(text: str) -> str | dict[int, int]:
@@ -510,18 +498,24 @@ def parse_ending_offsets(text: str) -> str | dict[int, int]:
     """
     if text == "latest":
         return text
+    return _partition_offsets("endingOffsets", text, "latest", -1, " or -1 (latest)")
+
+
+def _partition_offsets(option: str, text: str, names: str, lowest: int, specials: str) -> dict[int, int]:
+    """JSON ``{"partition": offset}`` of ``option``: each offset >= 0, or one of the special
+    values down to ``lowest`` (``specials`` says what they mean)."""
     try:
         raw = json.loads(text)
         if not isinstance(raw, dict) or not raw:
             raise ValueError("not a JSON object of partitions")
         parsed = {int(key): value for key, value in raw.items()}
     except ValueError as exc:
-        raise InvalidValueError(f"option 'endingOffsets'={text!r} is not latest or JSON "
+        raise InvalidValueError(f"option {option!r}={text!r} is not {names} or JSON "
                                 f'{{"partition": offset}} ({exc})') from None
     for partition, offset in parsed.items():
-        if partition < 0 or isinstance(offset, bool) or not isinstance(offset, int) or offset < -1:
-            raise InvalidValueError(f"option 'endingOffsets': partition {partition} offset {offset!r} must be "
-                                    "a queue offset >= 0 or -1 (latest)")
+        if partition < 0 or isinstance(offset, bool) or not isinstance(offset, int) or offset < lowest:
+            raise InvalidValueError(f"option {option!r}: partition {partition} offset {offset!r} must be "
+                                    f"a queue offset >= 0{specials}")
     return parsed
 
 
