@@ -97,7 +97,9 @@ class ToHttp:
         self.session = aiohttp.ClientSession(connector=connector, timeout=timeout,
                                              # No Accept header, as nsq_to_http sends none.
                                              skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-                                             cookie_jar=aiohttp.DummyCookieJar())
+                                             cookie_jar=aiohttp.DummyCookieJar(),
+                                             # The answer's body is read and dropped: never inflated.
+                                             auto_decompress=False)
         self.urls = {address: URL(address) for address in self.addresses}  # parsed once, not per request
         self.queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
