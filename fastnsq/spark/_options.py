@@ -74,15 +74,20 @@ def _int(name: str, text: str, low: int, high: int) -> int:
     return value
 
 
-def _timestamps(name: str, text: str) -> dict[int, int]:
-    """JSON ``{"partition": milliseconds since the epoch}`` (Kafka's ``...OffsetsByTimestamp``)."""
+def _partitions_json(name: str, text: str, expected: str) -> dict[int, Any]:
+    """A non-empty JSON object keyed by partition number; refused naming ``expected``."""
     try:
         raw = json.loads(text)
         if not isinstance(raw, dict) or not raw:
             raise ValueError("not a JSON object of partitions")
-        parsed = {int(key): value for key, value in raw.items()}
+        return {int(key): value for key, value in raw.items()}
     except ValueError as exc:
-        raise InvalidValueError(f"option {name!r}={text!r} is not JSON {{\"partition\": milliseconds}} ({exc})") from None
+        raise InvalidValueError(f"option {name!r}={text!r} is not {expected} ({exc})") from None
+
+
+def _timestamps(name: str, text: str) -> dict[int, int]:
+    """JSON ``{"partition": milliseconds since the epoch}`` (Kafka's ``...OffsetsByTimestamp``)."""
+    parsed = _partitions_json(name, text, 'JSON {"partition": milliseconds}')
     for partition, value in parsed.items():
         if partition < 0 or isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIMESTAMP_MS:
             raise InvalidValueError(f"option {name!r}: partition {partition} timestamp {value!r} must be milliseconds "
@@ -504,14 +509,7 @@ def parse_ending_offsets(text: str) -> str | dict[int, int]:
 def _partition_offsets(option: str, text: str, names: str, lowest: int, specials: str) -> dict[int, int]:
     """JSON ``{"partition": offset}`` of ``option``: each offset >= 0, or one of the special
     values down to ``lowest`` (``specials`` says what they mean)."""
-    try:
-        raw = json.loads(text)
-        if not isinstance(raw, dict) or not raw:
-            raise ValueError("not a JSON object of partitions")
-        parsed = {int(key): value for key, value in raw.items()}
-    except ValueError as exc:
-        raise InvalidValueError(f"option {option!r}={text!r} is not {names} or JSON "
-                                f'{{"partition": offset}} ({exc})') from None
+    parsed = _partitions_json(option, text, f'{names} or JSON {{"partition": offset}}')
     for partition, offset in parsed.items():
         if partition < 0 or isinstance(offset, bool) or not isinstance(offset, int) or offset < lowest:
             raise InvalidValueError(f"option {option!r}: partition {partition} offset {offset!r} must be "
