@@ -162,3 +162,12 @@ class Sink:
     async def close(self) -> None:
         if self.runner is not None:
             await self.runner.cleanup()
+
+
+async def channel_drained(http_address: str, topic: str, channel: str) -> bool:
+    """Nothing left on an app's source channel: none waiting, in flight, or requeued with a
+    delay (a deferred message is in neither depth nor in flight until its delay ends)."""
+    from .test_consumer import channel_stats
+
+    stats = await channel_stats([http_address], topic, channel)
+    return bool(stats) and all(stats[0][k] == 0 for k in ("depth", "in_flight_count", "deferred_count"))

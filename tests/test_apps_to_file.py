@@ -23,7 +23,7 @@ from fastnsq.apps.filenames import FilenameError, compute_format, go_strftime
 from fastnsq.apps.goflags import long_options, normalize
 from fastnsq.cli.main import build_parser, go_style
 
-from .apps_support import create_channels, go_app, run_to_exit, start, start_go
+from .apps_support import channel_drained, create_channels, go_app, run_to_exit, start, start_go
 from .helpers import eventually, unique
 from .test_consumer import channel_stats, publish_spread
 
@@ -43,10 +43,7 @@ def read_lines(folder: Path) -> list[bytes]:
 
 
 async def drained(nsqd, topic: str, channel: str = "nsq_to_file") -> bool:
-    stats = await channel_stats([nsqd.http_address], topic, channel)
-    # A message requeued with a delay is in neither depth nor in flight until its delay ends.
-    return bool(stats) and stats[0]["depth"] == 0 and stats[0]["in_flight_count"] == 0 and stats[0][
-        "deferred_count"] == 0
+    return await channel_drained(nsqd.http_address, topic, channel)
 
 
 # ---- the command line --------------------------------------------------------------------------

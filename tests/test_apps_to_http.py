@@ -19,15 +19,13 @@ from fastnsq.apps.to_http import canonical_key, go_sprintf, request_headers
 from fastnsq.cli._common import UsageError
 from fastnsq.cli.to_http import parse_headers
 
-from .apps_support import App, Sink, create_channels, go_app, run_to_exit, start, start_go
+from .apps_support import App, Sink, channel_drained, create_channels, go_app, run_to_exit, start, start_go
 from .helpers import eventually, unique
-from .test_consumer import channel_stats, publish_spread
+from .test_consumer import publish_spread
 
 
 async def drained(nsqd, topic: str, channel: str = "nsq_to_http") -> bool:
-    stats = await channel_stats([nsqd.http_address], topic, channel)
-    return bool(stats) and stats[0]["depth"] == 0 and stats[0]["in_flight_count"] == 0 and stats[0][
-        "deferred_count"] == 0
+    return await channel_drained(nsqd.http_address, topic, channel)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from fastnsq.testing import NSQD
 from fastnsq.testing.process import free_port
 from fastnsq.testing.real import RealNSQDServer, real_bin_dir
 
-from .apps_support import create_channels, go_app, run_to_exit, start, start_go
+from .apps_support import channel_drained, create_channels, go_app, run_to_exit, start, start_go
 from .helpers import eventually, unique
 from .test_consumer import channel_stats, publish_spread
 
@@ -63,10 +63,7 @@ async def received(address: str, topic: str, expected: int, timeout: float = 30.
 
 
 async def drained(nsqd: Any, topic: str, channel: str = "nsq_to_nsq") -> bool:
-    stats = await channel_stats([nsqd.http_address], topic, channel)
-    # A message requeued with a delay is in neither depth nor in flight until its delay ends.
-    return bool(stats) and stats[0]["depth"] == 0 and stats[0]["in_flight_count"] == 0 and stats[0][
-        "deferred_count"] == 0
+    return await channel_drained(nsqd.http_address, topic, channel)
 
 
 # ---- pure pieces -------------------------------------------------------------------------------

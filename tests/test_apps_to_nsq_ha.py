@@ -28,7 +28,7 @@ from fastnsq.testing import NSQD, ExternalCluster, ExternalLookupd, ExternalNSQD
 from fastnsq.testing.real import ENV_REAL_HA_BIN, ENV_REAL_HA_NEXT_PORT, RealHACluster
 from fastnsq.topology import TopicRoute
 
-from .apps_support import run_to_exit, start
+from .apps_support import channel_drained, run_to_exit, start
 from .helpers import eventually, skip_if_external, unique
 from .test_consumer import channel_stats
 
@@ -60,9 +60,7 @@ async def read_ha(lookupd: list[str], topic: str, expected: set[bytes], timeout:
 
 
 async def drained(http_address: str, topic: str, channel: str = "nsq_to_nsq") -> bool:
-    """Nothing left on the source channel: none waiting, in flight, or requeued with a delay."""
-    stats = await channel_stats([http_address], topic, channel)
-    return bool(stats) and all(stats[0][k] == 0 for k in ("depth", "in_flight_count", "deferred_count"))
+    return await channel_drained(http_address, topic, channel)
 
 
 def docs(count: int, keys: int) -> list[bytes]:
