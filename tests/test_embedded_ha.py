@@ -707,6 +707,44 @@ async def test_req_with_crlf_is_fatal(nsqd_ha: Any, topic: str) -> None:
     assert frame[4:] == b"E_INVALID REQ could not parse timeout " + message_id + b", 0\r"
 
 
+async def channel_counts(http_address: str, topic: str, partition: int, channel: str) -> tuple[int, int, int]:
+    """(depth, in_flight_count, deferred_count) of one partition's channel in ``/stats``."""
+    entries = (await stats_json(http_address, topic)).get("topics") or []
+    found = [ch for entry in entries if str(entry.get("topic_partition")) == str(partition)
+             for ch in entry.get("channels") or () if ch.get("channel_name") == channel]
+    assert found, f"no channel {channel!r} on partition {partition}: {entries}"
+    return int(found[0]["depth"]), int(found[0]["in_flight_count"]), int(found[0]["deferred_count"])
+
+
+async def until_channel_counts(http_address: str, topic: str, want: tuple[int, int, int]) -> None:
+    deadline = time.monotonic() + 10.0
+    while (counts := await channel_counts(http_address, topic, 0, "c")) != want:
+        assert time.monotonic() < deadline, f"(depth, in flight, deferred) stayed {counts}, expected {want}"
+        await asyncio.sleep(0.02)
+
+
+async def test_depth_counts_from_the_confirmed_offset(nsqd_ha: Any, topic: str) -> None:
+    """youzan's channel depth is the messages from its oldest unfinished one to the partition's
+    end: in flight, deferred and finished out of order included (upstream's counts only the
+    queued); a deferred message stays in its in-flight count too (``Channel.RequeueMessage``
+    keeps it in ``inFlightMessages`` with a later timeout)."""
+    if not nsqd_ha.http_address:
+        pytest.skip("FASTNSQ_TEST_NSQD_HTTP is not set")
+    consumer = await connect(nsqd_ha.tcp_address, heartbeat_interval=1000, msg_timeout=60000)
+    await consumer.sub_ha(topic, "c", 0, rdy=2)
+    producer = await connect(nsqd_ha.tcp_address)
+    producer.out.mpub(topic, [b"d%d" % i for i in range(5)], 0)
+    producer.flush()
+    await producer.ok()
+    first, second = await consumer.messages(2)
+    consumer.rdy(0)  # no more deliveries: what is in flight stays these two
+    await until_channel_counts(nsqd_ha.http_address, topic, (5, 2, 0))
+    consumer.req(first.id, 30000)
+    await until_channel_counts(nsqd_ha.http_address, topic, (5, 2, 1))
+    consumer.fin(second.id)  # out of order: the confirmed offset stays at the first
+    await until_channel_counts(nsqd_ha.http_address, topic, (5, 1, 1))
+
+
 async def test_ordered_channel_delivers_one_at_a_time(nsqd_ha: Any, topic: str) -> None:
     consumer = await connect(nsqd_ha.tcp_address, heartbeat_interval=1000, msg_timeout=1000)
     await consumer.sub_ha(topic, "c", 0, mode="ordered", rdy=10)

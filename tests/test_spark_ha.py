@@ -114,6 +114,22 @@ def test_the_available_now_target_counts_each_partition_once(ha: ThreadedHAClust
     assert available_now_backlog(source_options(ha, topic)) == len(sent)
 
 
+def test_the_available_now_target_counts_messages_in_flight_once(ha: ThreadedHACluster) -> None:
+    """Every message delivered to the running source and not yet committed: youzan's channel
+    depth counts them (from the confirmed offset) as well as its in-flight count; before the
+    fix the target was our buffer plus that depth, twice the backlog."""
+    from fastnsq.spark._runtime import SourceRuntime
+
+    topic, sent = ha_topic(ha, "spk_inflight", 2)
+    runtime = SourceRuntime(source_options(ha, topic, maxInFlight=str(10 * PER_PARTITION)))
+    runtime.start()
+    try:
+        wait_until(lambda: runtime.call(runtime.counts)["buffered"] >= len(sent), 60, what="the backlog")
+        assert runtime.available_now_target() == len(sent)
+    finally:
+        runtime.stop()
+
+
 def test_the_end_of_an_available_now_run_reaches_every_partition(ha: ThreadedHACluster) -> None:
     """One message left, on any one of 4 partitions: the in-flight window is 1 for 4
     connections, and the slot must reach that partition's. It moved on after 10 s idle

@@ -565,14 +565,32 @@ def _channel_stats(http_address: str, topic: str, channel: str) -> dict[str, int
     for entry in _topic_entries(http_address, topic):
         if entry.get("is_leader") is False:
             continue
-        if "topic_partition" not in entry:
+        ha = "topic_partition" in entry
+        if not ha:
             found["topic_depth"] += int(entry.get("depth", 0))
         chan = _find_channel(entry, channel)
         if chan is not None:
-            found["depth"] += int(chan.get("depth", 0))
-            found["in_flight"] += int(chan.get("in_flight_count", 0))
+            depth, in_flight = _queued_and_in_flight(chan, ha)
+            found["depth"] += depth
+            found["in_flight"] += in_flight
             found["clients"] = max(found["clients"], _client_count(chan))
     return found
+
+
+def _queued_and_in_flight(chan: dict[str, Any], ha: bool) -> tuple[int, int]:
+    """A channel's (queued, in flight) as upstream nsqd counts them.
+
+    youzan's HA nsqd counts its ``depth`` from the channel's confirmed offset (its oldest
+    unfinished message) to the partition's end, so in flight and deferred messages are in it,
+    and its ``in_flight_count`` holds the deferred ones. Those are taken out here; what a
+    consumer finished past an unfinished one cannot be told apart and stays counted (the
+    figure errs high, by at most the messages in flight).
+    """
+    depth, in_flight = int(chan.get("depth", 0)), int(chan.get("in_flight_count", 0))
+    if ha:
+        deferred = int(chan.get("deferred_count", 0))
+        depth, in_flight = max(0, depth - in_flight), max(0, in_flight - deferred)
+    return depth, in_flight
 
 
 def _partitions_without_channel(http_address: str, topic: str, channel: str) -> list[int]:

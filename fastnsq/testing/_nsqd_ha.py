@@ -625,6 +625,10 @@ class HATopic(Topic):
                 channel.keep_for_restart(keep_messages)
         self.message_count = self.message_bytes = 0
 
+    def _messages_from(self, offset: int) -> int:
+        """How many retained messages start at or after ``offset``."""
+        return len(self.retained) - bisect.bisect_left(self.retained, offset, key=_offset_of)
+
     def stats(self, channel_name: str, include_clients: bool) -> dict[str, Any] | None:
         entry = super().stats(channel_name, include_clients)
         if entry is not None:
@@ -637,9 +641,15 @@ class HATopic(Topic):
                 channel["client_num"] = channel["client_count"]  # youzan's name
                 held = self.channels.get(channel["channel_name"])
                 if isinstance(held, HAChannel):
-                    # youzan: the bytes from the channel's confirmed offset (its oldest message
-                    # not finished: queued, in flight or deferred) to the partition's end
-                    channel["depth_size"] = self.next_offset - held.confirmed_offset(self.next_offset)
+                    # youzan counts both from the channel's confirmed offset (its oldest message
+                    # not finished: queued, in flight or deferred) to the partition's end: the
+                    # bytes, and the messages (so its depth holds those in flight, deferred, and
+                    # finished out of order past the confirmed one, unlike upstream's)
+                    confirmed = held.confirmed_offset(self.next_offset)
+                    channel["depth_size"] = self.next_offset - confirmed
+                    channel["depth"] = self._messages_from(confirmed)
+                    # youzan keeps a deferred message among those in flight, with a later timeout
+                    channel["in_flight_count"] += channel["deferred_count"]
             entry["is_leader"] = self.leader
             entry["is_multi_ordered"] = self.ordered
             entry["is_ext"] = self.ext
