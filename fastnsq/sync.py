@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mappin
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._sync_publish import CALL, FORKS, PUBLISH, SEND, Bridge, close_producer, settle_future
+from ._thread_publish import NOT_TAKEN, ThreadPublisher
 from .config import check_range
 from .consumer import Batch, StopReport
 from .consumer import Consumer as AsyncConsumer
@@ -96,6 +97,12 @@ class Producer:
     answers. After ``os.fork()`` the child gets a loop, a thread and connections of its own
     at its first call (gunicorn ``--preload``, ``multiprocessing``); the parent's are never
     touched there.
+
+    A plain ``publish()`` (no ``defer`` or HA argument) is written and answered in the
+    calling thread on a connection it holds for the call, up to ``thread_connections`` (64)
+    such connections; 0 sends every call through the loop thread. Calls this path cannot
+    serve as the loop would (TLS, compression, AUTH, HA, lookupd, tracing, nsqd down) go
+    through the loop.
     """
 
     def __init__(
@@ -104,8 +111,10 @@ class Producer:
         *,
         lookupd_http_addresses: str | Sequence[str] | None = None,
         lazy_connect: bool = True,
+        thread_connections: int = 64,
         **options: Any,
     ) -> None:
+        self._thread_connections = check_range("thread_connections", thread_connections, 0, 1024, integer=True)
         self._arguments = (nsqd_tcp_addresses, lookupd_http_addresses, options)
         self._closed = False
         self._start(background=bool(lazy_connect))
@@ -121,6 +130,7 @@ class Producer:
             thread.stop()
             raise
         self._producer, self._thread = producer, thread
+        self._threads = ThreadPublisher(producer, self._thread_connections)
         self._bridge = Bridge(thread.loop, producer, thread._thread.ident or 0)
 
     def _current(self) -> Bridge:
@@ -158,9 +168,14 @@ class Producer:
         :meth:`fastnsq.Producer.publish`'s. With ``timeout``, returns or raises within it."""
         bridge = self._current()
         if defer is None and partition is None and sharding_key is None and trace_id is None and ext is None:
+            if timeout is not None:
+                check_range("timeout", timeout, 0, 1e6)
+            answer = self._threads.publish(topic, body, self._producer.publish_timeout if timeout is None else timeout)
+            if answer is not NOT_TAKEN:
+                return answer
             # Coalesced with the other threads' publishes; a timeout of its own is this wait's
             # (PublishTimeoutError at it, the message may still arrive, as for the async one).
-            return bridge.publish(topic, body, self._wait(None) if timeout is None else check_range("timeout", timeout, 0, 1e6))
+            return bridge.publish(topic, body, self._wait(None) if timeout is None else timeout)
         send = functools.partial(self._producer.publish, topic, body, defer=defer, timeout=timeout,
                                  partition=partition, sharding_key=sharding_key, trace_id=trace_id, ext=ext)
         return bridge.run(SEND, send, self._wait(timeout))
@@ -209,11 +224,12 @@ class Producer:
         return self._thread.call(_call_async(self._producer.node_stats), 10)
 
     def snapshot(self) -> ProducerStats:
-        """The async producer's :meth:`~fastnsq.Producer.snapshot`, taken on its loop."""
+        """The async producer's :meth:`~fastnsq.Producer.snapshot`, taken on its loop, with the
+        publishes the calling threads made on their own connections."""
         if self._closed:
-            return self._producer.snapshot()
+            return self._threads.added_to(self._producer.snapshot())
         self._current()
-        return self._thread.call(_call_async(self._producer.snapshot), 10)
+        return self._threads.added_to(self._thread.call(_call_async(self._producer.snapshot), 10))
 
     def close(self, timeout: float = 5.0) -> CloseReport:
         """Wait for publishes in flight (up to ``timeout``), close connections, stop the thread;
@@ -225,6 +241,7 @@ class Producer:
             return CloseReport()
         bridge = self._current()
         self._closed = True
+        self._threads.close()
         try:
             close = functools.partial(close_producer, self._producer, timeout)
             report = bridge.run(CALL, close, 2 * timeout + _RESULT_MARGIN)

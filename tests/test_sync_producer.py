@@ -481,3 +481,105 @@ async def test_close_while_the_first_connect_hangs_keeps_to_its_timeout() -> Non
         server.close()
     assert publish_took < 0.5 + 0.5, publish_took  # margins for a loaded machine
     assert close_took < 0.5 + 1.0, close_took
+
+
+# ---- issue 33 #3: publishes written by the calling threads ------------------------------------
+
+
+def publish_from_threads(producer: Producer, topic: str, threads: int, each: int) -> list[bytes]:
+    """``threads`` threads publishing ``each`` distinct bodies; the bodies acknowledged."""
+    acked: list[bytes] = []
+
+    def worker(n: int) -> None:
+        for i in range(each):
+            body = b"%d-%04d" % (n, i)
+            assert producer.publish(topic, body) == b"OK"
+            acked.append(body)
+
+    pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return acked
+
+
+@pytest.mark.parametrize("thread_connections", [64, 3, 0])
+async def test_threads_publish_on_connections_of_their_own_up_to_the_limit(
+    nsqd: Any, thread_connections: int
+) -> None:
+    """8 threads at once: each call on a connection it holds (at most ``thread_connections``;
+    the others and 0 go through the loop's one); every body arrives once, each counted."""
+    topic = unique("threads")
+
+    def run() -> tuple[list[bytes], Any]:
+        with Producer([nsqd.tcp_address], thread_connections=thread_connections) as producer:
+            producer.publish(topic, b"first")  # the loop validates the topic; then the threads may take it
+            acked = publish_from_threads(producer, topic, 8, 100)
+            return acked, producer.snapshot()
+
+    acked, stats = await blocking(run)
+    assert len(acked) == 800
+    assert (stats.published, stats.failed, stats.waiting) == (801, 0, 0)
+    if thread_connections == 0:
+        assert stats.connections == 1
+    else:
+        assert 2 <= stats.connections <= 1 + min(8, thread_connections), stats
+    received = await drain(nsqd.tcp_address, topic, 801)
+    assert sorted(received) == sorted([b"first", *acked])
+
+
+async def test_a_thread_connection_found_dead_hands_its_publish_to_the_loop() -> None:
+    """nsqd restarted while a thread's connection sat idle: once the loop has reconnected, the
+    next publish finds the thread's connection dead (no answer) and the loop's publish
+    delivers it."""
+    port = free_port()
+    nsqd = await nsqd_on_port(port)
+    topic = unique("restart")
+    producer = await blocking(lambda: Producer([f"127.0.0.1:{port}"], reconnect_delay=0.05))
+    try:
+        await blocking(producer.publish, topic, b"one")
+        await blocking(producer.publish, topic, b"two")  # on a thread's connection
+        assert (await blocking(producer.snapshot)).connections == 2
+        await (nsqd.stop(keep_messages=True) if isinstance(nsqd, NSQD) else nsqd.close())
+        nsqd = await nsqd_on_port(port)
+        deadline = time.monotonic() + 10.0
+        while (await blocking(producer.snapshot)).reconnects < 1:  # the loop's own connection is back
+            assert time.monotonic() < deadline, "the producer never reconnected"
+            await asyncio.sleep(0.02)
+        assert await blocking(producer.publish, topic, b"three") == b"OK"  # the thread's is still the dead one
+        stats = await blocking(producer.snapshot)
+        assert (stats.published, stats.failed) == (3, 0)
+        assert stats.connections == 1, "the dead thread connection is still counted: it was not the one tried"
+        received = await drain(f"127.0.0.1:{port}", topic)
+        assert b"three" in received
+    finally:
+        await blocking(producer.close)
+        await stop(nsqd)
+
+
+async def test_a_refusal_on_a_thread_connection_raises_and_is_counted() -> None:
+    """nsqd's E_BAD_MESSAGE (a body over its --max-msg-size, under ours) is the caller's error,
+    counted by code; the connection it closed is replaced for the next publish."""
+    nsqd = await nsqd_on_port(free_port(), max_msg_size=50)
+    topic = unique("refused")
+
+    def run() -> tuple[str, Any]:
+        with Producer([nsqd.tcp_address]) as producer:
+            producer.publish(topic, b"small")
+            with pytest.raises(Exception) as refused:
+                producer.publish(topic, b"x" * 100)
+            assert producer.publish(topic, b"small again") == b"OK"
+            return type(refused.value).__name__, producer.snapshot()
+
+    try:
+        name, stats = await blocking(run)
+    finally:
+        await stop(nsqd)
+    assert name == "BadMessageError"
+    assert (stats.published, stats.failed, stats.errors) == (2, 1, {"E_BAD_MESSAGE": 1})
+
+
+def test_thread_connections_out_of_range_names_the_option() -> None:
+    with pytest.raises(InvalidValueError, match="thread_connections"):
+        Producer(["127.0.0.1:1"], thread_connections=-1)

@@ -1,0 +1,315 @@
+"""The blocking producer's publishes written by the calling thread itself: no hop to the loop.
+
+Handing a call to the loop thread and waiting for it costs two thread switches and a GIL
+hand-over each way, more than the publish (bench/sync_publish.py: ~27-37 us of CPU a call).
+Here a plain ``publish()`` takes an idle connection of its own (a blocking socket, one thread
+at a time), writes PUB and reads nsqd's answer in the caller's thread, as go-nsq's goroutines
+do on their producer's connection. Threads publishing at once use as many connections, up to
+``thread_connections``; beyond it, or whenever this path cannot serve a call as the loop would,
+the call goes through the loop (the answer :data:`NOT_TAKEN`), which has every feature:
+
+- TLS, compression, AUTH, youzan's HA nsqd, lookupd routing, tracing: never taken here;
+- a topic the loop has not validated yet, a body this path's checks refuse: the loop raises
+  the error a user gets from any publish;
+- no connection of the loop's open (nsqd down at start, a producer still connecting): the
+  loop's fail-fast and wait-for-first-connect rules hold;
+- a connection lost under a publish: the loop retries it (``max_retries``), as it would its own.
+
+The connections identify with heartbeats off, so an idle one stays open (nsqd would drop it
+after two missed heartbeats otherwise); a dead one is found at its next use. A fork's child
+never uses its parent's (the facade builds a new publisher there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import struct
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from . import codec, tracing
+from .config import parse_address
+from .errors import PublishTimeoutError, ServerError, is_fatal, server_error, split_error
+
+if TYPE_CHECKING:
+    from .producer import Producer
+    from .stats import ProducerStats
+
+__all__ = ["NOT_TAKEN", "ThreadPublisher"]
+
+#: The answer of :meth:`ThreadPublisher.publish` when the loop must take the call.
+NOT_TAKEN: Any = object()
+
+_SIZE = struct.Struct(">i")
+_HEARTBEAT = b"_heartbeat_"
+
+
+class _Lost(Exception):
+    """The connection broke under a command: nothing is known of its answer."""
+
+
+class _Line:
+    """One blocking connection to an nsqd, used by one thread at a time."""
+
+    __slots__ = ("_view", "address", "published", "sock", "timeout")
+
+    def __init__(self, address: str, sock: socket.socket) -> None:
+        self.address = address
+        self.sock = sock
+        self.published = 0
+        self.timeout = -1.0  # the deadline set in the kernel
+        self._view = memoryview(bytearray(256))  # an answer: OK, an error, a heartbeat
+
+    def set_timeout(self, seconds: float) -> None:
+        """Receive and send deadlines in the kernel (SO_RCVTIMEO / SO_SNDTIMEO): unlike
+        ``settimeout``, no poll() before each call."""
+        whole = int(seconds)
+        micros = max(int((seconds - whole) * 1e6), 0 if whole else 1)  # 0 s 0 us would mean no deadline
+        timeval = struct.pack("ll", whole, micros)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+        self.timeout = seconds
+
+    def round_trip(self, command: bytes) -> tuple[int, bytes]:
+        """Write ``command``, read the answer frame: (frame type, data). Heartbeats are answered."""
+        self.sock.sendall(command)
+        while True:
+            kind, data = self._read_frame()
+            if kind == codec.FRAME_RESPONSE and data == _HEARTBEAT:
+                self.sock.sendall(b"NOP\n")
+                continue
+            return kind, data
+
+    def _read_frame(self) -> tuple[int, bytes]:
+        """One frame, in one recv as a rule: every syscall gives the GIL up and takes it back,
+        which is what threads publishing at once wait for."""
+        view, got = self._view, 0
+        while got < 8:
+            got = self._receive(view, got)
+        size = _SIZE.unpack_from(view)[0]
+        if size < 4 or got > 4 + size:
+            raise _Lost(f"an unexpected frame of {size} bytes ({got} read)")
+        if 4 + size > len(view):
+            frame = bytearray(4 + size)
+            frame[:got] = view[:got]
+            view = memoryview(frame)
+        while got < 4 + size:
+            got = self._receive(view, got)
+        return _SIZE.unpack_from(view, 4)[0], bytes(view[8:4 + size])
+
+    def _receive(self, view: memoryview, got: int) -> int:
+        count = self.sock.recv_into(view[got:])
+        if count == 0:
+            raise _Lost("nsqd closed the connection")
+        return got + count
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class ThreadPublisher:
+    """Plain publishes written and answered in the calling thread, on ``limit`` connections at most."""
+
+    def __init__(self, producer: Producer, limit: int) -> None:
+        self._producer = producer
+        self._limit = limit
+        self._usable = limit > 0 and _plain_connections(producer)
+        self._idle: list[_Line] = []  # list.pop/append are atomic: no lock on the common path
+        self._lock = threading.Lock()  # opening and closing lines, the counters of failures
+        self._lines: set[_Line] = set()
+        self._heads: dict[str, bytes] = {}  # "PUB topic\n" of each topic taken here
+        self._max_msg_size = producer.options.max_msg_size
+        self._opening = 0
+        self._next = 0
+        self._closed = False
+        self.published_on_closed = 0  # messages of lines closed since
+        self.failed = 0
+        self.errors: dict[str, int] = {}
+
+    # ---- the caller's thread ---------------------------------------------------------------
+
+    def publish(self, topic: str, body: Any, timeout: float) -> Any:
+        """nsqd's answer to PUB, or :data:`NOT_TAKEN` (the loop must take the call); raises
+        nsqd's refusal and PublishTimeoutError as the loop's publish would."""
+        command = self._command(topic, body)
+        if command is None or tracing.ENABLED:
+            return NOT_TAKEN
+        line = self._take()
+        if line is None:
+            return NOT_TAKEN
+        observer = self._producer._pool._round_trip_observer
+        started = time.perf_counter() if observer is not None else 0.0
+        try:
+            if timeout != line.timeout:
+                line.set_timeout(timeout)
+            kind, data = line.round_trip(command)
+        except BlockingIOError:  # the kernel's deadline: nothing came within the timeout
+            self._drop(line)
+            raise PublishTimeoutError(f"no answer from nsqd {line.address} within {timeout:.3f} s "
+                                      "(it may still arrive)") from None
+        except (OSError, _Lost):
+            self._drop(line)
+            return NOT_TAKEN  # the loop's publish retries a lost connection's message
+        if kind == codec.FRAME_ERROR:
+            return self._refused(line, data)
+        if observer is not None:
+            observer(time.perf_counter() - started)
+        line.published += 1
+        self._give_back(line)
+        return data
+
+    def _command(self, topic: str, body: Any) -> bytes | None:
+        """PUB of ``body`` when this path takes it: a topic the loop has validated, a body of
+        bytes or text within max_msg_size (the loop raises its own errors for the others)."""
+        head = self._heads.get(topic)
+        if head is None:
+            if not self._usable or topic not in self._producer._ready_topics:
+                return None
+            head = self._heads[topic] = b"PUB " + topic.encode() + b"\n"
+        if type(body) is str:
+            body = body.encode()
+        elif type(body) is not bytes:
+            return None
+        if not 0 < len(body) <= self._max_msg_size:
+            return None
+        return head + _SIZE.pack(len(body)) + body
+
+    def _refused(self, line: _Line, data: bytes) -> Any:
+        code, description = split_error(data.decode("utf-8", "replace"))
+        error = server_error(code, description, is_fatal(code, answers_publish=True))
+        if error.fatal:
+            self._drop(line)
+        else:
+            self._give_back(line)
+        if _loop_retries(error):
+            return NOT_TAKEN
+        with self._lock:
+            self.failed += 1
+            self.errors[code] = self.errors.get(code, 0) + 1
+        raise error
+
+    def _observe(self, seconds: float) -> None:
+        observer = self._producer._pool._round_trip_observer
+        if observer is not None:
+            observer(seconds)
+
+    # ---- the connections -------------------------------------------------------------------
+
+    def _take(self) -> _Line | None:
+        try:
+            line = self._idle.pop()
+        except IndexError:
+            return self._open()
+        if line.address in self._producer._nsqd_addresses:
+            return line
+        self._drop(line)  # its nsqd was taken out of the producer
+        return self._take()
+
+    def _give_back(self, line: _Line) -> None:
+        if self._closed:
+            self._drop(line)
+        else:
+            self._idle.append(line)
+
+    def _open(self) -> _Line | None:
+        if not self._usable:
+            return None
+        open_now = {conn.address for conn in self._producer.connections}
+        addresses = [address for address in self._producer._nsqd_addresses if address in open_now]
+        with self._lock:
+            if self._closed or not addresses or len(self._lines) + self._opening >= self._limit:
+                return None
+            self._opening += 1  # counts toward the limit while it connects
+            self._next += 1
+            address = addresses[self._next % len(addresses)]
+        line = None
+        try:
+            line = self._connect(address)
+        except (OSError, _Lost, ValueError):
+            pass
+        with self._lock:
+            self._opening -= 1
+            if line is not None and not self._closed:
+                self._lines.add(line)
+                return line
+        if line is not None:
+            line.close()
+        return None
+
+    def _connect(self, address: str) -> _Line | None:
+        """A connection identified with heartbeats off; None (and this path off for good) when
+        nsqd wants what only the loop's connections do (AUTH, or it is youzan's HA nsqd)."""
+        options = self._producer.options
+        host, port = parse_address(address)
+        sock = socket.create_connection((host, port), timeout=options.dial_timeout)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        line = _Line(address, sock)
+        identify = {**options.identify_body(), "heartbeat_interval": -1}
+        out = codec.WriteBuffer(max_body_size=options.max_body_size)
+        out.identify(json.dumps(identify).encode())
+        try:
+            line.set_timeout(options.dial_timeout + 5.0)  # IDENTIFY's answer
+            kind, data = line.round_trip(codec.MAGIC_V2 + out.take())
+            info = json.loads(data) if kind == codec.FRAME_RESPONSE and data != b"OK" else {}
+        except (OSError, _Lost, ValueError):
+            line.close()
+            raise
+        if kind != codec.FRAME_RESPONSE or info.get("auth_required") or "HA" in str(info.get("version", "")):
+            line.close()
+            self._usable = False
+            return None
+        return line
+
+    def _drop(self, line: _Line) -> None:
+        line.close()
+        with self._lock:
+            if line in self._lines:
+                self._lines.discard(line)
+                self.published_on_closed += line.published
+
+    # ---- any thread ------------------------------------------------------------------------
+
+    def added_to(self, stats: ProducerStats) -> ProducerStats:
+        """The loop's figures with this path's: acknowledged, refused, its open connections."""
+        with self._lock:
+            published = self.published_on_closed + sum(line.published for line in self._lines)
+            errors = dict(stats.errors)
+            for code, count in self.errors.items():
+                errors[code] = errors.get(code, 0) + count
+            busy = max(0, len(self._lines) - len(self._idle))  # lines with a call on them now
+            return dataclasses.replace(stats, published=stats.published + published, failed=stats.failed + self.failed,
+                                       waiting=stats.waiting + busy, connections=stats.connections + len(self._lines),
+                                       errors=errors)
+
+    def close(self) -> None:
+        """No new calls here; idle connections close now, busy ones when their call returns."""
+        self._closed = True
+        while True:
+            try:
+                line = self._idle.pop()
+            except IndexError:
+                return
+            self._drop(line)
+
+
+def _plain_connections(producer: Producer) -> bool:
+    """Whether the producer's connections are what this path writes: no TLS, compression or
+    AUTH, nsqd addresses given (no lookupd routing), no youzan HA extras configured."""
+    options = producer.options
+    return not (options.tls_enabled or options.snappy or options.deflate or options.auth_secret
+                or producer._router.topology is not None or producer._ha.compressing
+                or any(conn.is_ha for conn in producer._pool.open))
+
+
+def _loop_retries(error: ServerError) -> bool:
+    """A refusal the loop's publish would retry (a failure on nsqd's side, not the message's)."""
+    from .producer.producer import _retryable
+
+    return _retryable(error)
