@@ -45,6 +45,9 @@ NOT_TAKEN: Any = object()
 
 _SIZE = struct.Struct(">i")
 _HEARTBEAT = b"_heartbeat_"
+_RESPONSE = codec.FRAME_RESPONSE
+_OK_FRAME = _SIZE.pack(6) + _SIZE.pack(_RESPONSE) + b"OK"
+_OK_SIZE = len(_OK_FRAME)
 
 
 class _Lost(Exception):
@@ -74,19 +77,28 @@ class _Line:
         self.timeout = seconds
 
     def round_trip(self, command: bytes) -> tuple[int, bytes]:
-        """Write ``command``, read the answer frame: (frame type, data). Heartbeats are answered."""
-        self.sock.sendall(command)
+        """Write ``command``, read the answer frame: (frame type, data). Heartbeats are answered.
+
+        Two syscalls as a rule (each gives the GIL up and takes it back, which is what threads
+        publishing at once wait for), and nsqd's usual answer is checked in one comparison."""
+        sock = self.sock
+        sock.sendall(command)
+        got = sock.recv_into(self._view)
+        if got == _OK_SIZE and self._view[:_OK_SIZE] == _OK_FRAME:
+            return _RESPONSE, b"OK"
+        if got == 0:
+            raise _Lost("nsqd closed the connection")
         while True:
-            kind, data = self._read_frame()
-            if kind == codec.FRAME_RESPONSE and data == _HEARTBEAT:
-                self.sock.sendall(b"NOP\n")
+            kind, data = self._read_frame(got)
+            if kind == _RESPONSE and data == _HEARTBEAT:
+                sock.sendall(b"NOP\n")
+                got = 0
                 continue
             return kind, data
 
-    def _read_frame(self) -> tuple[int, bytes]:
-        """One frame, in one recv as a rule: every syscall gives the GIL up and takes it back,
-        which is what threads publishing at once wait for."""
-        view, got = self._view, 0
+    def _read_frame(self, got: int) -> tuple[int, bytes]:
+        """The frame of which ``got`` bytes are read."""
+        view = self._view
         while got < 8:
             got = self._receive(view, got)
         size = _SIZE.unpack_from(view)[0]
@@ -118,6 +130,7 @@ class ThreadPublisher:
 
     def __init__(self, producer: Producer, limit: int) -> None:
         self._producer = producer
+        self._pool = producer._pool
         self._limit = limit
         self._usable = limit > 0 and _plain_connections(producer)
         self._idle: list[_Line] = []  # list.pop/append are atomic: no lock on the common path
@@ -143,7 +156,7 @@ class ThreadPublisher:
         line = self._take()
         if line is None:
             return NOT_TAKEN
-        observer = self._producer._pool._round_trip_observer
+        observer = self._pool._round_trip_observer  # NSQMetrics' histogram, when one is attached
         started = time.perf_counter() if observer is not None else 0.0
         try:
             if timeout != line.timeout:
@@ -156,12 +169,15 @@ class ThreadPublisher:
         except (OSError, _Lost):
             self._drop(line)
             return NOT_TAKEN  # the loop's publish retries a lost connection's message
-        if kind == codec.FRAME_ERROR:
-            return self._refused(line, data)
+        if kind != _RESPONSE:
+            return self._refused(line, kind, data)
         if observer is not None:
             observer(time.perf_counter() - started)
         line.published += 1
-        self._give_back(line)
+        if self._closed:
+            self._drop(line)
+        else:
+            self._idle.append(line)
         return data
 
     def _command(self, topic: str, body: Any) -> bytes | None:
@@ -180,7 +196,10 @@ class ThreadPublisher:
             return None
         return head + _SIZE.pack(len(body)) + body
 
-    def _refused(self, line: _Line, data: bytes) -> Any:
+    def _refused(self, line: _Line, kind: int, data: bytes) -> Any:
+        if kind != codec.FRAME_ERROR:  # a frame nsqd never sends a producer: the line is not to be trusted
+            self._drop(line)
+            return NOT_TAKEN
         code, description = split_error(data.decode("utf-8", "replace"))
         error = server_error(code, description, is_fatal(code, answers_publish=True))
         if error.fatal:
