@@ -1,8 +1,10 @@
 """Blocking facade for code that is not async: scripts, WSGI apps, worker processes.
 
 Each object runs fastnsq's asyncio client on its own event loop in a daemon
-thread; calls from any number of threads are handed to that loop, so concurrent
-publishes from many threads still share connections and are coalesced.
+thread; calls from any number of threads are handed to that loop (concurrent ones
+share its connections and are coalesced), except the producer's plain ``publish()``,
+which the calling thread writes and reads itself on a connection it holds for the
+call (``thread_connections``), as that costs no thread switch.
 
 >>> from fastnsq.sync import Producer                       # doctest: +SKIP
 >>> with Producer(["127.0.0.1:4150"]) as producer:
