@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
@@ -39,8 +40,20 @@ from prometheus_client.registry import Collector
 from .consumer import Consumer
 from .consumer.progress import progress_reader
 from .producer import Producer
+from .stats import ProducerStats
 
-__all__ = ["ROUND_TRIP_BUCKETS", "NSQMetrics"]
+__all__ = ["ROUND_TRIP_BUCKETS", "NSQMetrics", "ProducerLike"]
+
+
+@runtime_checkable
+class ProducerLike(Protocol):
+    """What a producer gives the metrics (``fastnsq.sync.Producer`` has it; that module sits
+    above this one, so it is named by what it does)."""
+
+    def snapshot(self) -> ProducerStats: ...
+
+    def set_round_trip_observer(self, observer: Callable[[float], object] | None) -> None: ...
+
 
 #: Publish round trips (seconds): from a write to nsqd to the answer of its last command.
 ROUND_TRIP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -90,7 +103,7 @@ class NSQMetrics(Collector):
         self.namespace = namespace
         self.progress_wait = progress_wait
         self._consumers: weakref.WeakSet[Consumer] = weakref.WeakSet()
-        self._producers: weakref.WeakKeyDictionary[Producer, str] = weakref.WeakKeyDictionary()
+        self._producers: weakref.WeakKeyDictionary[Producer | ProducerLike, str] = weakref.WeakKeyDictionary()
         # Observed as publishes are answered; kept out of any registry and reported by collect().
         self._round_trips = Histogram(
             f"{namespace}_producer_publish_round_trip_seconds",
@@ -100,23 +113,24 @@ class NSQMetrics(Collector):
         if registry is not None:
             registry.register(self)
 
-    def track(self, client: Consumer | Producer, *, name: str = "default") -> None:
-        """Report ``client`` from the next scrape on (until it is garbage-collected or untracked).
+    def track(self, client: Consumer | Producer | ProducerLike, *, name: str = "default") -> None:
+        """Report ``client`` from the next scrape on (until it is garbage-collected or untracked):
+        a consumer, or a producer (``fastnsq.sync.Producer`` too).
 
         ``name`` labels a producer's metrics (``producer="..."``); a consumer is labelled by
         its topic and channel.
         """
         if isinstance(client, Consumer):
             self._consumers.add(client)
-        elif isinstance(client, Producer):
+        elif isinstance(client, (Producer, ProducerLike)):
             self._producers[client] = name
             client.set_round_trip_observer(self._round_trips.labels(producer=name).observe)
         else:
             raise TypeError(f"track() takes a fastnsq Consumer or Producer, not {type(client).__name__}")
 
-    def untrack(self, client: Consumer | Producer) -> None:
+    def untrack(self, client: Consumer | Producer | ProducerLike) -> None:
         """Stop reporting ``client`` (its counts leave the sums: Prometheus sees a counter reset)."""
-        if isinstance(client, Producer) and client in self._producers:
+        if isinstance(client, (Producer, ProducerLike)) and client in self._producers:
             client.set_round_trip_observer(None)
             del self._producers[client]
         self._consumers.discard(client)  # type: ignore[arg-type]

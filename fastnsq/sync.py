@@ -118,6 +118,7 @@ class Producer:
     ) -> None:
         self._thread_connections = check_range("thread_connections", thread_connections, 0, 1024, integer=True)
         self._arguments = (nsqd_tcp_addresses, lookupd_http_addresses, options)
+        self._observer: Callable[[float], object] | None = None
         self._closed = False
         self._start(background=bool(lazy_connect))
 
@@ -132,6 +133,8 @@ class Producer:
             thread.stop()
             raise
         self._producer, self._thread = producer, thread
+        if self._observer is not None:  # a fork's child: the parent's producer had it
+            thread.call(_call_async(producer.set_round_trip_observer, self._observer), 10)
         self._threads = ThreadPublisher(producer, self._thread_connections)
         self._bridge = Bridge(thread.loop, producer, thread._thread.ident or 0)
 
@@ -232,6 +235,14 @@ class Producer:
             return self._threads.added_to(self._producer.snapshot())
         self._current()
         return self._threads.added_to(self._thread.call(_call_async(self._producer.snapshot), 10))
+
+    def set_round_trip_observer(self, observer: Callable[[float], object] | None) -> None:
+        """:meth:`fastnsq.Producer.set_round_trip_observer`, the calling threads' own publishes
+        included: :meth:`fastnsq.metrics.NSQMetrics.track` uses it for its histogram."""
+        self._observer = observer
+        if not self._closed:
+            self._current()
+            self._thread.call(_call_async(self._producer.set_round_trip_observer, observer), 10)
 
     def close(self, timeout: float = 5.0) -> CloseReport:
         """Wait for publishes in flight (up to ``timeout``), close connections, stop the thread;

@@ -190,3 +190,32 @@ async def test_errors_by_code_and_untracking(nsqd) -> None:
 def test_tracking_anything_else_is_refused() -> None:
     with pytest.raises(TypeError, match="Consumer or Producer, not str"):
         NSQMetrics(None).track("consumer")  # type: ignore[arg-type]
+
+
+async def test_a_blocking_producer_is_tracked_with_its_threads_publishes(nsqd) -> None:
+    """fastnsq.sync.Producer: the calling threads' publishes on their own connections count
+    (published, connections) and time (the round-trip histogram) as the loop's do."""
+    import threading
+
+    from fastnsq.sync import Producer as BlockingProducer
+
+    registry = CollectorRegistry()
+    metrics = NSQMetrics(registry)
+    topic = unique("blocking")
+
+    def run() -> dict:
+        with BlockingProducer([nsqd.tcp_address]) as producer:
+            metrics.track(producer, name="wsgi")
+            producer.publish(topic, b"first")  # the loop's: it validates the topic
+            threads = [threading.Thread(target=lambda: [producer.publish(topic, b"m") for _ in range(50)])
+                       for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            return scrape(registry)
+
+    samples = await asyncio.get_running_loop().run_in_executor(None, run)
+    assert value(samples, "nsq_producer_messages_published_total", producer="wsgi") == 201
+    assert value(samples, "nsq_producer_connections", producer="wsgi") >= 2  # the loop's and the threads'
+    assert value(samples, "nsq_producer_publish_round_trip_seconds_count", producer="wsgi") >= 200
