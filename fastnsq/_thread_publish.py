@@ -149,7 +149,8 @@ class ThreadPublisher:
 
     def publish(self, topic: str, body: Any, timeout: float) -> Any:
         """nsqd's answer to PUB, or :data:`NOT_TAKEN` (the loop must take the call); raises
-        nsqd's refusal and PublishTimeoutError as the loop's publish would."""
+        nsqd's refusal, and PublishTimeoutError when no answer came within ``timeout``, as the
+        loop's publish would (which never retries a timeout: the message may still arrive)."""
         command = self._command(topic, body)
         if command is None or tracing.ENABLED:
             return NOT_TAKEN
@@ -164,6 +165,8 @@ class ThreadPublisher:
             kind, data = line.round_trip(command)
         except BlockingIOError:  # the kernel's deadline: nothing came within the timeout
             self._drop(line)
+            with self._lock:
+                self.failed += 1
             raise PublishTimeoutError(f"no answer from nsqd {line.address} within {timeout:.3f} s "
                                       "(it may still arrive)") from None
         except (OSError, _Lost):

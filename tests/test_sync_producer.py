@@ -583,3 +583,30 @@ async def test_a_refusal_on_a_thread_connection_raises_and_is_counted() -> None:
 def test_thread_connections_out_of_range_names_the_option() -> None:
     with pytest.raises(InvalidValueError, match="thread_connections"):
         Producer(["127.0.0.1:1"], thread_connections=-1)
+
+
+async def test_a_thread_connection_that_times_out_raises_as_the_loop_does() -> None:
+    """nsqd stops answering, publish_timeout 0.3: PublishTimeoutError at it, not retried (the
+    message may still arrive), counted as failed, as the loop's own publish does; the next
+    publish, once nsqd answers again, succeeds."""
+    nsqd = NSQD()
+    await nsqd.start()
+    topic = unique("stalled")
+    try:
+        producer = await blocking(lambda: Producer([nsqd.tcp_address], publish_timeout=0.3))
+        try:
+            await blocking(producer.publish, topic, b"one")
+            await blocking(producer.publish, topic, b"two")  # a thread's connection is open now
+            nsqd.faults.stall(0.8)
+            began = time.monotonic()
+            with pytest.raises(PublishTimeoutError):
+                await blocking(producer.publish, topic, b"three")
+            assert time.monotonic() - began < 0.3 + 0.5, "not at publish_timeout"
+            await asyncio.sleep(0.8)
+            assert await blocking(producer.publish, topic, b"four") == b"OK"
+            stats = await blocking(producer.snapshot)
+            assert (stats.published, stats.failed) == (3, 1), stats
+        finally:
+            await blocking(producer.close)
+    finally:
+        await nsqd.stop()
