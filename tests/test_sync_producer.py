@@ -59,6 +59,15 @@ async def nsqd_on_port(port: int, **options: Any) -> Any:
     return server
 
 
+def run_threads(worker: Callable[[int], object], count: int) -> None:
+    """``worker(n)`` for n in range(count), each in a thread of its own, all at once; returns when all are done."""
+    pool = [threading.Thread(target=worker, args=(n,)) for n in range(count)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+
+
 async def stop(nsqd: Any) -> None:
     await (nsqd.stop() if isinstance(nsqd, NSQD) else nsqd.close())
 
@@ -272,11 +281,7 @@ async def test_many_threads_each_get_their_own_answers_errors_and_order(nsqd: An
 
     def run_all() -> None:
         with Producer([nsqd.tcp_address]) as producer:
-            pool = [threading.Thread(target=worker, args=(producer, n)) for n in range(threads)]
-            for thread in pool:
-                thread.start()
-            for thread in pool:
-                thread.join()
+            run_threads(lambda n: worker(producer, n), threads)
 
     await blocking(run_all)
     expected = [outcome for i in range(each) for outcome in ([InvalidValueError] if i % 50 == 7 else []) + [b"OK"]]
@@ -303,11 +308,7 @@ async def test_publish_async_from_threads_then_close_flushes_every_one(nsqd: Any
             with lock:
                 futures.extend(mine)
 
-        pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
-        for thread in pool:
-            thread.start()
-        for thread in pool:
-            thread.join()
+        run_threads(worker, threads)
         producer.close()  # nothing awaited the futures: close sends them and waits for nsqd
         assert all(future.done() for future in futures)
         return [future.result() for future in futures]
@@ -384,14 +385,7 @@ async def test_an_nsqd_stopped_under_threads_loses_nothing_acknowledged() -> Non
                 except (ConnectionClosedError, NoConnectionError, PublishTimeoutError):
                     failed.append(body)
 
-        def run_all() -> None:
-            pool = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-            for thread in pool:
-                thread.start()
-            for thread in pool:
-                thread.join()
-
-        running = asyncio.get_running_loop().run_in_executor(None, run_all)
+        running = asyncio.get_running_loop().run_in_executor(None, run_threads, worker, 8)
         while len(acked) < 300:
             await asyncio.sleep(0.005)
         await b.stop(keep_messages=True)
@@ -496,11 +490,7 @@ def publish_from_threads(producer: Producer, topic: str, threads: int, each: int
             assert producer.publish(topic, body) == b"OK"
             acked.append(body)
 
-    pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
+    run_threads(worker, threads)
     return acked
 
 
