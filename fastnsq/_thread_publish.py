@@ -172,6 +172,9 @@ class ThreadPublisher:
         except (OSError, _Lost):
             self._drop(line)
             return NOT_TAKEN  # the loop's publish retries a lost connection's message
+        except BaseException:  # Ctrl-C in the middle: the answer is unread, the line cannot be reused
+            self._drop(line)
+            raise
         if kind != _RESPONSE:
             return self._refused(line, kind, data)
         if observer is not None:

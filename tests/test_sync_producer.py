@@ -600,3 +600,62 @@ async def test_a_thread_connection_that_times_out_raises_as_the_loop_does() -> N
             await blocking(producer.close)
     finally:
         await nsqd.stop()
+
+
+def test_ctrl_c_during_a_thread_publish_lets_its_connection_go(tmp_path: Any) -> None:
+    """Ctrl-C (here SIGALRM raising KeyboardInterrupt) while the main thread waits for nsqd's
+    answer on a connection of its own: the answer is never read, so that connection must not
+    be used again; it is closed, not kept (and counted) for good. The nsqd is a real listener
+    that answers IDENTIFY and nothing after."""
+    script = textwrap.dedent("""
+        import json, signal, socket, struct, threading
+        from fastnsq import codec
+        from fastnsq.errors import PublishTimeoutError
+        from fastnsq.sync import Producer
+
+        listener = socket.create_server(("127.0.0.1", 0))
+        held = []
+
+        def read_exactly(conn, size):
+            data = b""
+            while len(data) < size:
+                data += conn.recv(size - len(data))
+            return data
+
+        def answer_identify_only(conn):
+            read_exactly(conn, 4 + len(b"IDENTIFY\\n"))
+            read_exactly(conn, struct.unpack(">I", read_exactly(conn, 4))[0])
+            conn.sendall(codec.encode_response(b'{"max_rdy_count":2500,"version":"1.3.0"}'))
+            held.append(conn)  # reads nothing more, answers nothing
+
+        def serve():
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=answer_identify_only, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=serve, daemon=True).start()
+        producer = Producer(["127.0.0.1:%d" % listener.getsockname()[1]], publish_timeout=5)
+        try:
+            producer.publish("t", b"first", timeout=0.3)  # the loop's: it validates the topic
+        except PublishTimeoutError:
+            pass
+
+        def interrupt(*_):
+            raise KeyboardInterrupt
+
+        signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        try:
+            producer.publish("t", b"second")  # on a connection of this thread's
+            print("answered")
+        except KeyboardInterrupt:
+            pass
+        print(json.dumps({"connections": producer.snapshot().connections, "threads": len(held)}))
+        producer.close(timeout=0)
+    """)
+    path = tmp_path / "interrupted.py"
+    path.write_text(script)
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1] == '{"connections": 1, "threads": 2}', out  # the loop's connection alone is left
