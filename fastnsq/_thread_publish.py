@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import codec, tracing
 from .config import parse_address
-from .errors import PublishTimeoutError, ServerError, is_fatal, server_error, split_error
+from .errors import PublishTimeoutError, is_fatal, server_error, split_error
+from .producer.producer import _retryable
 
 if TYPE_CHECKING:
     from .producer import Producer
@@ -212,17 +213,13 @@ class ThreadPublisher:
             self._drop(line)
         else:
             self._give_back(line)
-        if _loop_retries(error):
-            return NOT_TAKEN
-        with self._lock:
-            self.failed += 1
+        retry = _retryable(error)  # a failure on nsqd's side, not the message's: the loop retries it
+        with self._lock:  # counted by code as the loop counts every refusal, retried or not
             self.errors[code] = self.errors.get(code, 0) + 1
+            self.failed += 0 if retry else 1
+        if retry:
+            return NOT_TAKEN
         raise error
-
-    def _observe(self, seconds: float) -> None:
-        observer = self._producer._pool._round_trip_observer
-        if observer is not None:
-            observer(seconds)
 
     # ---- the connections -------------------------------------------------------------------
 
@@ -331,10 +328,3 @@ def _plain_connections(producer: Producer) -> bool:
     return not (options.tls_enabled or options.snappy or options.deflate or options.auth_secret
                 or producer._router.topology is not None or producer._ha.compressing
                 or any(conn.is_ha for conn in producer._pool.open))
-
-
-def _loop_retries(error: ServerError) -> bool:
-    """A refusal the loop's publish would retry (a failure on nsqd's side, not the message's)."""
-    from .producer.producer import _retryable
-
-    return _retryable(error)
