@@ -35,10 +35,10 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BUILD_INPUTS = [
     "pyproject.toml", "setup.py", "fastnsq/_frame.pyx", "fastnsq/_frame.pxd", "fastnsq/_coalesce.pyx",
-    "fastnsq/_delivery.pyx",
+    "fastnsq/_delivery.pyx", "fastnsq/_blocking.pyx",
 ]
 EXTRAS = "test,testing,bench,spark,docs"
-EXTENSIONS = ("_frame", "_coalesce", "_delivery")
+EXTENSIONS = ("_frame", "_coalesce", "_delivery", "_blocking")
 #: Every Python the package claims (pyproject's requires-python and classifiers). The full
 #: suite runs on the interpreter that runs dev.py; the others get the smoke pass below.
 SUPPORTED_PYTHONS = ("3.10", "3.11", "3.12", "3.13")

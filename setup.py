@@ -1,6 +1,6 @@
-"""Build fastnsq's C extension (the wire codec) unless told not to.
+"""Build fastnsq's C extensions (the wire codec and its fast lanes) unless told not to.
 
-FASTNSQ_NO_EXTENSIONS=1  skip the extension: the pure-Python twin _frame_py is used.
+FASTNSQ_NO_EXTENSIONS=1  skip the extensions: their pure-Python twins (_frame_py, ...) are used.
 FASTNSQ_DEBUG=1          build with Cython bounds checks, C assertions and no optimisation.
 """
 
@@ -35,6 +35,7 @@ def _extensions() -> list:
             ("fastnsq._frame", "fastnsq/_frame.pyx"),  # the wire codec
             ("fastnsq._coalesce", "fastnsq/_coalesce.pyx"),  # the producer's coalescing of publishes
             ("fastnsq._delivery", "fastnsq/_delivery.pyx"),  # the consumer's per-message path
+            ("fastnsq._blocking", "fastnsq/_blocking.pyx"),  # the blocking producer's round trip
         )
     ]
     return cythonize(extensions, compiler_directives=directives, force=debug)

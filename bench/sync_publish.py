@@ -5,7 +5,8 @@ share one ``fastnsq.sync.Producer``; each thread calls ``publish()`` and times e
 ``publish_async`` (fire and forget: the threads only enqueue, then wait for every future)
 is measured the same way. With ``--gonsq PATH`` each fastnsq round alternates with
 ``gonsq_bench -mode=pub -shared`` (go-nsq's ``Producer.Publish`` from as many goroutines
-sharing one producer) at the same concurrency; with ``--before DIR`` (a checkout of older
+sharing one producer) at the same concurrency; each run's topic is deleted after it
+(an nsqd this script starts); with ``--before DIR`` (a checkout of older
 code, e.g. ``git worktree add DIR COMMIT``, built) the same runs of that code too. Each
 measurement runs in a process of its own; medians over ``--rounds``.
 
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -95,7 +97,7 @@ def measure(address: str, mode: str, threads: int, count: int, size: int) -> dic
         raise RuntimeError(f"{len(errors)} thread(s) failed, the first: {errors[0]!r}")
     every = sorted(v for own in latencies for v in own)
     return {
-        "client": f"fastnsq {mode}", "threads": threads, "count": count, "size": size,
+        "client": f"fastnsq {mode}", "threads": threads, "count": count, "size": size, "topic": topic,
         "seconds": elapsed, "msg_per_s": count / elapsed, "cpu_us_per_msg": cpu / count * 1e6,
         "p50_ms": percentile(every, 0.5) / 1e6, "p99_ms": percentile(every, 0.99) / 1e6,
     }
@@ -119,7 +121,7 @@ def run_gonsq(binary: str, address: str, threads: int, count: int, size: int) ->
     out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
     raw = json.loads(out.stdout.strip().splitlines()[-1])
     return {"client": "go-nsq Producer.Publish (shared)", "threads": threads, "count": count, "size": size,
-            "raw": raw, "msg_per_s": _gonsq_rate(raw, count)}
+            "topic": topic, "raw": raw, "msg_per_s": _gonsq_rate(raw, count)}
 
 
 def _gonsq_rate(raw: dict[str, Any], count: int) -> float:
@@ -192,6 +194,8 @@ def rounds(args: argparse.Namespace, address: str, server: NSQDProcess | None) -
                     result["nsqd_cpu_s"] = (process_cpu_seconds(server.pid) or 0.0) - cpu0
                 result["round"] = round_no
                 result["load1"] = os.getloadavg()[0]
+                if server is not None:
+                    delete_topic(server.http_address, result["topic"])
                 runs.append(result)
                 print(json.dumps(result), file=sys.stderr, flush=True)
     medians = []
@@ -212,6 +216,15 @@ def rounds(args: argparse.Namespace, address: str, server: NSQDProcess | None) -
         "commit": _commit(), "before": args.before,
         "runs": runs, "medians": medians,
     }
+
+
+def delete_topic(http_address: str, topic: str) -> None:
+    """Each run on an nsqd in the same state: with --mem-queue-size 10,000,000 every topic holds
+    an 80 MB channel of pointers that Go's collector scans for as long as the topic lives, so
+    the runs of the last rounds would pay for the topics of the first ones."""
+    request = urllib.request.Request(f"http://{http_address}/topic/delete?topic={topic}", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        answer.read()
 
 
 def ratios(runs: list[dict[str, Any]], threads: list[int]) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from . import codec, tracing
+from .codec import round_trip
 from .config import parse_address
 from .errors import PublishTimeoutError, is_fatal, server_error, split_error
 from .producer.producer import _retryable
@@ -58,14 +59,15 @@ class _Lost(Exception):
 class _Line:
     """One blocking connection to an nsqd, used by one thread at a time."""
 
-    __slots__ = ("_view", "address", "published", "sock", "timeout")
+    __slots__ = ("_answer", "_view", "address", "published", "sock", "timeout")
 
     def __init__(self, address: str, sock: socket.socket) -> None:
         self.address = address
         self.sock = sock
         self.published = 0
         self.timeout = -1.0  # the deadline set in the kernel
-        self._view = memoryview(bytearray(256))  # an answer: OK, an error, a heartbeat
+        self._answer = bytearray(256)  # an answer: OK, an error, a heartbeat
+        self._view = memoryview(self._answer)
 
     def set_timeout(self, seconds: float) -> None:
         """Receive and send deadlines in the kernel (SO_RCVTIMEO / SO_SNDTIMEO): unlike
@@ -80,19 +82,18 @@ class _Line:
     def round_trip(self, command: bytes) -> tuple[int, bytes]:
         """Write ``command``, read the answer frame: (frame type, data). Heartbeats are answered.
 
-        Two syscalls as a rule (each gives the GIL up and takes it back, which is what threads
-        publishing at once wait for), and nsqd's usual answer is checked in one comparison."""
-        sock = self.sock
-        sock.sendall(command)
-        got = sock.recv_into(self._view)
-        if got == _OK_SIZE and self._view[:_OK_SIZE] == _OK_FRAME:
+        Two syscalls as a rule, run with the GIL given up once (codec.round_trip: taking it back
+        is what threads publishing at once wait for), and nsqd's usual answer is checked in one
+        comparison."""
+        got = round_trip(self.sock, command, self._answer)
+        if got == _OK_SIZE and self._answer.startswith(_OK_FRAME):
             return _RESPONSE, b"OK"
         if got == 0:
             raise _Lost("nsqd closed the connection")
         while True:
             kind, data = self._read_frame(got)
             if kind == _RESPONSE and data == _HEARTBEAT:
-                sock.sendall(b"NOP\n")
+                self.sock.sendall(b"NOP\n")
                 got = 0
                 continue
             return kind, data

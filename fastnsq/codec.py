@@ -1,9 +1,11 @@
 """Picks the compiled hot path: the C extensions by default, their pure-Python twins on request.
 
-Three extensions, each with a twin of the same API: the wire codec (``_frame`` /
+Four extensions, each with a twin of the same API: the wire codec (``_frame`` /
 ``_frame_py``), the producer's coalescing of publishes (``_coalesce`` /
-``_coalesce_py``) and the consumer's per-message path (``_delivery`` /
-``_delivery_py``: the connection link, the RDY record it updates, the inbox). ``FASTNSQ_NO_EXTENSIONS=1`` selects the twins; otherwise the C
+``_coalesce_py``), the consumer's per-message path (``_delivery`` /
+``_delivery_py``: the connection link, the RDY record it updates, the inbox) and the
+blocking producer's round trip on a connection of a thread's own (``_blocking`` /
+``_blocking_py``). ``FASTNSQ_NO_EXTENSIONS=1`` selects the twins; otherwise the C
 extensions are used, and the twins only when an extension is missing (a build
 without a compiler), with a warning. ``IMPLEMENTATION`` says which is active ("c"
 or "python"); tests check that it is "c" by default.
@@ -16,17 +18,20 @@ import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # both implementations follow the .pyi contracts
+    from ._blocking import round_trip
     from ._coalesce import Coalescer
     from ._delivery import ConnRdy, Inbox, Link, MessageIterator, finish_all
     from ._frame import *
     from ._frame import IMPLEMENTATION
 elif os.environ.get("FASTNSQ_NO_EXTENSIONS", "") not in ("", "0"):
+    from ._blocking_py import round_trip
     from ._coalesce_py import Coalescer
     from ._delivery_py import ConnRdy, Inbox, Link, MessageIterator, finish_all
     from ._frame_py import *
     from ._frame_py import IMPLEMENTATION
 else:
     try:
+        from ._blocking import round_trip
         from ._coalesce import Coalescer
         from ._delivery import ConnRdy, Inbox, Link, MessageIterator, finish_all
         from ._frame import *
@@ -38,6 +43,7 @@ else:
             RuntimeWarning,
             stacklevel=2,
         )
+        from ._blocking_py import round_trip
         from ._coalesce_py import Coalescer
         from ._delivery_py import ConnRdy, Inbox, Link, MessageIterator, finish_all
         from ._frame_py import *
@@ -82,6 +88,7 @@ __all__ = [
     "finish_all",
     "fits_one_mpub",
     "message_columns",
+    "round_trip",
     "valid_channel_name",
     "valid_topic_name",
 ]
