@@ -103,9 +103,10 @@ def measure(address: str, mode: str, threads: int, count: int, size: int) -> dic
     }
 
 
-def run_child(address: str, mode: str, threads: int, count: int, size: int, code: str | None = None) -> dict[str, Any]:
+def run_child(address: str, mode: str, threads: int, count: int, size: int, code: str | None = None,
+              pin: str | None = None) -> dict[str, Any]:
     command = [sys.executable, __file__, "--child", address, "--mode", mode, "--threads", str(threads),
-               "--count", str(count), "--size", str(size)]
+               "--count", str(count), "--size", str(size)] + (["--pin", pin] if pin else [])
     env = dict(os.environ, SYNC_BENCH_CODE=code) if code else None
     out = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600, env=env)
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -150,9 +151,13 @@ def main() -> None:
     parser.add_argument("--nsqd-bin", metavar="PATH", help="start this real nsqd (else the embedded one)")
     parser.add_argument("--gonsq", metavar="PATH", help="gonsq_bench: alternate its rounds with fastnsq's")
     parser.add_argument("--before", metavar="DIR", help="also measure the facade of the code in DIR")
+    parser.add_argument("--pin", metavar="CPUS", help="a diagnosis: fastnsq's process on these CPUs only "
+                        "(e.g. 1; os.sched_setaffinity), nsqd and go-nsq left free")
     parser.add_argument("--out", metavar="JSON", help="write every round and the medians here")
     args = parser.parse_args()
     if args.child:
+        if args.pin:
+            os.sched_setaffinity(0, {int(cpu) for cpu in args.pin.split(",")})
         print(json.dumps(measure(args.child, args.mode, int(args.threads), args.count, args.size)))
         return
     server = None
@@ -189,7 +194,8 @@ def rounds(args: argparse.Namespace, address: str, server: NSQDProcess | None) -
                     result = run_gonsq(args.gonsq, address, n, args.count, args.size)
                 else:
                     code = args.before if kind == "before" else None
-                    result = run_child(address, mode, n, args.count, args.size, code)
+                    result = run_child(address, mode, n, args.count, args.size, code, args.pin)
+                    result["pinned_to"] = args.pin
                 if cpu0 is not None and server is not None and server.pid:
                     result["nsqd_cpu_s"] = (process_cpu_seconds(server.pid) or 0.0) - cpu0
                 result["round"] = round_no
@@ -213,7 +219,7 @@ def rounds(args: argparse.Namespace, address: str, server: NSQDProcess | None) -
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "server": server.argv(server.tcp_address, server.http_address) if server is not None else address,
         "python": sys.version.split()[0], "cpus": os.cpu_count(), "count": args.count, "size": args.size,
-        "commit": _commit(), "before": args.before,
+        "commit": _commit(), "before": args.before, "pin": args.pin,
         "runs": runs, "medians": medians,
     }
 
