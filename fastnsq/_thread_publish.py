@@ -34,6 +34,7 @@ from . import codec, tracing
 from .codec import round_trip
 from .config import parse_address
 from .errors import PublishTimeoutError, is_fatal, server_error, split_error
+from .producer.load import NodeStats
 from .producer.producer import _retryable
 
 if TYPE_CHECKING:
@@ -143,7 +144,7 @@ class ThreadPublisher:
         self._opening = 0
         self._next = 0
         self._closed = False
-        self.published_on_closed = 0  # messages of lines closed since
+        self.published_on_closed: dict[str, int] = {}  # per nsqd, messages of lines closed since
         self.failed = 0
         self.errors: dict[str, int] = {}
 
@@ -295,14 +296,15 @@ class ThreadPublisher:
         with self._lock:
             if line in self._lines:
                 self._lines.discard(line)
-                self.published_on_closed += line.published
+                closed = self.published_on_closed
+                closed[line.address] = closed.get(line.address, 0) + line.published
 
     # ---- any thread ------------------------------------------------------------------------
 
     def added_to(self, stats: ProducerStats) -> ProducerStats:
         """The loop's figures with this path's: acknowledged, refused, its open connections."""
         with self._lock:
-            published = self.published_on_closed + sum(line.published for line in self._lines)
+            published = sum(self.published_on_closed.values()) + sum(line.published for line in self._lines)
             errors = dict(stats.errors)
             for code, count in self.errors.items():
                 errors[code] = errors.get(code, 0) + count
@@ -310,6 +312,28 @@ class ThreadPublisher:
             return dataclasses.replace(stats, published=stats.published + published, failed=stats.failed + self.failed,
                                        waiting=stats.waiting + busy, connections=stats.connections + len(self._lines),
                                        errors=errors)
+
+    def added_to_nodes(self, nodes: dict[str, NodeStats]) -> dict[str, NodeStats]:
+        """Each nsqd's figures with this path's: its answered publishes, its connections, the
+        calls on them now (the average round trip stays the loop's: timing every call here
+        would cost each call more than it tells)."""
+        with self._lock:
+            answered = dict(self.published_on_closed)
+            connections: dict[str, int] = {}
+            for line in self._lines:
+                answered[line.address] = answered.get(line.address, 0) + line.published
+                connections[line.address] = connections.get(line.address, 0) + 1
+            idle: dict[str, int] = {}
+            for line in list(self._idle):
+                idle[line.address] = idle.get(line.address, 0) + 1
+        merged = dict(nodes)
+        for address in answered.keys() | connections.keys():
+            node = merged.get(address) or NodeStats(address, 0, 0.0, 0, 0)
+            busy = max(0, connections.get(address, 0) - idle.get(address, 0))
+            merged[address] = dataclasses.replace(node, pending=node.pending + busy,
+                                                  answered=node.answered + answered.get(address, 0),
+                                                  connections=node.connections + connections.get(address, 0))
+        return merged
 
     def close(self) -> None:
         """No new calls here; idle connections close now, busy ones when their call returns."""

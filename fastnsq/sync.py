@@ -222,11 +222,12 @@ class Producer:
         return bool(bridge.run(CALL, call, self._wait(None)))
 
     def node_stats(self) -> dict[str, NodeStats]:
-        """:meth:`fastnsq.Producer.node_stats`, taken on its loop."""
+        """:meth:`fastnsq.Producer.node_stats`, taken on its loop, with the publishes the calling
+        threads made on their own connections (answered, connections, calls on them now)."""
         if self._closed:
-            return self._producer.node_stats()
+            return self._threads.added_to_nodes(self._producer.node_stats())
         self._current()
-        return self._thread.call(_call_async(self._producer.node_stats), 10)
+        return self._threads.added_to_nodes(self._thread.call(_call_async(self._producer.node_stats), 10))
 
     def snapshot(self) -> ProducerStats:
         """The async producer's :meth:`~fastnsq.Producer.snapshot`, taken on its loop, with the

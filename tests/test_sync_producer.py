@@ -506,15 +506,23 @@ async def test_threads_publish_on_connections_of_their_own_up_to_the_limit(
         with Producer([nsqd.tcp_address], thread_connections=thread_connections) as producer:
             producer.publish(topic, b"first")  # the loop validates the topic; then the threads may take it
             acked = publish_from_threads(producer, topic, 8, 100)
-            return acked, producer.snapshot()
+            return acked, producer.snapshot(), producer.node_stats()
 
-    acked, stats = await blocking(run)
+    acked, stats, nodes = await blocking(run)
     assert len(acked) == 800
     assert (stats.published, stats.failed, stats.waiting) == (801, 0, 0)
     if thread_connections == 0:
         assert stats.connections == 1
     else:
         assert 2 <= stats.connections <= 1 + min(8, thread_connections), stats
+    # node_stats counts the same: the answered commands (the loop's, an MPUB once, and each of
+    # the threads'), the connections of both, nothing pending once every call returned.
+    node = nodes[nsqd.tcp_address]
+    assert (node.connections, node.pending) == (stats.connections, 0)
+    if thread_connections == 64:
+        assert node.answered == 801  # the first through the loop, each thread's call on its own
+    else:
+        assert 1 <= node.answered <= 801
     received = await drain(nsqd.tcp_address, topic, 801)
     assert sorted(received) == sorted([b"first", *acked])
 
