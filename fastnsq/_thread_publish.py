@@ -16,7 +16,8 @@ the call goes through the loop (the answer :data:`NOT_TAKEN`), which has every f
 - a connection lost under a publish: the loop retries it (``max_retries``), as it would its own.
 
 The connections identify with heartbeats off, so an idle one stays open (nsqd would drop it
-after two missed heartbeats otherwise); a dead one is found at its next use. A fork's child
+after two missed heartbeats otherwise); a dead one is found at its next use. After a burst,
+those unused for ``IDLE_CLOSE`` seconds close as the calls go on (the last one stays). A fork's child
 never uses its parent's (the facade builds a new publisher there).
 """
 
@@ -51,6 +52,9 @@ _HEARTBEAT = b"_heartbeat_"
 _RESPONSE = codec.FRAME_RESPONSE
 _OK_FRAME = _SIZE.pack(6) + _SIZE.pack(_RESPONSE) + b"OK"
 _OK_SIZE = len(_OK_FRAME)
+#: Seconds a connection of this path stays open unused once others are in use (nsqd keeps a
+#: producer's connection for ever with heartbeats off: a burst of 64 threads would leave 64).
+IDLE_CLOSE = 60.0
 
 
 class _Lost(Exception):
@@ -60,13 +64,14 @@ class _Lost(Exception):
 class _Line:
     """One blocking connection to an nsqd, used by one thread at a time."""
 
-    __slots__ = ("_answer", "_view", "address", "published", "sock", "timeout")
+    __slots__ = ("_answer", "_view", "address", "idle_since", "published", "sock", "timeout")
 
     def __init__(self, address: str, sock: socket.socket) -> None:
         self.address = address
         self.sock = sock
         self.published = 0
         self.timeout = -1.0  # the deadline set in the kernel
+        self.idle_since = 0.0  # time.monotonic() when its last call returned
         self._answer = bytearray(256)  # an answer: OK, an error, a heartbeat
         self._view = memoryview(self._answer)
 
@@ -183,10 +188,7 @@ class ThreadPublisher:
         if observer is not None:
             observer(time.perf_counter() - started)
         line.published += 1
-        if self._closed:
-            self._drop(line)
-        else:
-            self._idle.append(line)
+        self._give_back(line)
         return data
 
     def _command(self, topic: str, body: Any) -> bytes | None:
@@ -238,8 +240,20 @@ class ThreadPublisher:
     def _give_back(self, line: _Line) -> None:
         if self._closed:
             self._drop(line)
-        else:
-            self._idle.append(line)
+            return
+        now = time.monotonic()
+        line.idle_since = now
+        idle = self._idle
+        idle.append(line)
+        # The idle list is a stack: its bottom is the line unused the longest. After a burst of
+        # threads, the lines no call needs any more close one per call, IDLE_CLOSE after last use.
+        oldest = idle[0]
+        if now - oldest.idle_since > IDLE_CLOSE:
+            try:
+                idle.remove(oldest)  # atomic; another thread may have taken it meanwhile
+            except ValueError:
+                return
+            self._drop(oldest)
 
     def _open(self) -> _Line | None:
         if not self._usable:

@@ -527,6 +527,38 @@ async def test_threads_publish_on_connections_of_their_own_up_to_the_limit(
     assert sorted(received) == sorted([b"first", *acked])
 
 
+async def test_thread_connections_left_unused_after_a_burst_close(nsqd: Any, monkeypatch: Any) -> None:
+    """6 threads at once open as many connections; once the burst is over, one thread's calls
+    close those unused for IDLE_CLOSE, one a call, down to the one it uses."""
+    from fastnsq import _thread_publish
+
+    monkeypatch.setattr(_thread_publish, "IDLE_CLOSE", 0.3)
+    topic = unique("idle")
+
+    def run() -> tuple[int, int, int]:
+        with Producer([nsqd.tcp_address]) as producer:
+            producer.publish(topic, b"first")
+            start = threading.Barrier(6)
+
+            def worker(n: int) -> None:
+                start.wait()
+                for i in range(20):
+                    producer.publish(topic, b"%d-%d" % (n, i))
+
+            run_threads(worker, 6)
+            after_burst = producer.snapshot().connections
+            time.sleep(0.5)
+            for i in range(10):
+                producer.publish(topic, b"alone %d" % i)
+            after_calm = producer.snapshot()
+            return after_burst, after_calm.connections, after_calm.published
+
+    after_burst, after_calm, published = await blocking(run)
+    assert after_burst >= 3, after_burst  # the loop's and at least two of the threads'
+    assert after_calm == 2  # the loop's and the one line still in use
+    assert published == 1 + 6 * 20 + 10  # closing a line loses none of its count
+
+
 async def test_a_thread_connection_found_dead_hands_its_publish_to_the_loop() -> None:
     """nsqd restarted while a thread's connection sat idle: once the loop has reconnected, the
     next publish finds the thread's connection dead (no answer) and the loop's publish
