@@ -18,9 +18,15 @@ from libc.string cimport strerror
 
 IMPLEMENTATION = "c"
 
-cdef extern from "sys/socket.h" nogil:
-    ssize_t send(int fd, const void* data, size_t size, int flags)
-    ssize_t recv(int fd, void* into, size_t room, int flags)
+cdef extern from *:
+    """
+    #include <sys/socket.h>
+    #ifndef MSG_NOSIGNAL  /* macOS and the BSDs: SIGPIPE is ignored by Python anyway */
+    #define MSG_NOSIGNAL 0
+    #endif
+    """
+    ssize_t send(int fd, const void* data, size_t size, int flags) nogil
+    ssize_t recv(int fd, void* into, size_t room, int flags) nogil
     int MSG_NOSIGNAL
 
 
