@@ -237,6 +237,8 @@ def summarize(rows: list[Row], points: list[dict[str, Any]]) -> list[dict[str, A
                 entry["e2e_p99_rounds"] = [round(p["sub"]["latency_ms"]["p99"], 3) for p in ok]
                 entry["achieved_rate"] = statistics.median(p["sub"]["achieved_rate"] for p in ok)
                 entry["e2e_p999_rounds"] = [round(p["sub"]["latency_ms"]["p999"], 3) for p in ok]
+                late = [p["pub"]["late_send_p99_ms"] for p in ok if p["pub"].get("late_send_p99_ms") is not None]
+                entry["late_send_p99"] = statistics.median(late) if late else None  # how bunched the sends were
                 cpu = [p["nsqd_cpu_us_per_msg"] for p in ok if "nsqd_cpu_us_per_msg" in p]
                 entry["nsqd_cpu_us_per_msg"] = statistics.median(cpu) if cpu else None
                 for side in ("pub", "sub"):  # each process's CPU over all its messages (warm-up and cool-down too)
