@@ -129,9 +129,21 @@ PATTERNS = [
 ]
 
 
-def pattern_rows(go_binary: Path | None) -> list[Row]:
+#: ``--bunched``: go-nsq's harness sleeps until each message is due, and Go's timers wake it
+#: about every millisecond (its sends are ~1 ms late at p99 at every rate), so its messages
+#: come in bunches; these rows give fastnsq's publisher the same arrivals (woken every 1 ms).
+BUNCHED = [
+    ("(a) a task per message, woken every 1 ms", ["--callers", "0", "--period-us", "1000"]),
+    ("(b) 100 request tasks, woken every 1 ms", ["--callers", "100", "--period-us", "1000"]),
+]
+
+
+def pattern_rows(go_binary: Path | None, bunched: bool = False) -> list[Row]:
     consumer = fastnsq_row("", "", sub_options={"output_buffer_size": -1}).sub
     rows = []
+    for name, ours in BUNCHED if bunched else []:
+        rows.append(Row(f"fastnsq {name}", "fastnsq", f"pattern {name[1]}",
+                        [sys.executable, str(DRIVER), "--mode", "pub", *ours], consumer))
     for name, ours, theirs in PATTERNS:
         rows.append(Row(f"fastnsq {name}", "fastnsq", f"pattern {name[1]}",
                         [sys.executable, str(DRIVER), "--mode", "pub", *ours], consumer))
@@ -268,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--patterns", action="store_true",
                         help="the publishing patterns of applications (a task per message, 100 request tasks, "
                              "8 blocking threads) against go-nsq's, one consumer for all, instead of the client rows")
+    parser.add_argument("--bunched", action="store_true",
+                        help="with --patterns: also fastnsq's (a) and (b) woken every 1 ms, go-nsq's harness's cadence")
     parser.add_argument("--port-base", type=int, default=run_all.REAL_PORT_BASE,
                         help="nsqd's TCP and HTTP ports: the first free pair from here")
     parser.add_argument("--only", help="only the rows whose name contains this (alternatives separated by |)")
@@ -286,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.real is None:
         raise SystemExit("--real BIN: the latency benchmark runs against a real nsqd only")
     go_binary = args.go_bin or go_build.build(Path(args.real).expanduser())
-    rows = pattern_rows(go_binary) if args.patterns else default_rows(go_binary)
+    rows = pattern_rows(go_binary, args.bunched) if args.patterns else default_rows(go_binary)
     if args.only:
         wanted = args.only.split("|")
         rows = [row for row in rows if any(w in row.name for w in wanted)]
