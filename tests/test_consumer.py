@@ -18,7 +18,7 @@ from fastnsq import Consumer, Producer
 from fastnsq.errors import InvalidValueError
 from fastnsq.testing import is_external
 
-from .helpers import eventually, unique
+from .helpers import eventually, skip_if_external, unique
 
 
 async def publish_spread(addresses: list[str], topic: str, count: int, *, size: int = 100) -> list[bytes]:
@@ -235,6 +235,7 @@ async def test_stop_deadline_requeues_what_handlers_still_hold(nsqd):
 async def test_stop_deadline_holds_when_nsqd_does_not_answer_cls(nsqd):
     """An nsqd that answers nothing (CLS included) does not stretch stop() past its timeout,
     and the report says the deadline passed with the held messages requeued."""
+    skip_if_external(nsqd, "stalls the server (fault injection)")
     topic, consumer = await held_by_stuck_handlers(nsqd, 5)
     nsqd.faults.stall(3.0)  # nothing leaves the server: CLS goes unanswered
     report = await consumer.stop(timeout=0.5)
