@@ -125,7 +125,8 @@ class Sink:
         self.runner = None
         self.port = 0
 
-    async def start(self) -> Sink:
+    async def start(self, port: int = 0) -> Sink:
+        """Listen on ``port`` (a free one when 0); OSError when it cannot be had."""
         from aiohttp import web
 
         from fastnsq.testing.process import free_port
@@ -134,8 +135,12 @@ class Sink:
         app.router.add_route("*", "/{tail:.*}", self._answer)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
-        self.port = free_port()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.port = port or free_port()
+        try:
+            await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        except OSError:
+            await self.runner.cleanup()
+            raise
         return self
 
     async def _answer(self, request):

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from fastnsq.apps.to_http import canonical_key, go_sprintf, request_headers
+from fastnsq.apps.to_http import canonical_key, go_host, go_sprintf, request_headers
 from fastnsq.cli._common import UsageError
 from fastnsq.cli.to_http import parse_headers
 
@@ -73,6 +73,33 @@ def test_request_headers_in_go_clients_order_and_case() -> None:
     assert before == {"User-Agent": "mine"} and list(after.items()) == [("Accept-Encoding", "br")]
     assert [canonical_key(k) for k in ("x-team-ID", "content-type", "x y")] == ["X-Team-Id", "Content-Type", "x y"]
     assert go_sprintf("http://h/%%7E?d=%s", "a+b") == "http://h/%7E?d=a+b"
+
+
+def test_host_as_go_writes_it() -> None:
+    """Go's client writes the URL's host as written, an explicit default port included."""
+    assert go_host("http://h:80/in") == "h:80" and go_host("https://h:443/") == "h:443"
+    assert go_host("http://Example.COM:8080/x?y=1") == "Example.COM:8080"
+    assert go_host("http://user:pw@h/x") == "h" and go_host("http://[::1]:80/") == "[::1]:80"
+    assert go_host("http://bücher.example/") is None  # not ASCII: both clients write its IDNA form
+
+
+async def test_an_explicit_default_port_stays_in_host(nsqd, tmp_path: Path) -> None:
+    """``-post=http://127.0.0.1:80/...``: Host 127.0.0.1:80 as nsq_to_http sends it (aiohttp
+    alone drops the :80), for POST and GET."""
+    try:
+        port80 = await Sink().start(80)
+    except OSError as exc:
+        pytest.skip(f"port 80 cannot be had here: {exc}")
+    starters = [start, start_go] if go_app("nsq_to_http") else [start]  # nsq's own beside ours in the real pass
+    try:
+        for starter in starters:
+            for flag in ("-post=http://127.0.0.1:80/in", "-get=http://127.0.0.1:80/q?d=%s"):
+                topic = unique("tohttp")
+                await publish_spread([nsqd.tcp_address], topic, 3)
+                await run_until_drained(nsqd, topic, flag, log=tmp_path / "log", starter=starter)
+        assert [r["headers"]["Host"] for r in port80.requests] == ["127.0.0.1:80"] * 6 * len(starters)
+    finally:
+        await port80.close()
 
 
 async def test_bad_usage_is_named() -> None:

@@ -19,7 +19,7 @@ import logging
 import random
 import time
 from typing import Any
-from urllib.parse import quote_plus
+from urllib.parse import quote_plus, urlsplit
 
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
@@ -59,6 +59,14 @@ def request_headers(method: str, content_type: str, custom: dict[str, str]) -> t
     return before, after
 
 
+def go_host(url: str) -> str | None:
+    """The Host header Go's client writes for ``url``: its host as written, port included, so
+    ``http://h:80/`` gives ``h:80`` where aiohttp writes ``h`` (a server or proxy that matches
+    Host exactly sees nsq_to_http's). None when the host is not ASCII: both send its IDNA form."""
+    host = urlsplit(url).netloc.rpartition("@")[2]
+    return host if host and host.isascii() else None
+
+
 class RequestFailed(Exception):
     """A request that did not succeed (its status, or why it got none)."""
 
@@ -83,7 +91,8 @@ class ToHttp:
         # --n long-lived senders take the requests from one queue: no task or semaphore a message.
         self.queue: asyncio.Queue[list[Any]] | None = None
         self.senders: list[asyncio.Task[None]] = []
-        self.post_headers: dict[int, CIMultiDictProxy[str]] = {}
+        self.post_headers: dict[tuple[str, int], CIMultiDictProxy[str]] = {}
+        self.hosts = {address: go_host(address) for address in self.addresses}
         self.status = StatusLine(status_every)
         self.per_address = {address: StatusLine(status_every, f"[{address}]:")
                             for address in self.addresses} if len(self.addresses) > 1 else {}
@@ -159,11 +168,13 @@ class ToHttp:
         try:
             if self.method == "POST":
                 response = await self.session.post(self.urls[address], data=body,
-                                                   headers=self._post_headers(len(body)))
+                                                   headers=self._post_headers(address, len(body)))
             else:
                 # encoded=True: the URL goes out byte for byte (yarl would turn %2F back into /).
-                url = URL(go_sprintf(address, quote_plus(body, safe="")), encoded=True)
-                response = await self.session.get(url, headers={**self.before, **self.after})
+                text = go_sprintf(address, quote_plus(body, safe=""))
+                host = go_host(text)
+                response = await self.session.get(URL(text, encoded=True),
+                                                  headers={**({"Host": host} if host else {}), **self.before, **self.after})
             async with response:
                 await response.read()  # the whole answer read: the connection goes back to the pool
                 ok = 200 <= response.status < 300 if self.method == "POST" else response.status == 200
@@ -174,16 +185,18 @@ class ToHttp:
             raise
         self.pool.mark(address, True)
 
-    def _post_headers(self, length: int) -> CIMultiDictProxy[str]:
-        """A POST's headers for a body of ``length`` bytes, made once a length: a multidict, which
-        aiohttp takes as it is (a dict it converts on every request)."""
-        headers = self.post_headers.get(length)
+    def _post_headers(self, address: str, length: int) -> CIMultiDictProxy[str]:
+        """A POST's headers to ``address`` for a body of ``length`` bytes, made once each: a
+        multidict, which aiohttp takes as it is (a dict it converts on every request)."""
+        headers = self.post_headers.get((address, length))
         if headers is None:
             if len(self.post_headers) >= 256:  # bodies of many lengths: keep the cache small
                 self.post_headers.clear()
-            # Content-Length here, so that it goes where Go's client writes it.
-            headers = CIMultiDictProxy(CIMultiDict({**self.before, "Content-Length": str(length), **self.after}))
-            self.post_headers[length] = headers
+            host = self.hosts[address]
+            # Content-Length here, so that it goes where Go's client writes it; Host first, as aiohttp puts it.
+            headers = CIMultiDictProxy(CIMultiDict({**({"Host": host} if host else {}), **self.before,
+                                                    "Content-Length": str(length), **self.after}))
+            self.post_headers[address, length] = headers
         return headers
 
     async def drain(self) -> None:
