@@ -292,6 +292,36 @@ async def test_sigterm_mid_run_drains_and_loses_nothing(nsqd: Any, tmp_path: Pat
     assert stats["depth"] + stats["deferred_count"] + len(handled) == total, stats
 
 
+#: A supervisor whose group stops as soon as it runs (no child started), then a SIGTERM to
+#: itself after run() returned and its event loop closed: the moment a second SIGTERM lands
+#: when a drain ends quickly.
+LATE_SIGNAL = """
+import asyncio, os, signal, sys
+from fastnsq.runner import Supervisor, WorkerSettings
+
+async def main():
+    supervisor = Supervisor(WorkerSettings(target="m:h", topic="t", channel="c"))
+    async def no_child(slot):
+        pass
+    supervisor._start = no_child
+    asyncio.get_running_loop().call_soon(supervisor.begin_stop)
+    return await supervisor.run()
+
+status = asyncio.run(main())
+os.kill(os.getpid(), signal.SIGTERM)
+print("alive after the late SIGTERM, status", status, flush=True)
+sys.exit(status)
+"""
+
+
+async def test_a_signal_after_the_group_stopped_changes_nothing() -> None:
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", LATE_SIGNAL,
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, (process.returncode, err.decode())
+    assert b"alive after the late SIGTERM, status 0" in out
+
+
 @pytest.mark.slow
 async def test_a_killed_child_is_restarted_and_its_messages_come_back(
     nsqd: Any, tmp_path: Path, cleanup: list[Worker]

@@ -99,9 +99,19 @@ class Supervisor:
         for slot in self.slots:
             await self._start(slot)
         await self._done.wait()
+        self._ignore_late_signals(loop)
         for task in list(self._tasks):
             task.cancel()
         return self.exit_status
+
+    def _ignore_late_signals(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The group has stopped; a stop signal between here and the process's exit changes
+        nothing, as during the drain. The loop's handlers go with the loop, and Python resets its
+        own handlers to the default while it finalizes (a second SIGTERM just after a quick drain
+        killed the supervisor: status 143); an ignored signal stays ignored until the exit."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
 
     def on_signal(self, name: str) -> None:
         if self.stopping:
