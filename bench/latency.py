@@ -138,18 +138,25 @@ BUNCHED = [
 ]
 
 
-def pattern_rows(go_binary: Path | None, bunched: bool = False) -> list[Row]:
-    consumer = fastnsq_row("", "", sub_options={"output_buffer_size": -1}).sub
+def pattern_rows(go_binary: Path | None, bunched: bool = False, consumer_client: str = "fastnsq") -> list[Row]:
+    """The pattern rows, every one consumed by the same unbuffered consumer: fastnsq's, or
+    go-nsq's (``consumer_client="go-nsq"``)."""
+    if consumer_client == "go-nsq":
+        if go_binary is None:
+            raise SystemExit("--consumer go-nsq needs go-nsq's latency_bench (--real BIN or --go-bin)")
+        consumer = go_row(go_binary, "", "", "-output-buffer-size", "-1").sub
+    else:
+        consumer = fastnsq_row("", "", sub_options={"output_buffer_size": -1}).sub
     rows = []
     for name, ours in BUNCHED if bunched else []:
         rows.append(Row(f"fastnsq {name}", "fastnsq", f"pattern {name[1]}",
-                        [sys.executable, str(DRIVER), "--mode", "pub", *ours], consumer))
+                        [sys.executable, str(DRIVER), "--mode", "pub", *ours], consumer, sub_client=consumer_client))
     for name, ours, theirs in PATTERNS:
         rows.append(Row(f"fastnsq {name}", "fastnsq", f"pattern {name[1]}",
-                        [sys.executable, str(DRIVER), "--mode", "pub", *ours], consumer))
+                        [sys.executable, str(DRIVER), "--mode", "pub", *ours], consumer, sub_client=consumer_client))
         if go_binary is not None:
             rows.append(Row(f"go-nsq {name}", "go-nsq", f"pattern {name[1]}", [str(go_binary), "-mode", "pub", *theirs],
-                            consumer, sub_client="fastnsq"))
+                            consumer, sub_client=consumer_client))
     return rows
 
 
@@ -282,6 +289,9 @@ def main(argv: list[str] | None = None) -> int:
                              "8 blocking threads) against go-nsq's, one consumer for all, instead of the client rows")
     parser.add_argument("--bunched", action="store_true",
                         help="with --patterns: also fastnsq's (a) and (b) woken every 1 ms, go-nsq's harness's cadence")
+    parser.add_argument("--consumer", choices=("fastnsq", "go-nsq"), default="fastnsq",
+                        help="with --patterns: the one consumer of every row, unbuffered (default fastnsq's; go-nsq's "
+                             "isolates the publishers from how fastnsq's consumer takes each arrival pattern)")
     parser.add_argument("--port-base", type=int, default=run_all.REAL_PORT_BASE,
                         help="nsqd's TCP and HTTP ports: the first free pair from here")
     parser.add_argument("--only", help="only the rows whose name contains this (alternatives separated by |)")
@@ -300,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.real is None:
         raise SystemExit("--real BIN: the latency benchmark runs against a real nsqd only")
     go_binary = args.go_bin or go_build.build(Path(args.real).expanduser())
-    rows = pattern_rows(go_binary, args.bunched) if args.patterns else default_rows(go_binary)
+    rows = pattern_rows(go_binary, args.bunched, args.consumer) if args.patterns else default_rows(go_binary)
     if args.only:
         wanted = args.only.split("|")
         rows = [row for row in rows if any(w in row.name for w in wanted)]
@@ -325,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         "fastnsq": run_all.fastnsq_info(), "source": run_all.source_state(), "server": server.info,
         "settings": {"rates": rates, "rounds": args.rounds, "warmup_s": args.warmup, "window_s": args.window,
                      "drain_s": args.drain, "cooldown_s": 0.5, "body_size": 100, "max_in_flight": MAX_IN_FLIGHT,
-                     "saturation": SATURATION, "command": " ".join(sys.argv), "patterns": args.patterns},
+                     "saturation": SATURATION, "command": " ".join(sys.argv), "patterns": args.patterns,
+                     "consumer": args.consumer if args.patterns else None},
         "rows": [{"name": r.name, "client": r.client, "config": r.config, "pub": r.pub[1:], "sub": r.sub[1:]}
                  for r in rows],
         "points": points, "summary": summarize(rows, points),

@@ -193,7 +193,7 @@ def chart(data: dict[str, Any], path: Path) -> bool:
 def patterns_markdown(data: dict[str, Any], json_name: str) -> str:
     """``latency.py --patterns``: per pattern and rate, go-nsq's publisher beside fastnsq's (one consumer)."""
     lines = ["# Publishing as applications do: go-nsq and fastnsq publishers, one consumer", "",
-             f"{method_line(data, json_name)} Consumer of every row: fastnsq, unbuffered (output_buffer_size=-1).",
+             f"{method_line(data, json_name)} Consumer of every row: {_pattern_consumer(data)}.",
              ("Cells: end-to-end p50 / p99 / p99.9 in ms (due time to the consumer's handler); "
              "publish p99 = due time to the publish's answer; sends late p99 = due time to the publish call, "
              "how bunched the publisher's wakes make the arrivals."), ""]
@@ -203,6 +203,18 @@ def patterns_markdown(data: dict[str, Any], json_name: str) -> str:
         for ours_name in (row["name"] for row in data["rows"] if row["config"] == pattern and row["client"] == "fastnsq"):
             lines += _pattern_tables(_entries(data, go_name), _entries(data, ours_name), ours_name)
     return "\n".join(lines)
+
+
+def _pattern_consumer(data: dict[str, Any]) -> str:
+    """Who consumed every row of a --patterns run (runs before --consumer: fastnsq's)."""
+    client = data.get("settings", {}).get("consumer") or "fastnsq"
+    return f"{client}, unbuffered (output_buffer_size=-1)"
+
+
+def patterns_target(data: dict[str, Any]) -> Path:
+    """The markdown of a --patterns run: one file per consumer, so neither run overwrites the other."""
+    client = data.get("settings", {}).get("consumer") or "fastnsq"
+    return RESULTS / ("latency-patterns.md" if client == "fastnsq" else f"latency-patterns-{client}-consumer.md")
 
 
 def _pattern_tables(go: list[dict[str, Any]], ours: list[dict[str, Any]], name: str) -> list[str]:
@@ -259,10 +271,10 @@ def render(data: dict[str, Any], json_path: Path, *, readme: bool = False) -> No
     resolved = json_path.resolve()
     if data.get("settings", {}).get("patterns"):
         json_name = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
-        target = RESULTS / "latency-patterns.md"
+        target = patterns_target(data)
         kept = _kept_part(target)
         target.write_text(patterns_markdown(data, json_name) + "\n" + (f"\n{kept}" if kept else ""))
-        print((RESULTS / "latency-patterns.md").read_text())
+        print(target.read_text())
         return
     json_name = str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
     (RESULTS / "latency.md").write_text(markdown(data, json_name) + "\n")

@@ -7,6 +7,7 @@ markers and must be exactly what the report renders from the JSON they name.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -87,3 +88,22 @@ def test_update_readme_without_markers_names_them(tmp_path: Path) -> None:
     readme.write_text("no markers here\n")
     with pytest.raises(SystemExit, match="bench-summary"):
         report.update_readme(readme, "table")
+
+
+@pytest.mark.parametrize("name,consumer", [("latency-patterns.md", "fastnsq"),
+                                           ("latency-patterns-go-nsq-consumer.md", "go-nsq")])
+def test_pattern_tables_are_generated_from_the_committed_results(name: str, consumer: str) -> None:
+    """Each --patterns run renders into its consumer's file, naming that consumer; the tables
+    above the hand-written part are what the report makes of the JSON they name."""
+    latency = pytest.importorskip("latency")
+    latency_report = pytest.importorskip("latency_report")
+    path = ROOT / "bench" / "results" / name
+    text = path.read_text()
+    json_name = re.search(r"Data: `([^`]+\.json)`", text).group(1)  # type: ignore[union-attr]
+    data = json.loads((ROOT / json_name).read_text())
+    rows = [latency.Row(r["name"], r["client"], r["config"], [], []) for r in data["rows"]]
+    data["summary"] = latency.summarize(rows, data["points"])
+    assert latency_report.patterns_target(data) == path
+    assert f"Consumer of every row: {consumer}, unbuffered" in text
+    tables = text.split(latency_report.KEPT_MARKER)[0].rstrip("\n")
+    assert tables == latency_report.patterns_markdown(data, json_name).rstrip("\n")
