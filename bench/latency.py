@@ -139,14 +139,18 @@ BUNCHED = [
 
 
 def pattern_rows(go_binary: Path | None, bunched: bool = False, consumer_client: str = "fastnsq") -> list[Row]:
-    """The pattern rows, every one consumed by the same unbuffered consumer: fastnsq's, or
-    go-nsq's (``consumer_client="go-nsq"``)."""
+    """The pattern rows, every one consumed by the same consumer: fastnsq's unbuffered (the
+    issue's), fastnsq's with its default options (``"fastnsq-defaults"``: the express lane), or
+    go-nsq's unbuffered (``"go-nsq"``)."""
     if consumer_client == "go-nsq":
         if go_binary is None:
             raise SystemExit("--consumer go-nsq needs go-nsq's latency_bench (--real BIN or --go-bin)")
         consumer = go_row(go_binary, "", "", "-output-buffer-size", "-1").sub
+    elif consumer_client == "fastnsq-defaults":
+        consumer = fastnsq_row("", "").sub
     else:
         consumer = fastnsq_row("", "", sub_options={"output_buffer_size": -1}).sub
+    consumer_client = consumer_client.removesuffix("-defaults")
     rows = []
     for name, ours in BUNCHED if bunched else []:
         rows.append(Row(f"fastnsq {name}", "fastnsq", f"pattern {name[1]}",
@@ -289,9 +293,10 @@ def main(argv: list[str] | None = None) -> int:
                              "8 blocking threads) against go-nsq's, one consumer for all, instead of the client rows")
     parser.add_argument("--bunched", action="store_true",
                         help="with --patterns: also fastnsq's (a) and (b) woken every 1 ms, go-nsq's harness's cadence")
-    parser.add_argument("--consumer", choices=("fastnsq", "go-nsq"), default="fastnsq",
-                        help="with --patterns: the one consumer of every row, unbuffered (default fastnsq's; go-nsq's "
-                             "isolates the publishers from how fastnsq's consumer takes each arrival pattern)")
+    parser.add_argument("--consumer", choices=("fastnsq", "fastnsq-defaults", "go-nsq"), default="fastnsq",
+                        help="with --patterns: the one consumer of every row: fastnsq's unbuffered (default), fastnsq's "
+                             "with its default options (the express lane), or go-nsq's unbuffered (which isolates the "
+                             "publishers from how fastnsq's consumer takes each arrival pattern)")
     parser.add_argument("--port-base", type=int, default=run_all.REAL_PORT_BASE,
                         help="nsqd's TCP and HTTP ports: the first free pair from here")
     parser.add_argument("--only", help="only the rows whose name contains this (alternatives separated by |)")

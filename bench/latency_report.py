@@ -208,6 +208,9 @@ def patterns_markdown(data: dict[str, Any], json_name: str) -> str:
 def _pattern_consumer(data: dict[str, Any]) -> str:
     """Who consumed every row of a --patterns run (runs before --consumer: fastnsq's)."""
     client = data.get("settings", {}).get("consumer") or "fastnsq"
+    if client == "fastnsq-defaults":
+        return ("fastnsq with its default options (max_in_flight 2500; the express lane: unbuffered while a nsqd "
+                "sends fewer than 20,000 msg/s, buffered above)")
     return f"{client}, unbuffered (output_buffer_size=-1)"
 
 
