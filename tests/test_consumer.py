@@ -182,18 +182,23 @@ async def test_stop_under_load_leaves_nothing_in_flight_and_loses_nothing(nsqd):
     topic = unique("drain")
     bodies = await publish_spread([nsqd.tcp_address], topic, 3000)
     finished: set[bytes] = set()
+    gate = asyncio.Event()
 
     async def slow(message):
-        # 3000 messages, 200 at a time: 0.75 s of work, so that the stop below meets handlers
-        # still running even when a loaded machine delays the check (10 ms each was 0.15 s in
-        # all, and once, on a busy 2-core machine, everything had finished before the stop).
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.01)
+        if len(finished) >= 300:
+            # Held until the stop has begun, so that it meets handlers still running however
+            # late a loaded machine runs this test (a timing alone once let all 3000 finish first).
+            await gate.wait()
         finished.add(message.body)
 
     consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=slow, max_in_flight=200)
     await consumer.start()
-    await eventually(lambda: len(finished) > 300, what="some progress")
-    report = await consumer.stop(timeout=5.0)
+    await eventually(lambda: len(finished) >= 300, what="some progress")
+    stopping = asyncio.create_task(consumer.stop(timeout=5.0))
+    await asyncio.sleep(0.1)
+    gate.set()  # the held handlers finish inside the stop's drain
+    report = await stopping
     assert not report.timed_out and report.abandoned == 0
     assert report.finished > 0
     await asyncio.sleep(0.2)
