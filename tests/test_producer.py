@@ -148,6 +148,21 @@ async def test_no_server_at_start_is_a_clear_error():
             pass
 
 
+async def test_a_publish_while_nsqd_is_down_names_it_and_why():
+    """Started in the background with nsqd down, a publish that finds no connection within its
+    timeout says which nsqd and what its connect attempts got, as the blocking facade does."""
+    producer = Producer(["127.0.0.1:1"], dial_timeout=0.5)
+    await producer.start(background=True)
+    try:
+        attempt = producer.connecting()
+        if attempt is not None:
+            await asyncio.wait([attempt])  # the first attempt to connect has failed
+        with pytest.raises(NoConnectionError, match=r"within the publish timeout: 127\.0\.0\.1:1 \(\[Errno"):
+            await producer.publish("t", b"x", timeout=0.3)
+    finally:
+        await producer.close()
+
+
 async def test_publish_before_start_is_an_error():
     producer = Producer(["127.0.0.1:4150"])
     with pytest.raises(NSQError, match="start"):

@@ -133,12 +133,20 @@ class ConnectionPool:
                 raise ConnectionClosedError("the producer is closed")
             remaining = deadline - self._loop.time()
             if remaining <= 0:
-                raise NoConnectionError("no open connection to nsqd within the publish timeout")
+                raise self._no_connection(address)
             self._connected.clear()
             try:
                 await asyncio.wait_for(self._connected.wait(), remaining)
             except asyncio.TimeoutError:
-                raise NoConnectionError("no open connection to nsqd within the publish timeout") from None
+                raise self._no_connection(address) from None
+
+    def _no_connection(self, address: str | None) -> NoConnectionError:
+        """The error of a publish that found no connection within its timeout: each nsqd and
+        why it is down, once every connection has failed at least once."""
+        causes = self.down_error()
+        where = f"nsqd {address}" if address is not None else "nsqd"
+        return NoConnectionError(f"no open connection to {where} within the publish timeout"
+                                 + (f": {causes}; reconnecting in the background" if causes else ""))
 
     # ---- nodes and slots ----------------------------------------------------------------
 
