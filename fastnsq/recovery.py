@@ -4,8 +4,9 @@ One job, in one home that the :class:`~fastnsq.Consumer`, the Producer's connect
 the worker's supervisor all use:
 
 * :class:`Redial`: while an nsqd a client wants is missing (its connection lost, or never
-  opened), it is tried again quickly: a lost connection at once, then every
-  ``delay / 2 .. delay`` seconds (0.2-0.4 s by default; it only grows, doubling, when
+  opened), it is tried again quickly: every ``delay / 2 .. delay`` seconds (0.2-0.4 s by
+  default, jittered so that the clients of a restarted nsqd do not come back all in the same
+  millisecond; it only grows, doubling, when
   ``max_delay`` is set above ``delay``), and never more than :data:`MAX_ATTEMPTS_PER_SECOND`
   attempts a second per address: each round sends one probe to the address, and the other
   connections wanted there are opened only once the probe got through.
@@ -17,8 +18,9 @@ the worker's supervisor all use:
   regular ``lookupd_poll_interval``; regular waits are jittered so clients spread out.
   :data:`MIN_POLL_GAP` keeps any one poller at two polls a second at most.
 * :class:`Recall`: an nsqd that lookupd listed and then stopped listing (a restart
-  unregisters it) is still wanted for :data:`KEEP_MISSING` seconds, so the :class:`Redial`
-  finds it the moment it answers again, whatever lookupd's cadence.
+  unregisters it) is still wanted for :data:`KEEP_MISSING_POLLS` poll intervals (10 minutes
+  by default), so the :class:`Redial` finds it the moment it answers again, whatever
+  lookupd's cadence; after that it is taken for gone.
 
 Why: an nsqd restarted at each deploy must be used again within a second of answering,
 however long it was down, without a dead host being hammered (issue 45).
@@ -40,7 +42,7 @@ from .config import LoggerLike
 __all__ = [
     "FAST_PHASE",
     "FAST_POLL",
-    "KEEP_MISSING",
+    "KEEP_MISSING_POLLS",
     "MAX_ATTEMPTS_PER_SECOND",
     "MIN_POLL_GAP",
     "RETRY_DELAY",
@@ -61,8 +63,9 @@ FAST_POLL = (0.5, 0.75)
 FAST_PHASE = 60.0
 #: Two polls of one poller never start closer than this (at most two lookupd queries a second).
 MIN_POLL_GAP = 0.5
-#: How long an nsqd lookupd stopped listing is still tried (its restart unregistered it).
-KEEP_MISSING = 600.0
+#: How long an nsqd lookupd stopped listing is still tried (its restart unregistered it), in
+#: lookupd poll intervals: 10 minutes at the default 60 s.
+KEEP_MISSING_POLLS = 10
 
 #: One attempt to make a key whole (open its connection, subscribe...): raises when it fails.
 Attempt = Callable[[], Awaitable[object]]
@@ -72,7 +75,7 @@ K = TypeVar("K", bound=Hashable)
 class _Address:
     """One address with connections missing: the keys wanted there and the task trying them."""
 
-    __slots__ = ("address", "error", "failures", "hurried", "keys", "last_start", "task", "trying", "turn")
+    __slots__ = ("address", "error", "failures", "hurried", "keys", "last_start", "rush", "task", "trying", "turn")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -82,7 +85,8 @@ class _Address:
         self.failures = 0  # rounds in a row that opened nothing
         self.last_start = float("-inf")  # loop time the last attempt began
         self.trying = False  # a round is under way
-        self.hurried: asyncio.Event | None = None
+        self.hurried: asyncio.Event | None = None  # set to cut the current wait short
+        self.rush = False  # the next round is wanted now (hurry() before the wait began)
         self.turn = 0  # which key probes next (a key that keeps failing does not starve the others)
 
 
@@ -118,8 +122,8 @@ class Redial:
 
     def missing(self, address: str, key: Hashable, attempt: Attempt, error: BaseException | None = None) -> None:
         """``key`` (a connection at ``address``) is wanted and not there: try ``attempt`` until it
-        succeeds or :meth:`drop`. ``error``: the caller just tried and failed (the first round
-        then waits its turn); without it (a lost connection) the first round starts at once."""
+        succeeds or :meth:`drop`, the first time after one jittered wait. ``error``: why the
+        caller's own attempt, just made, failed."""
         if self._closed:
             return
         entry = self._addresses.get(address)
@@ -131,7 +135,7 @@ class Redial:
             entry.last_start = max(entry.last_start, self._now())
             entry.failures = max(entry.failures, 1)
         if entry.task is None:
-            entry.task = asyncio.get_running_loop().create_task(self._run(entry, at_once=error is None))
+            entry.task = asyncio.get_running_loop().create_task(self._run(entry))
 
     def drop(self, key: Hashable) -> None:
         """``key`` is no longer wanted (closed on purpose, led elsewhere, forgotten)."""
@@ -171,6 +175,7 @@ class Redial:
         for entry in self._entries(addresses):
             if entry.trying or now - entry.last_start >= self._gap():
                 under_way = True
+                entry.rush = not entry.trying
                 if entry.hurried is not None:
                     entry.hurried.set()
         return under_way
@@ -186,12 +191,10 @@ class Redial:
 
     # ---- the rounds ---------------------------------------------------------------------
 
-    async def _run(self, entry: _Address, *, at_once: bool) -> None:
+    async def _run(self, entry: _Address) -> None:
         try:
             while entry.keys and not self._closed:
-                if not at_once or self._now() - entry.last_start < self._gap():
-                    await self._pause(entry)
-                at_once = False
+                await self._pause(entry)
                 if not entry.keys or self._closed:
                     return
                 await self._round(entry)
@@ -205,6 +208,8 @@ class Redial:
         loop = asyncio.get_running_loop()
         wake_at = self._now() + self._rng.uniform(ceiling / 2, ceiling)
         entry.hurried = asyncio.Event()
+        if entry.rush:
+            entry.hurried.set()
         try:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(entry.hurried.wait(), max(0.0, wake_at - loop.time()))
@@ -217,6 +222,7 @@ class Redial:
     async def _round(self, entry: _Address) -> None:
         """One probe; once it got through, every other key of the address at once."""
         entry.trying = True
+        entry.rush = False
         try:
             keys = list(entry.keys.items())
             probe_key, probe = keys[entry.turn % len(keys)]
@@ -339,7 +345,7 @@ class Recall(Generic[K]):
     ['a:4150']
     """
 
-    def __init__(self, keep: float = KEEP_MISSING, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, keep: float, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.keep = keep
         self._clock = clock
         self._seen: dict[K, float] = {}

@@ -50,7 +50,7 @@ from ..errors import (
     TopicNotExistError,
 )
 from ..rdy import RdyController, RdyUpdate
-from ..recovery import RETRY_DELAY, Recall, Redial
+from ..recovery import KEEP_MISSING_POLLS, RETRY_DELAY, Recall, Redial
 from ..stats import ConnectionStats, ConsumerStats, deprecated_spelling
 from ..topology import TopicRoute, Topology
 from .batch import Batch
@@ -231,7 +231,8 @@ class Consumer:
         # The recovery rule: every endpoint wanted and not connected is tried again quickly.
         self._redial = Redial(delay=self.reconnect_delay, max_delay=self.max_reconnect_delay,
                               on_round=lambda _address: self._update_short(), log=self._log)
-        self._recall: Recall[Endpoint] = Recall()  # lookupd's endpoints, kept a while after it stops listing one
+        # lookupd's endpoints, still wanted a while after it stops listing one (a restart)
+        self._recall: Recall[Endpoint] = Recall(KEEP_MISSING_POLLS * self.lookupd_poll_interval)
         self._topology: Topology | None = None
         self._meta_ext = False
         self._rdy_timer: asyncio.TimerHandle | None = None
@@ -646,9 +647,8 @@ class Consumer:
         await asyncio.gather(*(self._connect_or_retry(endpoint) for endpoint in missing))
 
     def _forget_missing(self, route: TopicRoute) -> None:
-        """A missing endpoint lookupd found stays wanted while lookupd lists it, and for
-        ``KEEP_MISSING`` s after (a restarted nsqd unregisters until it is back), unless its
-        partition is led elsewhere now."""
+        """A missing endpoint lookupd found stays wanted while lookupd lists it and ``KEEP_MISSING_POLLS``
+        polls after (a restarted nsqd unregisters until it is back), unless led elsewhere now."""
         self._recall.wanted(route.endpoints)
         moved = route.moved_away(self._redial.keys())  # type: ignore[arg-type]
         for key in self._redial.keys():

@@ -197,8 +197,8 @@ class LookupdPoller:
         async with self._lock:
             loop = asyncio.get_running_loop()
             gap = self._last_started + MIN_POLL_GAP - loop.time()
-            if gap > 0:
-                await self._sleep(gap)
+            if gap > 0:  # the loop's own clock and sleep: the cap holds whatever ``sleep`` does
+                await asyncio.sleep(gap)
             self._last_started = loop.time()
             self._last = await self._poll()
             return self._last
