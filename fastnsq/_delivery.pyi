@@ -78,6 +78,9 @@ class Link:
     finished: int
     requeued: int
     timed_out: int
+    freshest_age: float
+    """The smallest (arrival, monotonic clock - nsqd's timestamp) since last reset to ``math.inf``:
+    the freshest message's wait plus the clocks' offset (the express lane compares it with itself)."""
     rdy_state: ConnRdy | None
     def __init__(self, owner: LinkOwner, endpoint: Any) -> None: ...
     def attach(self, conn: Any) -> None: ...

@@ -21,7 +21,7 @@ per message between the codec and the write (``_on_message``, ``_auto_answer``,
 """
 
 cimport cython
-from libc.math cimport NAN, isnan
+from libc.math cimport INFINITY, NAN, isnan
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from ._frame cimport Message, MessageSink, WriteBuffer
@@ -166,6 +166,10 @@ cdef class Link(MessageSink):
     cdef public long finished
     cdef public long requeued
     cdef public long timed_out
+    # The smallest (arrival on the monotonic clock - nsqd's timestamp) since the express lane last
+    # read it: how long the freshest message waited, plus the clocks' offset (comparable only with
+    # itself). INFINITY when none came.
+    cdef public double freshest_age
     cdef public ConnRdy rdy_state
     cdef WriteBuffer _wbuf
     cdef list _fins  # the connection's FINs of this pass, when it batches them (HA: conn.batch_fins)
@@ -189,6 +193,7 @@ cdef class Link(MessageSink):
         self.fast = False
         self.inspect_ext = False
         self.received = self.finished = self.requeued = self.timed_out = 0
+        self.freshest_age = INFINITY
         self.rdy_state = None
         self._mode = MODE_SLOW
 
@@ -222,7 +227,10 @@ cdef class Link(MessageSink):
 
     cdef int deliver(self, Message msg) except -1:
         cdef ConnRdy s = self.rdy_state
-        cdef double now
+        cdef double now = _monotonic()
+        cdef double age = now - msg.timestamp * 1e-9
+        if age < self.freshest_age:
+            self.freshest_age = age
         if (
             not self.fast
             or self._mode == MODE_SLOW
@@ -237,7 +245,6 @@ cdef class Link(MessageSink):
             self.owner.on_message(self, msg)
             return 0
         # What RdyController.on_message does for an authorized message that needs no refill.
-        now = _monotonic()
         s.in_flight += 1
         s.remaining -= 1
         s._last_message_at = now

@@ -8,6 +8,8 @@ protocol of ``_delivery.pyi``), which defines the behaviour of both.
 
 from __future__ import annotations
 
+import math
+import time
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -94,6 +96,7 @@ class Link:
         "endpoint",
         "fast",
         "finished",
+        "freshest_age",
         "in_flight",
         "inspect_ext",
         "msg_timeout",
@@ -116,6 +119,9 @@ class Link:
         self.fast = False
         self.inspect_ext = False  # the C link's switch; here every message goes to the owner anyway
         self.received = self.finished = self.requeued = self.timed_out = 0
+        # The smallest (arrival on the monotonic clock - nsqd's timestamp) since the express lane last
+        # read it: the freshest message's wait plus the clocks' offset (comparable only with itself).
+        self.freshest_age = math.inf
         self.rdy_state: ConnRdy | None = None
 
     def __repr__(self) -> str:
@@ -136,6 +142,7 @@ class Link:
         """Nothing to set up: the consumer's Python path dispatches every message itself."""
 
     def __call__(self, message: Any) -> None:
+        self.freshest_age = min(self.freshest_age, time.monotonic() - message.timestamp * 1e-9)
         self.owner.on_message(self, message)
 
     def finish_message(self, message: Any) -> None:

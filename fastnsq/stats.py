@@ -20,7 +20,11 @@ __all__ = ["ConnectionStats", "ConsumerStats", "ProducerStats", "deprecated_spel
 
 @dataclass(frozen=True, slots=True)
 class ConnectionStats:
-    """One consumer connection: the RDY it holds and what went through it."""
+    """One consumer connection: the RDY it holds and what went through it.
+
+    ``express``: the consumer's unbuffered express connection to that nsqd (the express lane of
+    :mod:`fastnsq.consumer.express`), not one of its buffered ones.
+    """
 
     address: str
     partition: int | None
@@ -30,6 +34,7 @@ class ConnectionStats:
     finished: int = 0
     requeued: int = 0
     timed_out: int = 0
+    express: bool = False
 
 
 @dataclass(frozen=True, slots=True)

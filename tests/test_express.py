@@ -12,11 +12,19 @@ They also check that the server buffers as nsqd does (the embedded one must).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 from fastnsq import Consumer, Producer
+from tests.apps_support import create_channels
 from tests.helpers import eventually, unique
+from tests.test_consumer import channel_stats, publish_spread
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MIF = 2500  # a consumer sized for throughput: nsqd's buffer, not RDY, decides when it writes
 
@@ -118,3 +126,72 @@ async def test_a_lost_express_connection_is_opened_again(nsqd) -> None:
     await eventually(lambda: got and got[-1].body == b"after", timeout=5, what="a message after")
     assert consumer.reconnects == 0  # the buffered connection never went
     await consumer.stop()
+
+
+# ---- a busy consumer and a backlog -------------------------------------------------------------
+
+
+class _BusyConsumer:
+    """A consumer process whose handler spins ``handler_us`` of CPU (tests/express_consumer.py)."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls, address: str, topic: str, handler_us: int, max_in_flight: int) -> _BusyConsumer:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.express_consumer", address, topic, "ch", str(handler_us), str(max_in_flight),
+            cwd=ROOT, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+        assert process.stdout is not None
+        assert await asyncio.wait_for(process.stdout.readline(), 30) == b"started\n"
+        return cls(process)
+
+    async def stop(self) -> dict:
+        """Its handled count and its connections (``express``, ``received``) as it stopped."""
+        out, _ = await asyncio.wait_for(self.process.communicate(b""), 30)
+        assert self.process.returncode == 0, out
+        return json.loads(out.splitlines()[-1])
+
+
+async def _consumed(nsqd, topic: str, count: int) -> bool:
+    stats = await channel_stats([nsqd.http_address], topic, "ch")
+    return bool(stats) and stats[0]["message_count"] == count and stats[0]["depth"] == 0 \
+        and stats[0]["in_flight_count"] == 0
+
+
+async def test_busy_consumers_drain_a_backlog_on_the_buffered_lane(nsqd) -> None:
+    """Two consumers of one channel, each slower than half of express_max_rate (a 150 us handler,
+    and they share the cores with nsqd), drain a backlog: a low rate there is the consumers' own,
+    not a quiet topic, so the backlog stays on the buffered connections. (They went to the express
+    lane, at most 20 in flight and a write per message, and stayed there: issue 51.)"""
+    topic, count = unique("busy"), 40_000
+    await create_channels(nsqd.http_address, topic, "ch")
+    await publish_spread([nsqd.tcp_address], topic, count)
+    consumers = [await _BusyConsumer.start(nsqd.tcp_address, topic, 150, 500) for _ in range(2)]
+    with contextlib.suppress(AssertionError):  # a trapped pair would take minutes: judged by the lanes below
+        await eventually(lambda: _consumed(nsqd, topic, count), timeout=60, what="the backlog drained")
+    reports = [await consumer.stop() for consumer in consumers]
+    express = sum(c["received"] for r in reports for c in r["connections"] if c["express"])
+    handled = sum(r["handled"] for r in reports)
+    assert handled >= count, reports
+    assert express <= count // 50, reports  # a moment on the express lane at most
+
+
+async def test_a_backlog_takes_a_busy_consumer_off_the_express_lane(nsqd) -> None:
+    """A consumer on the express lane (a quiet topic) meets a burst it cannot keep up with, below
+    express_max_rate: it leaves the express lane at once instead of draining the burst there."""
+    topic, burst = unique("busy"), 20_000
+    await create_channels(nsqd.http_address, topic, "ch")
+    consumer = await _BusyConsumer.start(nsqd.tcp_address, topic, 150, 2500)
+    async with Producer([nsqd.tcp_address]) as producer:
+        for i in range(30):  # 30 messages 20 ms apart: quiet, the express lane carries them
+            await producer.publish(topic, b"quiet %d" % i)
+            await asyncio.sleep(0.02)
+    await publish_spread([nsqd.tcp_address], topic, burst)
+    with contextlib.suppress(AssertionError):
+        await eventually(lambda: _consumed(nsqd, topic, burst + 30), timeout=60, what="the burst drained")
+    report = await consumer.stop()
+    [express] = [c["received"] for c in report["connections"] if c["express"]]
+    assert report["handled"] == burst + 30, report
+    assert express >= 15, report  # it was on the express lane for the quiet part
+    assert express <= 30 + burst // 20, report  # and left it early in the burst

@@ -502,7 +502,7 @@ class Consumer:
         return ConnectionStats(
             link.endpoint.address, link.endpoint.partition, rdy=rdy, in_flight=len(link.in_flight),
             received=link.received, finished=link.finished, requeued=link.requeued, timed_out=link.timed_out,
-        )
+            express=self._express.owns(link))
 
     def stats(self) -> dict[str, Any]:
         """Deprecated: :meth:`snapshot` (the same figures, typed)."""

@@ -22,7 +22,23 @@ from that nsqd, every ``TICK`` seconds:
   reserve) and the express one RDY 0: nsqd fills its buffer within a few ms at such
   rates, and writes large blocks again.
 * back to the express lane once the rate has stayed below half of ``max_rate`` for
-  ``SETTLE_TICKS`` ticks and the buffered connections hold little in flight.
+  ``SETTLE_TICKS`` ticks, the buffered connections hold little in flight, and nsqd holds
+  no backlog for the channel.
+
+A low rate alone is no sign of a quiet topic: a consumer that is itself the bottleneck (a
+CPU-bound handler, processes sharing the cores, a slow dependency) sees a low rate while
+nsqd holds a backlog, and on the express lane (at most ``reserve`` in flight, a write per
+message) it would stay slow for good, because a fast handler empties that connection at
+once. What shows a backlog is how long messages waited: nsqd stamps each message when it
+is published, and the freshest message of a tick that arrives well after its stamp waited
+in nsqd's queue. The clocks of nsqd and of this host differ by an unknown offset, so the
+wait is measured above a floor: the smallest stamp-to-arrival gap seen, which rises slowly
+(``FLOOR_RISE``) so that a drifting clock is forgotten. A consumer leaves the express lane
+as soon as the freshest message waited ``EXPRESS_WAIT`` above the floor, and does not come
+back while messages wait longer than that plus nsqd's output buffer timeout (the most the
+buffered connection itself holds a message); after each such exit it stays on the buffered
+lane a while longer (``BACKLOG_HOLD``, doubling) so that a consumer right at its capacity
+does not swing between the lanes.
 
 The reserve (:meth:`fastnsq.rdy.RdyController.set_held`) keeps the move instant both
 ways and ``max_in_flight`` whole: the held connection's share is kept back, never lent.
@@ -33,6 +49,7 @@ from the first message).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +73,15 @@ EXPRESS_SHARE = 25  # a 25th: 4 %
 MIN_EXPRESS_RDY = 8
 #: Seconds between attempts to open a lost express connection.
 RETRY_DELAY = 1.0
+#: How long the freshest message of a tick may have waited in nsqd (above the floor, seconds)
+#: before the express lane is left: a backlog, or a consumer that cannot keep up.
+EXPRESS_WAIT = 0.025
+#: How fast the floor of stamp-to-arrival gaps rises (seconds per second): far above NTP's slew
+#: (0.5 ms/s) and far below a backlog's growth.
+FLOOR_RISE = 0.002
+#: Seconds on the buffered lane after a backlog sent the consumer there (doubling up to the most).
+BACKLOG_HOLD = 0.5
+MAX_BACKLOG_HOLD = 30.0
 
 
 @dataclass
@@ -69,6 +95,11 @@ class _Lane:
     reserve: int = 0
     retry_at: float = 0.0
     bulk: list[Any] = field(default_factory=list)
+    age_floor: float = math.inf  # the smallest stamp-to-arrival gap seen (rising by FLOOR_RISE)
+    waited: float = 0.0  # how long the freshest message of the last tick waited above it
+    entered_at: float = 0.0  # when the lane last moved to the express connection
+    hold: float = BACKLOG_HOLD  # the next stay on the buffered lane after a backlog
+    held_until: float = 0.0
 
 
 class ExpressLanes:
@@ -97,6 +128,8 @@ class ExpressLanes:
         self.max_rate = max_rate
         # Pointless when the buffered connections are unbuffered already.
         self.enabled = enabled and options.output_buffer_size != -1
+        # The longest the buffered connections' own buffer holds a message back in nsqd.
+        self._buffer_wait = max(0.0, options.output_buffer_timeout)
         self._open_express = open_express
         self._apply = apply
         self._log = log
@@ -217,7 +250,7 @@ class ExpressLanes:
         now = self._loop.time()
         elapsed, self._ticked_at = max(1e-3, now - self._ticked_at), now
         for lane in list(self._lanes.values()):
-            self._step(lane, elapsed)
+            self._step(lane, elapsed, now)
         if self._lanes:
             self._arm()
 
@@ -225,11 +258,12 @@ class ExpressLanes:
         total = sum(link.received for link in lane.bulk)
         return total if lane.express is None else total + lane.express.received
 
-    def _step(self, lane: _Lane, elapsed: float) -> None:
-        """One tick of one nsqd: its rate since the last tick decides the lane."""
+    def _step(self, lane: _Lane, elapsed: float, now: float) -> None:
+        """One tick of one nsqd: its rate and its messages' waits since the last tick decide the lane."""
         received = self._received(lane)
         rate = (received - lane.last_received) / elapsed
         lane.last_received = received
+        self._measure_wait(lane, elapsed)
         reserve = self.hold_reserve()
         if lane.express is not None and reserve != lane.reserve:  # max_in_flight changed
             lane.reserve = reserve
@@ -237,12 +271,15 @@ class ExpressLanes:
             if not lane.express_mode:
                 self._apply(self._rdy.set_held(lane.express, True, reserve=reserve))
         if lane.express_mode:
-            if rate >= self.max_rate or self._full(lane.express) or not reserve:
-                self._log.debug("%s: %.0f msg/s, to the buffered lane", lane.endpoint.address, rate)
-                self._to_bulk(lane)
+            self._step_express(lane, rate, reserve, now)
             return
         bulk_in_flight = sum(self._rdy.connection_stats(link).in_flight for link in lane.bulk)
-        quiet = rate < self.max_rate / 2 and bulk_in_flight * 2 <= reserve
+        quiet = (
+            rate < self.max_rate / 2
+            and bulk_in_flight * 2 <= reserve
+            and lane.waited <= EXPRESS_WAIT + self._buffer_wait  # what the buffer itself holds back
+            and now >= lane.held_until
+        )
         lane.quiet_ticks = lane.quiet_ticks + 1 if quiet else 0
         if lane.quiet_ticks < SETTLE_TICKS or not reserve:
             return
@@ -250,14 +287,42 @@ class ExpressLanes:
             self._maybe_open(lane)
         else:
             self._log.debug("%s: %.0f msg/s, to the express lane", lane.endpoint.address, rate)
-            self._to_express(lane)
+            self._to_express(lane, now)
+
+    def _step_express(self, lane: _Lane, rate: float, reserve: int, now: float) -> None:
+        if lane.waited > EXPRESS_WAIT:
+            # A backlog (or a consumer behind its messages): the buffered lane drains it at full speed.
+            if now - lane.entered_at >= MAX_BACKLOG_HOLD:  # a long quiet stay: start the doubling again
+                lane.hold = BACKLOG_HOLD
+            lane.held_until = now + lane.hold
+            self._log.debug("%s: messages waited %.0f ms in nsqd, to the buffered lane for %.1f s",
+                            lane.endpoint.address, lane.waited * 1000, lane.hold)
+            lane.hold = min(lane.hold * 2, MAX_BACKLOG_HOLD)
+            self._to_bulk(lane)
+        elif rate >= self.max_rate or self._full(lane.express) or not reserve:
+            self._log.debug("%s: %.0f msg/s, to the buffered lane", lane.endpoint.address, rate)
+            self._to_bulk(lane)
+
+    def _measure_wait(self, lane: _Lane, elapsed: float) -> None:
+        """How long the freshest message since the last tick waited in nsqd, above the floor."""
+        links = lane.bulk if lane.express is None else [*lane.bulk, lane.express]
+        freshest = math.inf
+        for link in links:
+            freshest = min(freshest, link.freshest_age)
+            link.freshest_age = math.inf
+        if freshest == math.inf:  # nothing came: nsqd held nothing back from a connection with RDY
+            lane.waited = 0.0
+            return
+        lane.age_floor = min(lane.age_floor + FLOOR_RISE * elapsed, freshest)
+        lane.waited = freshest - lane.age_floor
 
     def _full(self, link: Any) -> bool:
         stats = self._rdy.connection_stats(link)
         return stats.rdy > 0 and stats.in_flight >= STARVED_RATIO * stats.rdy
 
-    def _to_express(self, lane: _Lane) -> None:
+    def _to_express(self, lane: _Lane, now: float) -> None:
         lane.express_mode = True
+        lane.entered_at = now
         lane.quiet_ticks = 0
         for link in lane.bulk:  # lowered first: their share was never the reserve
             self._apply(self._rdy.set_held(link, True))
