@@ -149,7 +149,7 @@ class Redial:
         if entry is not None:
             self._forget(entry)
 
-    def keys(self) -> list[Hashable]:
+    def pending(self) -> list[Hashable]:
         """Every key missing now."""
         return [key for entry in self._addresses.values() for key in entry.keys]
 

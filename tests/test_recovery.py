@@ -18,8 +18,9 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator
+from itertools import pairwise
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
@@ -28,7 +29,15 @@ from aiohttp import web
 from fastnsq import Consumer, Producer
 from fastnsq import sync as blocking_api
 from fastnsq.errors import NoConnectionError
-from fastnsq.recovery import FAST_PHASE, FAST_POLL, MAX_ATTEMPTS_PER_SECOND, MIN_POLL_GAP, PollCadence, Recall, Redial
+from fastnsq.recovery import (
+    FAST_PHASE,
+    FAST_POLL,
+    MAX_ATTEMPTS_PER_SECOND,
+    MIN_POLL_GAP,
+    PollCadence,
+    Recall,
+    Redial,
+)
 from fastnsq.testing import NSQLookupd
 from fastnsq.testing.process import free_port
 from fastnsq.testing.real import RealLookupdServer
@@ -36,6 +45,9 @@ from fastnsq.testing.real import RealLookupdServer
 from .helpers import eventually, unique
 from .test_faults import REAL_BIN, Server
 from .test_worker import start_worker
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,12 +79,12 @@ async def test_redial_probes_each_address_at_most_five_times_a_second_then_opens
     for key in ("a", "b", "c"):
         redial.missing("10.0.0.1:4150", key, attempt(key), ConnectionRefusedError("refused"))
     await asyncio.sleep(1.5)
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in pairwise(starts)]
     assert len(starts) >= 5 and min(gaps) >= 1 / MAX_ATTEMPTS_PER_SECOND - 0.002, gaps
     assert len(starts) <= 1.5 * MAX_ATTEMPTS_PER_SECOND + 1
     assert redial.error("10.0.0.1:4150") is not None and not opened
     alive = True
-    await eventually(lambda: not redial.keys(), timeout=2, what="every key opened")
+    await eventually(lambda: not redial.pending(), timeout=2, what="every key opened")
     assert sorted(opened) == ["a", "b", "c"]
     await redial.close()
 
@@ -107,7 +119,7 @@ async def test_dropping_the_last_key_stops_the_rounds() -> None:
     redial.drop("k")
     seen = calls
     await asyncio.sleep(0.5)
-    assert seen >= 1 and calls == seen and not redial.keys()
+    assert seen >= 1 and calls == seen and not redial.pending()
     await redial.close()
 
 
@@ -146,7 +158,7 @@ class CountingListener:
         self.attempts: list[tuple[str, float]] = []
         self._server: asyncio.base_events.Server | None = None
 
-    async def __aenter__(self) -> CountingListener:
+    async def __aenter__(self) -> Self:
         self._server = await asyncio.start_server(self._accepted, "127.0.0.1", self.port, reuse_address=True)
         return self
 

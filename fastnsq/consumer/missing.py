@@ -68,7 +68,7 @@ class Missing:
     def routed(self, route: TopicRoute) -> None:
         """A new route: stop trying what lookupd no longer wants the consumer to have."""
         self._recall.wanted(route.endpoints)
-        found = [key for key in self._redial.keys() if key not in self._direct]
+        found = [key for key in self._redial.pending() if key not in self._direct]
         for key in self._recall.gone(found, route.endpoints, route.moved_away(found)):  # type: ignore[arg-type]
             self._log.info("no longer trying %s: led elsewhere, or not listed by lookupd for %.0f s", key,
                            self._recall.keep)
@@ -94,4 +94,4 @@ class Missing:
     def _tell(self) -> None:
         """The topology polls often while an endpoint lookupd found is missing."""
         if self.topology is not None and self.active:
-            self.topology.set_short(self.topic, any(key not in self._direct for key in self._redial.keys()))
+            self.topology.set_short(self.topic, any(key not in self._direct for key in self._redial.pending()))
