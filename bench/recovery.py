@@ -69,10 +69,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from itertools import pairwise
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -449,88 +446,15 @@ def table_markdown(result: dict[str, Any]) -> str:
 # ---- rates mode ------------------------------------------------------------------------------------
 
 
-class CountingListener:
-    """Holds nsqd's TCP port while it is down: reads each connection's IDENTIFY for its client_id,
-    notes (client_id, time), closes it."""
-
-    def __init__(self, address: str) -> None:
-        self.host, _, port = address.rpartition(":")
-        self.port = int(port)
-        self.attempts: list[tuple[str, float]] = []
-        self._server: asyncio.base_events.Server | None = None
-
-    async def __aenter__(self) -> Self:
-        self._server = await asyncio.start_server(self._accepted, self.host, self.port, reuse_address=True)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
-
-    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        at, client = time.monotonic(), "?"
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(reader.readexactly(4 + len(b"IDENTIFY\n")), 1.0)
-            size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 1.0), "big")
-            client = json.loads(await asyncio.wait_for(reader.readexactly(size), 1.0)).get("client_id", "?")
-        self.attempts.append((client, at))
-        writer.close()
-
-
-class CountingProxy:
-    """An HTTP proxy in front of nsqlookupd for one face: notes the time of every request."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-        self.requests: list[float] = []
-        self.address = ""
-        self._runner: Any = None
-
-    async def start(self) -> None:
-        import aiohttp
-        from aiohttp import web
-
-        from fastnsq.testing.process import free_port
-
-        self._session = aiohttp.ClientSession()
-
-        async def forward(request: web.Request) -> web.Response:
-            self.requests.append(time.monotonic())
-            async with self._session.get(f"http://{self.target}{request.path_qs}") as resp:
-                return web.Response(body=await resp.read(), status=resp.status, content_type=resp.content_type)
-
-        app = web.Application()
-        app.router.add_route("GET", "/{tail:.*}", forward)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        port = free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", port).start()
-        self.address = f"127.0.0.1:{port}"
-
-    async def close(self) -> None:
-        await self._runner.cleanup()
-        await self._session.close()
-
-
-def most_in_a_second(times: list[float], start: float, end: float) -> int:
-    """The most of ``times`` within any one second of [start, end)."""
-    inside = sorted(t for t in times if start <= t < end)
-    most, first = 0, 0
-    for last, at in enumerate(inside):
-        while at - inside[first] >= 1.0:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
 async def rates(args: argparse.Namespace, go_binary: Path | None) -> dict[str, Any]:
     import aiohttp
+
+    from fastnsq.testing.counting import AttemptCounter, QueryCounter, most_in_a_second
 
     servers = Servers(args.real, 1)
     await servers.start()
     lookupd_faces = ("async_lookupd", "sync_lookupd", "worker", "worker_split", "to_file", "to_nsq", "go_lookupd")
-    proxies = {face: CountingProxy(servers.lookupd_http) for face in lookupd_faces}
+    proxies = {face: QueryCounter(servers.lookupd_http) for face in lookupd_faces}
     for proxy in proxies.values():
         await proxy.start()
     faces = Faces(servers, args, {face: proxy.address for face, proxy in proxies.items()})
@@ -541,7 +465,7 @@ async def rates(args: argparse.Namespace, go_binary: Path | None) -> dict[str, A
             feeder = asyncio.create_task(feed(session, faces.nsqd.http_address))
             try:
                 await first_successes(faces, session, time.monotonic() - 3600, time.monotonic() + 60, wanted)
-                listener = CountingListener(faces.nsqd.tcp_address)
+                listener = AttemptCounter(faces.nsqd.tcp_address)
                 stopped, back = await restart(faces.nsqd, args.rates_outage, session, during=listener)
                 took = await first_successes(faces, session, back, back + GIVE_UP, wanted)
             finally:
@@ -552,13 +476,9 @@ async def rates(args: argparse.Namespace, go_binary: Path | None) -> dict[str, A
         for proxy in proxies.values():
             await proxy.close()
     window = (stopped, back)
-    by_client: dict[str, list[float]] = defaultdict(list)
-    for client, at in listener.attempts:
-        by_client[client].append(at)
-    attempts = {face: most_in_a_second(by_client.get(face, []), *window) for face in wanted}
-    attempts["to_nsq_out"] = most_in_a_second(by_client.get("to_nsq_out", []), *window)
+    attempts = {face: most_in_a_second(listener.times(face), *window) for face in (*wanted, "to_nsq_out")}
     queries = {face: most_in_a_second(proxy.requests, *window) for face, proxy in proxies.items()}
-    totals = Counter({client: len([t for t in times if window[0] <= t < window[1]]) for client, times in by_client.items()})
+    totals = Counter(client for client, at in listener.attempts if window[0] <= at < window[1])
     return {"outage_s": args.rates_outage, "window_s": round(window[1] - window[0], 3),
             "most_attempts_in_a_second": attempts, "most_lookupd_queries_in_a_second": queries,
             "attempts_in_window": dict(totals), "seconds_to_first_success": took, "servers": servers.describe()}
