@@ -9,8 +9,9 @@ answer comes back through a lock its caller blocks on (:class:`Call`), one MPUB'
 releasing all its callers. The deque keeps each thread's calls in order.
 
 While no connection is open and every attempt failed, publishes fail at once with an error
-naming the nsqd and the cause (the producer keeps reconnecting); while the first attempt is
-under way they wait for it. After ``os.fork()`` the child's copy of the loop has no thread:
+naming the nsqd and the cause (the producer keeps reconnecting); a cause older than 0.2 s is
+not given: the publishes then wait for an attempt made for them, so the first one after nsqd
+is back goes through; while the first attempt is under way they wait for it. After ``os.fork()`` the child's copy of the loop has no thread:
 right after the fork, ``_abandon`` makes sure the child never touches the parent's loop or
 sockets; at its first call the facade builds a new loop, producer and bridge
 (``FORKS.generation`` tells it a fork happened).

@@ -94,7 +94,8 @@ class Producer:
     The constructor returns at once and connects in the background (go-nsq's
     ``NewProducer``): a publish waits for that first attempt; while no connection is open
     and the attempts failed, a publish raises ``NoConnectionError`` at once, naming each
-    nsqd and why, and the producer reconnects behind the scenes. ``lazy_connect=False``
+    nsqd and why (the cause of an attempt made for it, or within the last 0.2 s), and the
+    producer reconnects behind the scenes, every 0.2-0.4 s. ``lazy_connect=False``
     connects in the constructor instead and raises ``NoConnectionError`` there when no nsqd
     answers. After ``os.fork()`` the child gets a loop, a thread and connections of its own
     at its first call (gunicorn ``--preload``, ``multiprocessing``); the parent's are never

@@ -75,7 +75,10 @@ async def _publish(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     nsqd, lookupd = servers_of(args)
     for address in lookupd:
         await check_lookupd(address, None, settings["auth_secret"])
-    producer = Producer(nsqd, lookupd_http_addresses=lookupd, **settings)
+    # One command: an nsqd it cannot reach at the start is its error; a restart later is waited
+    # out within the publish timeout. --producer-opt may say otherwise.
+    producer = Producer(nsqd, lookupd_http_addresses=lookupd, **{"lazy_connect": False, "fail_fast": False,
+                                                                  **settings})
     await producer.start()
     try:
         if not producer.connections:

@@ -309,7 +309,10 @@ class SinkOptions:
     def producer_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(self.common.connection)
         kwargs.update(self.common.addresses)
-        kwargs.update(pool_size=self.pool_size, publish_timeout=self.publish_timeout)
+        # A task fails at its start when no nsqd answers, and rides out an nsqd restart shorter
+        # than publishTimeout (a failed task is run again whole: its messages twice).
+        kwargs.update(pool_size=self.pool_size, publish_timeout=self.publish_timeout, lazy_connect=False,
+                      fail_fast=False)
         return kwargs
 
     @property
