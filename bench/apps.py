@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from fastnsq.benchmark import process_cpu_seconds, process_tree
+from fastnsq.testing import drain
 from fastnsq.testing.process import NSQDProcess, free_port
 
 REAL_NSQD_FLAGS = ("--mem-queue-size=10000000",)
@@ -195,13 +196,14 @@ def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -
         deadline = began + args.timeout
         while True:
             time.sleep(0.02)
-            depth, in_flight, taken = channel_state(nsqd.http_port, channel)
             # The channel starts empty and takes the topic's backlog as nsqd pumps it over:
-            # done when it took every message and holds none.
-            if taken >= args.count and depth == 0 and in_flight == 0:
+            # done when it took every message and holds none (fastnsq.testing.drain).
+            if drain.channel_drained_sync(f"127.0.0.1:{nsqd.http_port}", TOPIC, channel, published=args.count):
                 break
             if app.poll() is not None or time.perf_counter() > deadline:
-                raise RuntimeError(f"{impl} {case}: exited or timed out (depth {depth}); see {log.name}")
+                depth, in_flight, taken = channel_state(nsqd.http_port, channel)
+                raise RuntimeError(f"{impl} {case}: exited or timed out (took {taken}, depth {depth}, in flight "
+                                   f"{in_flight}); see {log.name}")
         elapsed = time.perf_counter() - began
         pids = process_tree(app.pid)
         app_cpu = sum(process_cpu_seconds(pid) or 0.0 for pid in pids)

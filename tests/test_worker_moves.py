@@ -25,7 +25,7 @@ import pytest
 from fastnsq import Consumer
 from fastnsq.errors import InvalidValueError
 from fastnsq.runner.assign import pick_move
-from fastnsq.testing import NSQD
+from fastnsq.testing import NSQD, drain
 from fastnsq.testing.process import NSQDProcess
 from fastnsq.testing.real import real_bin_dir
 
@@ -200,7 +200,7 @@ async def test_an_idle_process_takes_an_nsqd_and_every_message_is_handled_once(
         cleanup.append(worker)
         try:
             await eventually(lambda: _moves_at_least(worker, 1), 30, "an nsqd moved to the idle process")
-            await eventually(lambda: _nothing_left(servers, topic), 60, "every message finished")
+            await eventually(lambda: _nothing_left(servers, topic, total), 60, "every message finished")
         finally:
             await watch.stop()
         health = await worker.health()
@@ -262,7 +262,7 @@ async def test_a_process_killed_while_it_lets_an_nsqd_go(tmp_path: Path, cleanup
             [pid] = [w["pid"] for w in (await worker.health())["workers"] if w["index"] == 0]
             os.kill(pid, signal.SIGKILL)
             await eventually(lambda: _restarted(worker), 20, "worker 0 restarted")
-            await eventually(lambda: _nothing_left(servers, topic), 60, "every message finished")
+            await eventually(lambda: _nothing_left(servers, topic, total), 60, "every message finished")
         finally:
             await watch.stop()
         assert watch.most == [1, 1, 1], watch.most
@@ -290,8 +290,9 @@ async def _moves_at_least(worker: Worker, count: int) -> bool:
     return int((await worker.health()).get("nsqd_moves", 0)) >= count
 
 
-async def _nothing_left(servers: list[Any], topic: str) -> bool:
-    return await _left(servers, topic) == 0
+async def _nothing_left(servers: list[Any], topic: str, total: int) -> bool:
+    """Every message of ``topic`` taken by the channel and none left in nsqd (fastnsq.testing.drain)."""
+    return await drain.channel_drained([s.http_address for s in servers], topic, "work", published=total)
 
 
 # ---- the Consumer underneath -----------------------------------------------------------------
