@@ -68,6 +68,12 @@ class Job:
     def teardown(self):
         _record("teardown", "1")
 
+class Reopens:
+    def handle(self, message):
+        handle(message)
+    def hup(self):
+        _record("hup", "1")
+
 class Broken:
     def setup(self):
         raise ValueError("database unreachable")
@@ -292,6 +298,35 @@ async def test_sigterm_mid_run_drains_and_loses_nothing(nsqd: Any, tmp_path: Pat
     assert stats["depth"] + stats["deferred_count"] + len(handled) == total, stats
 
 
+async def test_sighup_is_logged_passed_to_hup_and_never_fatal(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """SIGHUP to the supervisor (logrotate's habit): logged, each child runs the handler's hup();
+    a handler without one logs that it has none; the group goes on consuming, and drains with 0."""
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 20)
+    worker = await start_worker(tmp_path, "wk_jobs:Reopens", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2")
+    cleanup.append(worker)
+    await eventually(lambda: len(worker.lines("handled")) == 20, 30, "the first messages")
+    worker.process.send_signal(signal.SIGHUP)
+    await eventually(lambda: _alive(worker) and len(worker.lines("hup")) == 2, 10, "hup() in each process")
+    assert "SIGHUP: passed to every worker" in worker.log()
+    await publish_spread([nsqd.tcp_address], topic, 20)
+    await eventually(lambda: len(worker.lines("handled")) == 40, 30, "messages after the SIGHUP")
+    assert await worker.stop() == 0
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    worker = await start_worker(plain, "wk_jobs:handle", *_consume_args(topic, nsqd.tcp_address))
+    cleanup.append(worker)
+    await eventually(lambda: _is(worker, "/healthz", 200), 15, "/healthz 200")
+    worker.process.send_signal(signal.SIGHUP)
+    await eventually(lambda: _alive(worker) and "has no hup(); nothing to do" in worker.log(), 10, "the child's line")
+    assert await worker.status() == 200
+    assert await worker.stop() == 0
+
+
 #: A supervisor whose group stops as soon as it runs (no child started), then a SIGTERM to
 #: itself after run() returned and its event loop closed: the moment a second SIGTERM lands
 #: when a drain ends quickly.
@@ -396,6 +431,13 @@ async def test_healthz_is_503_until_an_nsqd_is_reachable(tmp_path: Path, cleanup
         await eventually(lambda: _is(worker, "/healthz", 200), 15, "/healthz 200")
         assert await worker.status("/readyz") == 200
         assert await worker.stop() == 0
+
+
+def _alive(worker: Worker) -> bool:
+    """True while the supervisor runs; its exit fails the test at once, with its log."""
+    if worker.process.returncode is not None:
+        raise AssertionError(f"the supervisor exited ({worker.process.returncode}):\n{worker.log()}")
+    return True
 
 
 async def _at_least(read: Any, low: float) -> bool:

@@ -5,7 +5,8 @@ inherited (:mod:`.channel`). It loads the handler, runs ``setup()``, consumes wi
 of max_in_flight (and, with ``--split-nsqd``, only from the nsqd assigned to it), reports
 its health and metrics every second and when asked, and on ``stop``, SIGTERM, SIGINT or the
 supervisor's end of the pipe closing, drains with ``Consumer.stop(drain_timeout)``, runs
-``teardown()`` and exits 0. A second stop request changes nothing: the drain goes on.
+``teardown()`` and exits 0. A second stop request changes nothing: the drain goes on. A
+SIGHUP (forwarded by the supervisor, or sent to the child itself) runs the handler's ``hup()``.
 """
 
 from __future__ import annotations
@@ -91,6 +92,15 @@ class Child:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+        loop.add_signal_handler(signal.SIGHUP, self.on_hup)
+
+    def on_hup(self) -> None:
+        """The handler's ``hup()`` (to-file: sync and close the file); without one, a log line."""
+        if self.handler.hup is None:
+            logger.info("SIGHUP: %s has no hup(); nothing to do", self.settings.target)
+            return
+        logger.info("SIGHUP: running %s's hup()", self.settings.target)
+        self.tasks.append(asyncio.create_task(run_hook(self.handler.hup)))
 
     async def _drain(self) -> dict[str, Any]:
         if self.consumer is None:
@@ -221,8 +231,8 @@ class Child:
             kind = message.get("type")
             if kind == "stop":
                 self.request_stop("asked by the supervisor")
-            elif kind == "hup" and self.handler.hup is not None:
-                self.tasks.append(asyncio.create_task(run_hook(self.handler.hup)))
+            elif kind == "hup":
+                self.on_hup()
             elif kind == "report":
                 self.channel.send({"type": "report", "id": message.get("id"), **self._report()})
             elif kind == "assign":

@@ -33,8 +33,8 @@ class Handler:
     teardown: Callable[[], Any] | None = None
     #: A built-in app's hooks (``fastnsq to-file`` and the like): ``attach(consumer)`` once the
     #: Consumer runs, ``drain()`` before it stops; and whether it answers its batches itself
-    #: (to-file FINs only after an fsync, to-nsq only after nsqd's OK); ``hup()`` on a SIGHUP the
-    #: supervisor forwards (with the ``hup`` setting).
+    #: (to-file FINs only after an fsync, to-nsq only after nsqd's OK); ``hup()`` on a SIGHUP
+    #: (any handler object may have one: reopen a log file, reload a setting).
     attach: Callable[[Any], Any] | None = None
     drain: Callable[[], Any] | None = None
     answers_batches: bool = False
