@@ -419,6 +419,51 @@ async def test_a_handler_that_always_raises_backs_off_without_crashing(
     assert await worker.stop() == 0
 
 
+async def test_in_flight_is_what_the_processes_hold_and_rdy_bounds_nsqds_count(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """Handlers holding messages: /healthz's in_flight, /metrics' nsq_consumer_in_flight and
+    nsqd's in_flight_count agree. A fast handler holds none whenever asked while nsqd counts
+    the messages on their way, up to the RDY /healthz reports: in_flight <= nsqd's <= rdy."""
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 200)
+    worker = await start_worker(tmp_path, "wk_jobs:handle", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2", "--max-in-flight", "10", "--threads", "2", sleep=0.3)
+    cleanup.append(worker)
+    figures: list[tuple[int, float, int]] = []
+
+    async def all_three_agree() -> bool:
+        workers = (await worker.health())["workers"]
+        on_nsqd = sum(c["in_flight_count"] for c in await channel_stats([nsqd.http_address], topic, "work"))
+        figures.append((sum(w.get("in_flight", 0) for w in workers), await worker.metric("nsq_consumer_in_flight"), on_nsqd))
+        return figures[-1] == (10, 10, 10)
+
+    await eventually(all_three_agree, 20, "in flight by the workers, their metric and nsqd")
+    assert sum(w.get("rdy", 0) for w in (await worker.health())["workers"]) == 10
+    _, text = await worker.get("/metrics")  # counters of events not seen yet: at 0, not absent
+    assert re.search(r'^nsq_consumer_errors_total\{[^}]*code="E_FIN_FAILED"[^}]*\} 0\.0$', text, re.MULTILINE)
+    assert await worker.stop(timeout=30) == 0
+
+    fast = tmp_path / "fast"
+    fast.mkdir()
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 50_000)
+    worker = await start_worker(fast, "wk_jobs:handle", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2", "--max-in-flight", "100")
+    cleanup.append(worker)
+    samples: list[tuple[int, int, int]] = []
+    while len(samples) < 10 and await worker.metric("nsq_consumer_messages_finished_total") < 45_000:
+        workers = (await worker.health())["workers"]
+        channels = await channel_stats([nsqd.http_address], topic, "work")
+        if channels and len(channels[0]["clients"]) == 2 and sum(w.get("rdy", 0) for w in workers) == 100:
+            samples.append((sum(w.get("in_flight", 0) for w in workers), channels[0]["in_flight_count"], 100))
+        await asyncio.sleep(0.1)
+    assert len(samples) >= 3, samples
+    assert all(held <= on_nsqd <= rdy for held, on_nsqd, rdy in samples), samples
+    assert any(held < on_nsqd for held, on_nsqd, _ in samples), samples
+    assert await worker.stop() == 0
+
+
 async def test_healthz_is_503_until_an_nsqd_is_reachable(tmp_path: Path, cleanup: list[Worker]) -> None:
     """No nsqd listening: /healthz and /readyz 503; once one starts on that port, 200."""
     port = free_port()

@@ -249,7 +249,11 @@ class Child:
             await asyncio.sleep(HEALTH_INTERVAL)
 
     def _health(self) -> dict[str, Any]:
+        """``in_flight``: the messages this process holds (received, not answered yet); ``rdy``:
+        the most nsqd may have in flight to it, its ``in_flight_count`` also counting the
+        messages on their way (docs/worker.md, Health and metrics)."""
         consumer = self.consumer
+        snapshot = consumer.snapshot() if consumer is not None else None
         level = consumer.backoff_level if consumer is not None else 0
         now = time.monotonic()
         if level and self.backoff_since is None:
@@ -262,7 +266,8 @@ class Child:
             "backoff_level": level,
             "backoff_for": 0.0 if self.backoff_since is None else now - self.backoff_since,
             "draining": self.draining,
-            "in_flight": consumer.snapshot().in_flight if consumer is not None else 0,
+            "in_flight": snapshot.in_flight if snapshot is not None else 0,
+            "rdy": sum(c.rdy for c in snapshot.connections) if snapshot is not None else 0,
         }
 
     def _report(self) -> dict[str, Any]:
