@@ -75,8 +75,8 @@ _CONSUMER_COUNTERS = (
     ("duplicates_dropped", "HA ordered channels: repeated deliveries of a partition's head, not handed out again"),
 )
 _CONSUMER_GAUGES = (
-    ("in_flight", "messages this process holds: received and not finished or requeued yet (nsqd's "
-                  "in_flight_count also counts those on their way both ways; at most nsq_consumer_rdy)"),
+    ("in_flight", ("messages this process holds: received and not finished or requeued yet (nsqd's "
+                   "in_flight_count also counts those on their way both ways; at most nsq_consumer_rdy)")),
     ("max_in_flight", "the consumer's max_in_flight"),
     ("backoff_level", "the backoff level (0: consuming normally)"),
 )

@@ -11,6 +11,7 @@ also tested on their own (pure functions).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -73,6 +74,36 @@ class Reopens:
         handle(message)
     def hup(self):
         _record("hup", "1")
+
+class Rows:
+    """The stdlib sqlite3 with --threads: a connection belongs to the thread that opened it."""
+    def __init__(self):
+        self.local = threading.local()
+        self.path = os.path.join(OUT, f"rows-{os.getpid()}.db")
+    def setup(self):
+        import sqlite3
+        self.db = sqlite3.connect(self.path)  # on the loop's thread: fails in a handler thread
+        self.db.execute("create table if not exists rows (body text)")
+        self.db.commit()
+    def setup_thread(self):
+        import sqlite3
+        self.local.db = sqlite3.connect(self.path)
+        _record("thread_setup", threading.current_thread().name)
+    def teardown_thread(self):
+        self.local.db.close()
+        _record("thread_teardown", threading.current_thread().name)
+
+class RowsOnce(Rows):
+    def handle(self, message):
+        with self.db:
+            self.db.execute("insert into rows values (?)", (message.body.decode(),))
+        _record("handled", message.body.decode())
+
+class RowsPerThread(Rows):
+    def handle(self, message):
+        with self.local.db as db:
+            db.execute("insert into rows values (?)", (message.body.decode(),))
+        _record("handled", message.body.decode())
 
 class Broken:
     def setup(self):
@@ -225,6 +256,62 @@ def test_gathering_adds_counters_keeps_exited_ones_and_takes_the_highest_backoff
     assert 'nsq_consumer_in_flight{channel="c",topic="t"} 3.0' in text
     assert 'nsq_consumer_backoff_level{channel="c",topic="t"} 2.0' in text
     assert "process_start_time_seconds" not in text
+
+
+async def test_handler_threads_set_up_and_tear_down_each_thread() -> None:
+    """Each thread runs setup_thread() before its first call and teardown_thread() after its
+    last; a setup that raises fails start() (the others tear down); close() cancels calls not
+    begun; an async setup_thread() is refused when the target loads."""
+    import threading
+
+    from fastnsq.runner.loading import LoadError, _describe
+    from fastnsq.runner.threads import HandlerThreads
+
+    local, events = threading.local(), []
+
+    def setup_thread() -> None:
+        local.name = threading.current_thread().name
+        events.append(("setup", local.name))
+
+    def teardown_thread() -> None:
+        events.append(("teardown", local.name))
+
+    threads = HandlerThreads(3, setup_thread, teardown_thread)
+    await threads.start()
+    names = await asyncio.gather(*(threads.run(lambda _: local.name, i) for i in range(30)))
+    assert set(names) <= {name for kind, name in events if kind == "setup"} and len(events) == 3
+    with pytest.raises(ZeroDivisionError):
+        await threads.run(lambda n: 1 / n, 0)
+    gate = threading.Event()
+    busy = [asyncio.ensure_future(threads.run(lambda _: gate.wait(5), i)) for i in range(3)]
+    queued = asyncio.ensure_future(threads.run(lambda _: events.append(("ran", "late")), None))
+    await asyncio.sleep(0.05)
+    closing = asyncio.ensure_future(threads.close())
+    await asyncio.sleep(0.05)
+    gate.set()
+    await closing
+    assert all(task.result() is True for task in busy) and queued.cancelled()
+    assert sorted(name for kind, name in events if kind == "teardown") == sorted(
+        name for kind, name in events if kind == "setup")
+
+    calls = []
+
+    def fails_once() -> None:
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:
+            raise OSError("database unreachable")
+
+    broken = HandlerThreads(3, fails_once, lambda: calls.append("teardown"))
+    with pytest.raises(OSError, match="database unreachable"):
+        await broken.start()
+    assert calls.count("teardown") == 2  # the two set up have ended
+
+    class AsyncSetup:
+        async def setup_thread(self) -> None: ...
+        def handle(self, message: Any) -> None: ...
+
+    with pytest.raises(LoadError, match=r"setup_thread\(\) is a coroutine function"):
+        _describe("m:AsyncSetup", AsyncSetup())
 
 
 # ---- the command ---------------------------------------------------------------------------
@@ -464,6 +551,46 @@ async def test_in_flight_is_what_the_processes_hold_and_rdy_bounds_nsqds_count(
     assert await worker.stop() == 0
 
 
+async def test_threads_have_their_own_setup_and_readiness_sees_a_handler_failing_every_message(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """sqlite3 opened in setup() and used from --threads fails every message (the connection
+    belongs to the loop's thread): /readyz says so even with backoff off. Opened in
+    setup_thread(), in each handler thread, every message is stored once; teardown_thread()
+    runs in each thread at the drain."""
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 100)
+    failing = tmp_path / "failing"
+    failing.mkdir()
+    worker = await start_worker(failing, "wk_jobs:RowsOnce", *_consume_args(topic, nsqd.tcp_address),
+                                "--threads", "2", "--backoff-grace", "1", "--consumer-opt", "max_backoff_duration=0",
+                                "--consumer-opt", "default_requeue_delay=0", "--consumer-opt", "max_attempts=0")
+    cleanup.append(worker)
+    await eventually(lambda: _not_ready_because(worker, "the handler failed every message"), 20,
+                     "/readyz 503 while every message fails")
+    assert await worker.status("/healthz") == 200
+    assert not worker.lines("handled")
+    assert await worker.stop() == 0
+
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 100)
+    worker = await start_worker(tmp_path, "wk_jobs:RowsPerThread", *_consume_args(topic, nsqd.tcp_address),
+                                "--threads", "3", "--processes", "2", "--backoff-grace", "1")
+    cleanup.append(worker)
+    await eventually(lambda: len(worker.lines("handled")) == 100, 30, "every message stored")
+    assert await worker.status("/readyz") == 200
+    assert await worker.stop() == 0
+    import sqlite3
+
+    stored: list[str] = []
+    for path in tmp_path.glob("rows-*.db"):
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            stored += [row[0] for row in db.execute("select body from rows")]
+    assert len(stored) == len(set(stored)) == 100
+    assert sorted(worker.lines("thread_setup")) == sorted(worker.lines("thread_teardown"))
+    assert len(worker.lines("thread_setup")) == 6  # three threads in each of two processes
+
+
 async def test_healthz_is_503_until_an_nsqd_is_reachable(tmp_path: Path, cleanup: list[Worker]) -> None:
     """No nsqd listening: /healthz and /readyz 503; once one starts on that port, 200."""
     port = free_port()
@@ -476,6 +603,11 @@ async def test_healthz_is_503_until_an_nsqd_is_reachable(tmp_path: Path, cleanup
         await eventually(lambda: _is(worker, "/healthz", 200), 15, "/healthz 200")
         assert await worker.status("/readyz") == 200
         assert await worker.stop() == 0
+
+
+async def _not_ready_because(worker: Worker, reason: str) -> bool:
+    status, body = await worker.get("/readyz")
+    return status == 503 and reason in body
 
 
 def _alive(worker: Worker) -> bool:

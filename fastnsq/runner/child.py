@@ -19,7 +19,6 @@ import signal
 import socket
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._version import __version__
@@ -29,6 +28,7 @@ from .activity import Activity
 from .channel import FD_ENV, Channel
 from .loading import Handler, LoadError, load, run_hook
 from .settings import WorkerSettings
+from .threads import HandlerThreads
 
 logger = logging.getLogger("fastnsq.worker")
 
@@ -50,7 +50,10 @@ class Child:
         self.stop_requested = asyncio.Event()
         self.draining = False
         self.backoff_since: float | None = None
-        self.pool = ThreadPoolExecutor(settings.threads, "fastnsq-worker") if settings.threads else None
+        self.threads = (HandlerThreads(settings.threads, handler.setup_thread, handler.teardown_thread)
+                        if settings.threads else None)
+        self.successes = self.requeues = 0  # the consumer's counts at the last health report
+        self.failing_since: float | None = None  # since when it has requeued and finished nothing
         self.tasks: list[asyncio.Task[Any]] = []  # the child's own loops, cancelled at the end
         self._batches: set[asyncio.Task[Any]] = set()  # batches in threads, assignments (done ones leave)
         self._assigning = asyncio.Lock()
@@ -61,6 +64,7 @@ class Child:
 
     async def run(self) -> int:
         await run_hook(self.handler.setup)
+        await self._setup_threads()
         self._install_signals()
         self.tasks.append(asyncio.create_task(self._listen()))
         self.tasks.append(asyncio.create_task(self._report_health()))
@@ -72,6 +76,7 @@ class Child:
         self.channel.send({"type": "started", "pid": os.getpid()})
         await self.stop_requested.wait()
         report = await self._drain()
+        await self._teardown_threads()
         await run_hook(self.handler.teardown)
         self.channel.send({"type": "stopped", "report": report, **self._report()})
         await self.channel.flush()
@@ -113,12 +118,24 @@ class Child:
             if task.get_name() == "batches":
                 with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(task, 5.0)
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
         logger.info("drained: %d finished, %d requeued, %d abandoned%s", report.finished, report.requeued,
                     report.abandoned, " (deadline passed)" if report.timed_out else "")
         return {"finished": report.finished, "requeued": report.requeued, "abandoned": report.abandoned,
                 "timed_out": report.timed_out}
+
+    async def _setup_threads(self) -> None:
+        """``setup_thread()`` in each thread that will run the handler: each of ``--threads``, or
+        this one (the event loop's) without them, so that the same handler runs both ways."""
+        if self.threads is not None:
+            await self.threads.start()
+        elif self.handler.setup_thread is not None:
+            self.handler.setup_thread()
+
+    async def _teardown_threads(self) -> None:
+        if self.threads is not None:
+            await self.threads.close()
+        elif self.handler.teardown_thread is not None:
+            self.handler.teardown_thread()
 
     # ---- the consumer ---------------------------------------------------------------------
 
@@ -140,12 +157,12 @@ class Child:
             self.tasks.append(asyncio.create_task(self._consume_batches(self.consumer), name="batches"))
 
     def _message_handler(self) -> Any:
-        call, pool = self.handler.call, self.pool
-        if pool is None or self.handler.is_async:
+        call, threads = self.handler.call, self.threads
+        if threads is None or self.handler.is_async:
             return call  # a sync function runs inline, a coroutine function as the Consumer runs it
 
         async def in_thread(message: Any) -> None:
-            await asyncio.get_running_loop().run_in_executor(pool, call, message)
+            await threads.run(call, message)
 
         return in_thread
 
@@ -155,7 +172,7 @@ class Child:
         running = asyncio.Semaphore(max(1, self.settings.threads))
         async for batch in consumer.batches(max_size, max_wait):
             await running.acquire()
-            if self.pool is None:
+            if self.threads is None:
                 await self._answer_batch(batch, running)  # one batch at a time on the loop
             else:
                 task = asyncio.create_task(self._answer_batch(batch, running))
@@ -166,8 +183,8 @@ class Child:
         try:
             if self.handler.is_async:
                 await self.handler.call(batch)
-            elif self.pool is not None:
-                await asyncio.get_running_loop().run_in_executor(self.pool, self.handler.call, batch)
+            elif self.threads is not None:
+                await self.threads.run(self.handler.call, batch)
             else:
                 self.handler.call(batch)
         except Exception:
@@ -268,7 +285,21 @@ class Child:
             "draining": self.draining,
             "in_flight": snapshot.in_flight if snapshot is not None else 0,
             "rdy": sum(c.rdy for c in snapshot.connections) if snapshot is not None else 0,
+            "failing_for": self._failing_for(snapshot, now),
         }
+
+    def _failing_for(self, snapshot: Any, now: float) -> float:
+        """Seconds since the handler last succeeded, while every message answered since has been
+        requeued (0 once one finishes). A finish after max_attempts (a give-up) is no success."""
+        if snapshot is None:
+            return 0.0
+        successes, requeues = snapshot.finished - snapshot.given_up, snapshot.requeued
+        if successes > self.successes:
+            self.failing_since = None
+        elif requeues > self.requeues and self.failing_since is None:
+            self.failing_since = now
+        self.successes, self.requeues = successes, requeues
+        return 0.0 if self.failing_since is None else now - self.failing_since
 
     def _report(self) -> dict[str, Any]:
         report: dict[str, Any] = {"metrics": _exposition(), "health": self._health()}

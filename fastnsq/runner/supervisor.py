@@ -308,12 +308,15 @@ class Supervisor:
         connections = sum(int(slot.health.get("connections", 0)) for slot in live)
         grace = self.settings.backoff_grace
         consuming = [s for s in live if s.health.get("connections")]
-        stuck = bool(consuming) and all(float(s.health.get("backoff_for", 0.0)) > grace for s in consuming)
+        def every_consuming(longer_than_grace: str) -> bool:
+            return bool(consuming) and all(float(s.health.get(longer_than_grace, 0.0)) > grace for s in consuming)
+
         return {
             "connected": connections > 0,
             "connections": connections,
             "draining": self.stopping,
-            "stuck_in_backoff": stuck,
+            "stuck_in_backoff": every_consuming("backoff_for"),
+            "failing_every_message": every_consuming("failing_for"),
             **({"nsqd_moves": self.shares.moves} if self.settings.split_nsqd else {}),
             "workers": [
                 {"index": s.index, "pid": s.process.pid if s.process else None, "alive": s.alive,
