@@ -49,7 +49,7 @@ class HandlerThreads:
             thread.start()
         try:
             await asyncio.gather(*(asyncio.wrap_future(done) for done in self._set_up))
-        except BaseException:
+        except (Exception, asyncio.CancelledError):  # not GeneratorExit: no await while being closed
             await self.close()  # the threads set up end (and tear down) before the child fails
             raise
 
