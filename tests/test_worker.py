@@ -566,8 +566,7 @@ async def test_threads_have_their_own_setup_and_readiness_sees_a_handler_failing
                                 "--threads", "2", "--backoff-grace", "1", "--consumer-opt", "max_backoff_duration=0",
                                 "--consumer-opt", "default_requeue_delay=0", "--consumer-opt", "max_attempts=0")
     cleanup.append(worker)
-    await eventually(lambda: _not_ready_because(worker, "the handler failed every message"), 20,
-                     "/readyz 503 while every message fails")
+    await _until_not_ready_because(worker, "the handler failed every message", 30)
     assert await worker.status("/healthz") == 200
     assert not worker.lines("handled")
     assert await worker.stop() == 0
@@ -605,9 +604,18 @@ async def test_healthz_is_503_until_an_nsqd_is_reachable(tmp_path: Path, cleanup
         assert await worker.stop() == 0
 
 
-async def _not_ready_because(worker: Worker, reason: str) -> bool:
-    status, body = await worker.get("/readyz")
-    return status == 503 and reason in body
+async def _until_not_ready_because(worker: Worker, reason: str, timeout: float) -> None:
+    """Wait for /readyz to be 503 for ``reason``; the last answer is in the failure."""
+    last: list[tuple[int, str]] = []
+
+    async def not_ready() -> bool:
+        last[:] = [await worker.get("/readyz")]
+        return last[0][0] == 503 and reason in last[0][1]
+
+    try:
+        await eventually(not_ready, timeout, f"/readyz 503: {reason}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last /readyz: {last}") from None
 
 
 def _alive(worker: Worker) -> bool:
