@@ -87,7 +87,7 @@ class Rows:
         self.db.commit()
     def setup_thread(self):
         import sqlite3
-        self.local.db = sqlite3.connect(self.path)
+        self.local.db = sqlite3.connect(self.path, timeout=60)  # three threads write the file
         _record("thread_setup", threading.current_thread().name)
     def teardown_thread(self):
         self.local.db.close()
@@ -101,8 +101,12 @@ class RowsOnce(Rows):
 
 class RowsPerThread(Rows):
     def handle(self, message):
-        with self.local.db as db:
-            db.execute("insert into rows values (?)", (message.body.decode(),))
+        try:
+            with self.local.db as db:
+                db.execute("insert into rows values (?)", (message.body.decode(),))
+        except Exception as exc:
+            _record("errors", repr(exc))
+            raise
         _record("handled", message.body.decode())
 
 class Broken:
@@ -577,7 +581,9 @@ async def test_threads_have_their_own_setup_and_readiness_sees_a_handler_failing
                                 "--threads", "3", "--processes", "2", "--backoff-grace", "1")
     cleanup.append(worker)
     await eventually(lambda: len(worker.lines("handled")) == 100, 30, "every message stored")
-    assert await worker.status("/readyz") == 200
+    assert not worker.lines("errors")
+    status, body = await worker.get("/readyz")
+    assert status == 200, body
     assert await worker.stop() == 0
     import sqlite3
 
