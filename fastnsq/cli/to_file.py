@@ -132,7 +132,6 @@ def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     return run_app_from(
         args, name="to-file", target="fastnsq.apps.to_file:ToFile", topics=topics, consumer=consumer,
         topic_pattern="" if args.topic else args.topic_pattern, topic_refresh=args.topic_refresh,
-        hup=True,  # nsq_to_file's SIGHUP: sync, FIN and close each file (a new one at the next message)
         handler_options={"channel": args.channel, "max_in_flight": args.max_in_flight,
                          "sync_interval": args.sync_interval, "file": files, "status_every": args.status_every},
     )
