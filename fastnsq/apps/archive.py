@@ -32,7 +32,8 @@ class Archive:
             self.finisher = Finisher(options, topic)
 
     def recover(self) -> None:
-        """Finish what an earlier run left (Parquet spools), in the finisher's thread, first."""
+        """Finish what an earlier run left (Parquet spools: found now, before this run opens one;
+        finished in the finisher's thread, before anything else)."""
         if self.finisher is not None:
             self.finisher.recover()
 

@@ -220,8 +220,10 @@ class Finisher:
         self._queue.put(lambda: self._finish_one(spool))
 
     def recover(self) -> None:
-        """Finish every spool of the topic an earlier run left, before any spool submitted after."""
-        self._queue.put(self._recover)
+        """Finish every spool of the topic an earlier run left, before any spool submitted after.
+        Called before this run opens a spool: they are found now, and finished in the thread."""
+        spools, unreadable = find_spools(self.options, self.topic)
+        self._queue.put(lambda: self._recover(spools, unreadable))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -245,8 +247,7 @@ class Finisher:
                         done.rows, done.row_groups, done.size, done.seconds)
         return done
 
-    def _recover(self) -> None:
-        spools, unreadable = find_spools(self.options, self.topic)
+    def _recover(self, spools: list[str], unreadable: list[str]) -> None:
         where = self.options.work
         if unreadable:
             logger.warning("[%s] restart: left alone %d file(s) named as spools but unreadable: %s", self.topic,
