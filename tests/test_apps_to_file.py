@@ -230,6 +230,7 @@ async def test_parquet_from_an_ha_topic_has_partition_and_offset(nsq_cluster_ha,
     app = await start("to-file", f"-topic={topic}", *lookupd, f"-output-dir={out}", "-format=parquet",
                       f"-work-dir={tmp_path / 'work'}",  # the output dir gets whole files only
                       "-sync-interval=200ms", "-consumer-opt=lookupd_poll_interval,0.5",
+                      "-rotate-interval=1s",  # files finished while it runs: the rows show up in them
                       log=tmp_path / "log")
 
     def rows() -> list[dict]:
