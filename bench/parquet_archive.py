@@ -199,7 +199,7 @@ def main() -> int:
                   else args.nsqd_bin, "publish_s": round(publish_s, 2), "exit_status": status, "kills": app.kills,
                   "log_lines": len(lines), "log_by_level": {lvl: sum(f" {lvl}" in line for line in lines)
                                                             for lvl in ("DEBUG", "INFO", "WARNING", "ERROR")},
-                  "restart_lines": [line.split("] ", 1)[-1] for line in lines if "restart:" in line],
+                  "restart_lines": [line.split("] ", 1)[-1] for line in lines if "earlier run" in line],
                   **check(out, args.count)}
         print(json.dumps(result, indent=1))
         return 0

@@ -253,7 +253,7 @@ class Finisher:
             logger.warning("[%s] restart: left alone %d file(s) named as spools but unreadable: %s", self.topic,
                            len(unreadable), ", ".join(unreadable))
         if not spools:
-            logger.info("[%s] restart: no spool of an earlier run in %s, nothing to finish", self.topic, where)
+            logger.info("[%s] no spool of an earlier run in %s: nothing to finish", self.topic, where)
             return
         done = [finish(spool, self.options) for spool in spools]
         self.finished.extend(done)
