@@ -34,10 +34,11 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.apps import TOPIC, channel_state
 from fastnsq.benchmark import process_tree
 from fastnsq.testing.process import NSQDProcess
 
-TOPIC, CHANNEL = "orders", "archive"
+CHANNEL = "archive"
 
 
 def order(n: int) -> bytes:
@@ -77,19 +78,6 @@ class App:
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(120)
-
-
-def channel(http_port: int) -> dict[str, Any]:
-    import urllib.request
-
-    url = f"http://127.0.0.1:{http_port}/stats?format=json&topic={TOPIC}&channel={CHANNEL}"
-    with urllib.request.urlopen(url, timeout=5) as response:
-        stats = json.load(response)
-    for topic in stats.get("topics") or []:
-        for found in topic.get("channels") or []:
-            if found["channel_name"] == CHANNEL:
-                return dict(found)
-    return {}
 
 
 async def publish(address: str, count: int, rate: float, app: App, kills: list[int], kill_on: str) -> float:
@@ -188,8 +176,8 @@ def main() -> int:
         publish_s = asyncio.run(publish(address, args.count, args.rate, app, kills, args.kill_on))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            state = channel(nsqd.http_port)
-            if state and state["depth"] == 0 and state["in_flight_count"] == 0 and state["deferred_count"] == 0:
+            depth, in_flight, taken = channel_state(nsqd.http_port, CHANNEL)
+            if taken >= args.count and depth == 0 and in_flight == 0:
                 break
             time.sleep(0.2)
         status = app.stop()

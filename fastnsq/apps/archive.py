@@ -58,7 +58,7 @@ class Archive:
             self.file(folder).sync(part)
 
     def tick(self) -> None:
-        """A sync interval without records: rotate the files due."""
+        """Every sync interval (after its sync, if any): rotate the files due."""
         if self.partitioning is None and self.finisher is None:  # nsq_to_file's one plain file
             only = self.file("")
             if only.needs_rotation():

@@ -124,7 +124,9 @@ class ToFile:
                 return
             if self.held:
                 await self.sync()
-            elif self.log is not None:
+            if self.log is not None:
+                # After a sync too: with partition folders, a folder that gets no more records
+                # (the last hour's) is closed here however busy the others are.
                 async with self._file:  # never beside a sync's write: one thread on the file at a time
                     await asyncio.to_thread(self.log.tick)
 
