@@ -11,8 +11,8 @@ the distinct numbers: lost = published - distinct, duplicates = rows - distinct.
 JSON document (files, sizes, counts, log lines).
 
     .venv/bin/python bench/parquet_archive.py --count 100000 --rate 2500 -- --rotate-interval 1m
-    .venv/bin/python bench/parquet_archive.py --count 100000 --rate 2500 --kill-at 30000,60000 \\
-        --kill-on rotation -- --rotate-size 2000000 --partition-by hourly
+    .venv/bin/python bench/parquet_archive.py --count 100000 --rate 2500 --msg-timeout 10s \\
+        --kill-at 20000,40000,60000,80000 --kill-on rotation -- --rotate-size 1000000 --sync-interval 2s
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class App:
     def __init__(self, address: str, out: str, flags: list[str], log: Path) -> None:
         self.argv = [sys.executable, "-m", "fastnsq", "to-file", f"--topic={TOPIC}", f"--channel={CHANNEL}",
                      f"--nsqd-tcp-address={address}", f"--output-dir={out}", "--format=parquet", *flags]
-        self.log = log
+        self.log, self.out = log, out
         self.process: subprocess.Popen[bytes] | None = None
         self.kills: list[dict[str, Any]] = []
 
@@ -62,17 +62,17 @@ class App:
 
     def kill(self, published: int) -> None:
         assert self.process is not None
-        text = self.log.read_text(errors="replace")
         for pid in reversed(process_tree(self.process.pid)):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         self.process.wait()
-        # A rotation whose file was not written yet when killed: killed during the rotation.
-        self.kills.append({"published": published, "rotations_before": text.count("rotating..."),
-                           "files_written_before": text.count("] wrote "),
-                           "syncs_before": text.count("syncing ")})
+        # What the kill left: more than one spool, a rotated one not finished yet (killed during
+        # a rotation); a temporary file, a Parquet file being written.
+        left = sorted(p.name for p in Path(self.out).rglob(".*") if p.is_file())
+        self.kills.append({"published": published, "spools": sum(n.endswith(".spool") for n in left),
+                           "tmp_files": sum(n.endswith(".tmp") for n in left)})
 
     def stop(self) -> int:
         assert self.process is not None
