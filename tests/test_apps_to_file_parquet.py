@@ -247,6 +247,32 @@ async def test_a_restart_logs_no_warning_per_earlier_file(nsqd, tmp_path: Path) 
     assert f"opening {out / topic}-000030.log.gz (the 30 name(s) before it taken)" in log, log
 
 
+async def test_a_folder_that_gets_no_more_records_is_finished_while_others_are_busy(nsqd, tmp_path: Path) -> None:
+    """Records for folder a, then a steady trickle for folder b: a's file is finished at its
+    rotation while b's records keep every tick busy with a sync."""
+    import asyncio
+
+    from fastnsq import Producer
+
+    topic = unique("pqidle")
+    out = tmp_path / "out"
+    app = await start("to-file", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", f"-output-dir={out}",
+                      "-format=parquet", "-partition-by=k={k}", "-rotate-interval=1s", "-sync-interval=300ms",
+                      "-max-in-flight=2000",  # a sync at 1,000 held: the trickle of b leaves some held at each tick
+                      log=tmp_path / "log")
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.mpublish(topic, [json.dumps({"k": "a", "n": n}).encode() for n in range(200)])
+        finished_a = False
+        for n in range(100):  # 5 s of b: 20 messages every 50 ms
+            await producer.mpublish(topic, [json.dumps({"k": "b", "n": n * 20 + i}).encode() for i in range(20)])
+            await asyncio.sleep(0.05)
+            finished_a = finished_a or bool(list((out / "k=a").glob("*.parquet")))
+    await eventually(lambda: channel_drained(nsqd.http_address, topic, "nsq_to_file"), 30, "the channel drained")
+    assert await app.stop() == 0, app.log()
+    assert finished_a, app.log()
+    assert len(rows_of(out / "k=a")) == 200 and len(rows_of(out / "k=b")) == 2000
+
+
 def _duckdb_files_read(folder: Path, where: str) -> tuple[int, int, int]:
     """(rows, files scanned, files in all) of a filtered DuckDB count, from EXPLAIN ANALYZE."""
     duckdb = pytest.importorskip("duckdb")
