@@ -126,6 +126,22 @@ def test_a_crash_after_the_link_never_writes_a_file_twice(tmp_path: Path) -> Non
     assert done.path == str(tmp_path / "u-000001.parquet") and pq.read_table(done.path).num_rows == 5
 
 
+def test_a_spool_that_cannot_be_finished_stays_and_is_named(tmp_path: Path) -> None:
+    """A frame whose CRC holds but whose bytes are no Arrow batch: the finisher reports the
+    spool by name (the app's report ends the process), and the spool is left for the next start."""
+    options = FileOptions(output_dir=str(tmp_path), format="parquet")
+    path = _spool_of(tmp_path, "t-000000.parquet", [[record(n) for n in range(5)]])
+    with open(path, "ab") as file:
+        file.writelines(spool._frame(b"not an arrow stream"))
+    failures: list[BaseException] = []
+    finisher = parquetfile.Finisher(options, "t", on_failure=failures.append)
+    finisher.submit(path)
+    finisher.close()
+    assert len(failures) == 1 and isinstance(failures[0], parquetfile.FinishError)
+    assert path in str(failures[0])
+    assert os.path.exists(path) and parquet_files(tmp_path) == []
+
+
 def test_a_restart_finishes_the_spools_left_and_says_so_in_one_line(tmp_path: Path, caplog) -> None:
     out, work = tmp_path / "out", tmp_path / "work"
     options = FileOptions(output_dir=str(out), work_dir=str(work), format="parquet", partition_by="hourly",

@@ -77,6 +77,8 @@ class Archive:
         """nsq_to_file's SIGHUP: every file closed (a Parquet one finished); records open the next."""
         for file in self.files.values():
             file.close()
+        if self.partitioning is not None:
+            self.files.clear()  # a folder's next record opens its file anew
 
     def close(self) -> None:
         """Every file closed and, for Parquet, every spool finished (waits for the finisher)."""

@@ -153,8 +153,20 @@ def _link(tmp: str, candidates: list[str], spool_folder: str) -> str:
     raise FileExistsError(f"every name for {tmp} is taken: {candidates}")
 
 
+class FinishError(Exception):
+    """A spool that could not be made into its file: it stays, and the next start tries again."""
+
+
 def finish(spool: str, options: FileOptions) -> Finished:
-    """The spool made into its Parquet file (or found already made), then removed."""
+    """The spool made into its Parquet file (or found already made), then removed; FinishError
+    (naming the spool) when that fails."""
+    try:
+        return _finish(spool, options)
+    except Exception as exc:  # any failure, with the spool's name
+        raise FinishError(f"{spool}: {type(exc).__name__}: {exc}") from exc
+
+
+def _finish(spool: str, options: FileOptions) -> Finished:
     began = time.monotonic()
     read = read_spool(spool)
     folder = os.path.dirname(spool)
@@ -201,7 +213,7 @@ def find_spools(options: FileOptions, topic: str) -> tuple[list[str], list[str]]
 def _exit_process(exc: BaseException) -> None:
     # As a failed write: nsq_to_file's way. Nothing is lost: the spool stays, and the next
     # process the supervisor starts finishes it.
-    logger.critical("failed making a Parquet file: %s", exc)
+    logger.critical("failed making a Parquet file: %s (the spool stays: the next start finishes it)", exc)
     os._exit(1)
 
 
