@@ -34,8 +34,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.apps import TOPIC, channel_state
+from bench.apps import TOPIC
 from fastnsq.benchmark import process_tree
+from fastnsq.testing import drain
 from fastnsq.testing.process import NSQDProcess
 
 CHANNEL = "archive"
@@ -176,8 +177,7 @@ def main() -> int:
         publish_s = asyncio.run(publish(address, args.count, args.rate, app, kills, args.kill_on))
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            depth, in_flight, taken = channel_state(nsqd.http_port, CHANNEL)
-            if taken >= args.count and depth == 0 and in_flight == 0:
+            if drain.channel_drained_sync(f"127.0.0.1:{nsqd.http_port}", TOPIC, CHANNEL, published=args.count):
                 break
             time.sleep(0.2)
         status = app.stop()

@@ -49,6 +49,10 @@ def rows_of(folder: Path) -> list[bytes]:
     return [body for path in parquet_files(folder) for body in pq.read_table(path).column("body").to_pylist()]
 
 
+async def drained(nsqd, topic: str, published: int) -> bool:
+    return await channel_drained(nsqd.http_address, topic, "nsq_to_file", published=published)
+
+
 def leftovers(folder: Path) -> list[Path]:
     """Spools and temporary files: none once the app has stopped cleanly."""
     return sorted(p for p in folder.rglob(".*") if p.is_file())
@@ -229,11 +233,11 @@ async def test_parquet_files_follow_the_rotation_not_the_syncs(nsqd, tmp_path: P
                       "-format=parquet", "-rotate-interval=1s", "-sync-interval=100ms", "-max-in-flight=200",
                       log=tmp_path / "log")
     bodies = await publish_spread([nsqd.tcp_address], topic, 10)
-    await eventually(lambda: channel_drained(nsqd.http_address, topic, "nsq_to_file"), 30, "the app consuming")
+    await eventually(lambda: drained(nsqd, topic, len(bodies)), 30, "the app consuming")
     for _ in range(16):
         bodies += await publish_spread([nsqd.tcp_address], topic, 250)
         await __import__("asyncio").sleep(0.25)
-    await eventually(lambda: channel_drained(nsqd.http_address, topic, "nsq_to_file"), 30, "the channel drained")
+    await eventually(lambda: drained(nsqd, topic, len(bodies)), 30, "the channel drained")
     assert await app.stop() == 0, app.log()
     files = parquet_files(out)
     assert 3 <= len(files) <= 8, [p.name for p in files]
@@ -256,7 +260,7 @@ async def test_a_restart_logs_no_warning_per_earlier_file(nsqd, tmp_path: Path) 
     await publish_spread([nsqd.tcp_address], topic, 10)
     app = await start("to-file", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", f"-output-dir={out}",
                       "-gzip", "-filename-format=<TOPIC><REV>.log", "-sync-interval=100ms", log=tmp_path / "log")
-    await eventually(lambda: channel_drained(nsqd.http_address, topic, "nsq_to_file"), 20, "the channel drained")
+    await eventually(lambda: drained(nsqd, topic, 10), 20, "the channel drained")
     assert await app.stop() == 0, app.log()
     log = app.log()
     assert "WARNING" not in log, log
@@ -283,7 +287,7 @@ async def test_a_folder_that_gets_no_more_records_is_finished_while_others_are_b
             await producer.mpublish(topic, [json.dumps({"k": "b", "n": n * 20 + i}).encode() for i in range(20)])
             await asyncio.sleep(0.05)
             finished_a = finished_a or bool(list((out / "k=a").glob("*.parquet")))
-    await eventually(lambda: channel_drained(nsqd.http_address, topic, "nsq_to_file"), 30, "the channel drained")
+    await eventually(lambda: drained(nsqd, topic, 2200), 30, "the channel drained")
     assert await app.stop() == 0, app.log()
     assert finished_a, app.log()
     assert len(rows_of(out / "k=a")) == 200 and len(rows_of(out / "k=b")) == 2000
@@ -313,7 +317,7 @@ async def test_partition_folders_are_pruned_by_duckdb(nsqd, tmp_path: Path) -> N
     app = await start("to-file", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", f"-output-dir={out}",
                       "-format=parquet", "-partition-by=country={country}/dt=%Y-%m-%d", "-sync-interval=100ms",
                       log=tmp_path / "log")
-    await eventually(lambda: channel_drained(nsqd.http_address, topic, "nsq_to_file"), 30, "the channel drained")
+    await eventually(lambda: drained(nsqd, topic, 2000), 30, "the channel drained")
     assert await app.stop() == 0, app.log()
     files = parquet_files(out)
     assert sorted({p.parent.parent.name for p in files}) == ["country=DE", "country=FR", "country=US",
@@ -390,7 +394,7 @@ async def test_sigkill_between_syncs_and_at_rotations_loses_nothing(nsqd, tmp_pa
         await eventually(partway, 60, "a part archived")
         await app.kill()
     app = await start("to-file", *args, log=tmp_path / "log")
-    await eventually(lambda: channel_drained(nsqd.http_address, topic, "nsq_to_file"), 90, "the channel drained")
+    await eventually(lambda: drained(nsqd, topic, 60_000), 90, "the channel drained")
     assert await app.stop() == 0, app.log()
     assert app.log().count("restart: found") >= 1, app.log()
     counts = Counter(rows_of(out))  # every file readable, or this raises
