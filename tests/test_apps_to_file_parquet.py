@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -155,6 +156,9 @@ def test_a_restart_finishes_the_spools_left_and_says_so_in_one_line(tmp_path: Pa
     crashed.finisher.close()  # the process dies: the spools stay, nothing finished
     with open(next(work.rglob("*.spool")), "ab") as file:
         file.write(b"FRAM\x10")  # and one frame was cut short as it was written
+    cut = work / spool.spool_name("t-000009.parquet")  # killed between creating a spool and its header
+    cut.write_bytes(spool.MAGIC[:4])
+    os.utime(cut, (time.time() - 120, time.time() - 120))
     other = Archive(FileOptions(**options.__dict__), "another-topic", "h")
     other.sync([record(n) for n in range(7)])
     other.finisher.close()
@@ -167,6 +171,7 @@ def test_a_restart_finishes_the_spools_left_and_says_so_in_one_line(tmp_path: Pa
     assert len(lines) == 1, lines
     assert re.search(r"found 2 spool\(s\) .* holding 100 message\(s\); wrote 2 Parquet file\(s\) of 100 row",
                      lines[0]) and "torn byte(s)" in lines[0], lines[0]
+    assert "removed 1 spool(s) cut before their header" in lines[0] and not cut.exists()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     bodies = sorted(rows_of(out))
     assert bodies == sorted([b"body-%06d" % n for n in range(110)])

@@ -17,6 +17,7 @@ and did.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -30,7 +31,7 @@ import pyarrow.parquet as pq
 
 from .filelog import FileOptions
 from .filenames import with_rev
-from .spool import SUFFIX, NotASpool, file_name, fsync_folder, read_header, read_spool, spool_name
+from .spool import MAGIC, SUFFIX, NotASpool, file_name, fsync_folder, read_header, read_spool, spool_name
 
 logger = logging.getLogger("fastnsq.apps.to_file")
 
@@ -191,10 +192,31 @@ def _finish(spool: str, options: FileOptions) -> Finished:
     return done
 
 
-def find_spools(options: FileOptions, topic: str) -> tuple[list[str], list[str]]:
-    """The spools of ``topic`` under the work dir, and those unreadable (left alone)."""
-    found: list[str] = []
-    unreadable: list[str] = []
+#: A spool cut before its header was whole, older than this, is an earlier run's, not one being made now.
+CUT_SPOOL_AGE = 60.0
+
+
+@dataclass
+class FoundSpools:
+    """What a restart finds under the work dir."""
+
+    spools: list[str]  # this topic's, to finish
+    cut: list[str]  # cut before their header was whole (killed as they were made): never held a message
+    unreadable: list[str]  # named as spools, not one: left alone
+
+
+def _cut_before_header(path: str) -> bool:
+    """Whether ``path`` holds no more than a beginning of a spool's magic (or nothing): killed
+    between creating it and writing its header, before any batch, so before any FIN."""
+    with open(path, "rb") as file:
+        head = file.read(len(MAGIC) + 1)
+    return len(head) <= len(MAGIC) and MAGIC.startswith(head)
+
+
+def find_spools(options: FileOptions, topic: str) -> FoundSpools:
+    """The spools of ``topic`` under the work dir, those an earlier run cut before their header,
+    and any other file named as a spool."""
+    found = FoundSpools([], [], [])
     for folder, _, names in os.walk(options.work):
         for name in names:
             if not (name.startswith(".") and name.endswith(SUFFIX)):
@@ -203,11 +225,16 @@ def find_spools(options: FileOptions, topic: str) -> tuple[list[str], list[str]]
             try:
                 header = read_header(path)
             except (NotASpool, OSError, ValueError):
-                unreadable.append(path)
+                try:
+                    old = time.time() - os.path.getmtime(path) > CUT_SPOOL_AGE
+                    (found.cut if old and _cut_before_header(path) else found.unreadable).append(path)
+                except OSError:
+                    pass  # gone meanwhile: another process finished it
                 continue
             if header.get("topic") == topic:
-                found.append(path)
-    return sorted(found), unreadable
+                found.spools.append(path)
+    found.spools.sort()
+    return found
 
 
 def _exit_process(exc: BaseException) -> None:
@@ -234,8 +261,8 @@ class Finisher:
     def recover(self) -> None:
         """Finish every spool of the topic an earlier run left, before any spool submitted after.
         Called before this run opens a spool: they are found now, and finished in the thread."""
-        spools, unreadable = find_spools(self.options, self.topic)
-        self._queue.put(lambda: self._recover(spools, unreadable))
+        found = find_spools(self.options, self.topic)
+        self._queue.put(lambda: self._recover(found))
 
     def close(self) -> None:
         self._queue.put(None)
@@ -259,22 +286,28 @@ class Finisher:
                         done.rows, done.row_groups, done.size, done.seconds)
         return done
 
-    def _recover(self, spools: list[str], unreadable: list[str]) -> None:
+    def _recover(self, found: FoundSpools) -> None:
         where = self.options.work
-        if unreadable:
-            logger.warning("[%s] restart: left alone %d file(s) named as spools but unreadable: %s", self.topic,
-                           len(unreadable), ", ".join(unreadable))
-        if not spools:
-            logger.info("[%s] no spool of an earlier run in %s: nothing to finish", self.topic, where)
+        if found.unreadable:
+            logger.warning("[%s] restart: left alone %d file(s) named as spools but not one: %s", self.topic,
+                           len(found.unreadable), ", ".join(found.unreadable))
+        for path in found.cut:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        cut = (f"; removed {len(found.cut)} spool(s) cut before their header (killed as they were made: they "
+               "never held a message)") if found.cut else ""
+        if not found.spools:
+            logger.info("[%s] no spool of an earlier run in %s: nothing to finish%s", self.topic, where, cut)
             return
-        done = [finish(spool, self.options) for spool in spools]
+        done = [finish(spool, self.options) for spool in found.spools]
         self.finished.extend(done)
         written = [d for d in done if d.path and not d.already_done]
         torn = sum(d.torn_bytes for d in done)
         logger.info(
             "[%s] restart: found %d spool(s) of an earlier run in %s holding %d message(s); wrote %d Parquet "
-            "file(s) of %d row(s)%s; %d already written (spool removed); %d empty%s", self.topic, len(spools), where,
-            sum(d.rows for d in done), len(written), sum(d.rows for d in written),
+            "file(s) of %d row(s)%s; %d already written (spool removed); %d empty%s%s", self.topic,
+            len(found.spools), where, sum(d.rows for d in done), len(written), sum(d.rows for d in written),
             f" ({', '.join(d.path for d in written)})" if written else "",
             sum(d.already_done for d in done), sum(not d.path for d in done),
-            f"; dropped {torn} torn byte(s) at spool ends (never FINed: nsqd delivers those again)" if torn else "")
+            f"; dropped {torn} torn byte(s) at spool ends (never FINed: nsqd delivers those again)" if torn else "",
+            cut)
