@@ -87,6 +87,9 @@ def test_a_spool_reads_back_to_its_last_whole_frame(tmp_path: Path) -> None:
     (tmp_path / ".other.spool").write_bytes(b"not a spool")
     with pytest.raises(spool.NotASpool):
         spool.read_header(str(tmp_path / ".other.spool"))
+    with pytest.raises(FileExistsError):  # a name is never reused
+        spool.SpoolWriter(path, {"topic": "t", "id": "y"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.spool", ".t.parquet.spool"]  # nothing half made
 
 
 def _spool_of(folder: Path, name: str, batches: list[list[SimpleNamespace]], rev: int = 0) -> str:
@@ -156,9 +159,12 @@ def test_a_restart_finishes_the_spools_left_and_says_so_in_one_line(tmp_path: Pa
     crashed.finisher.close()  # the process dies: the spools stay, nothing finished
     with open(next(work.rglob("*.spool")), "ab") as file:
         file.write(b"FRAM\x10")  # and one frame was cut short as it was written
-    cut = work / spool.spool_name("t-000009.parquet")  # killed between creating a spool and its header
+    # Killed as spools were made: one a minute ago, one now (another process's, being made).
+    cut = Path(spool.new_name(str(work / spool.spool_name("t-000009.parquet"))))
     cut.write_bytes(spool.MAGIC[:4])
     os.utime(cut, (time.time() - 120, time.time() - 120))
+    being_made = Path(spool.new_name(str(work / spool.spool_name("u-000000.parquet"))))
+    being_made.write_bytes(b"")
     other = Archive(FileOptions(**options.__dict__), "another-topic", "h")
     other.sync([record(n) for n in range(7)])
     other.finisher.close()
@@ -171,7 +177,8 @@ def test_a_restart_finishes_the_spools_left_and_says_so_in_one_line(tmp_path: Pa
     assert len(lines) == 1, lines
     assert re.search(r"found 2 spool\(s\) .* holding 100 message\(s\); wrote 2 Parquet file\(s\) of 100 row",
                      lines[0]) and "torn byte(s)" in lines[0], lines[0]
-    assert "removed 1 spool(s) cut before their header" in lines[0] and not cut.exists()
+    assert "removed 1 spool(s) killed as they were made" in lines[0] and not cut.exists() and being_made.exists()
+    being_made.unlink()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     bodies = sorted(rows_of(out))
     assert bodies == sorted([b"body-%06d" % n for n in range(110)])

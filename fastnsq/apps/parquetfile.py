@@ -31,7 +31,17 @@ import pyarrow.parquet as pq
 
 from .filelog import FileOptions
 from .filenames import with_rev
-from .spool import MAGIC, SUFFIX, NotASpool, file_name, fsync_folder, read_header, read_spool, spool_name
+from .spool import (
+    MAGIC,
+    NEW_SUFFIX,
+    SUFFIX,
+    NotASpool,
+    file_name,
+    fsync_folder,
+    read_header,
+    read_spool,
+    spool_name,
+)
 
 logger = logging.getLogger("fastnsq.apps.to_file")
 
@@ -192,8 +202,8 @@ def _finish(spool: str, options: FileOptions) -> Finished:
     return done
 
 
-#: A spool cut before its header was whole, older than this, is an earlier run's, not one being made now.
-CUT_SPOOL_AGE = 60.0
+#: A spool being made (:func:`~.spool.new_name`) older than this is an earlier run's, cut by a kill.
+ABANDONED_AGE = 60.0
 
 
 @dataclass
@@ -201,38 +211,43 @@ class FoundSpools:
     """What a restart finds under the work dir."""
 
     spools: list[str]  # this topic's, to finish
-    cut: list[str]  # cut before their header was whole (killed as they were made): never held a message
+    cut: list[str]  # killed as they were made (no whole header): they never held a message
     unreadable: list[str]  # named as spools, not one: left alone
 
 
 def _cut_before_header(path: str) -> bool:
-    """Whether ``path`` holds no more than a beginning of a spool's magic (or nothing): killed
-    between creating it and writing its header, before any batch, so before any FIN."""
+    """Whether ``path`` holds no more than a spool's magic: cut before its header was whole."""
     with open(path, "rb") as file:
-        head = file.read(len(MAGIC) + 1)
-    return len(head) <= len(MAGIC) and MAGIC.startswith(head)
+        head = file.read(len(MAGIC))
+    return MAGIC.startswith(head)
+
+
+def _sort(found: FoundSpools, path: str, name: str, topic: str) -> None:
+    if name.endswith(NEW_SUFFIX):  # a spool being made: an earlier run's once it is old
+        if time.time() - os.path.getmtime(path) > ABANDONED_AGE:
+            found.cut.append(path)
+        return
+    try:
+        header = read_header(path)
+    except (NotASpool, ValueError):
+        # At a spool's name only once its header is whole (or after a power loss, before the
+        # first batch was fsynced): nothing in it was FINed.
+        (found.cut if _cut_before_header(path) else found.unreadable).append(path)
+        return
+    if header.get("topic") == topic:
+        found.spools.append(path)
 
 
 def find_spools(options: FileOptions, topic: str) -> FoundSpools:
-    """The spools of ``topic`` under the work dir, those an earlier run cut before their header,
-    and any other file named as a spool."""
+    """The spools of ``topic`` under the work dir, those killed as they were made, and any
+    other file named as a spool."""
     found = FoundSpools([], [], [])
     for folder, _, names in os.walk(options.work):
         for name in names:
-            if not (name.startswith(".") and name.endswith(SUFFIX)):
-                continue
-            path = os.path.join(folder, name)
-            try:
-                header = read_header(path)
-            except (NotASpool, OSError, ValueError):
-                try:
-                    old = time.time() - os.path.getmtime(path) > CUT_SPOOL_AGE
-                    (found.cut if old and _cut_before_header(path) else found.unreadable).append(path)
-                except OSError:
-                    pass  # gone meanwhile: another process finished it
-                continue
-            if header.get("topic") == topic:
-                found.spools.append(path)
+            if name.startswith(".") and (name.endswith(SUFFIX) or (SUFFIX + "." in name
+                                                                   and name.endswith(NEW_SUFFIX))):
+                with contextlib.suppress(FileNotFoundError):  # gone meanwhile: another process's
+                    _sort(found, os.path.join(folder, name), name, topic)
     found.spools.sort()
     return found
 
@@ -294,8 +309,8 @@ class Finisher:
         for path in found.cut:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        cut = (f"; removed {len(found.cut)} spool(s) cut before their header (killed as they were made: they "
-               "never held a message)") if found.cut else ""
+        cut = (f"; removed {len(found.cut)} spool(s) killed as they were made (no whole header: they never "
+               "held a message)") if found.cut else ""
         if not found.spools:
             logger.info("[%s] no spool of an earlier run in %s: nothing to finish%s", self.topic, where, cut)
             return

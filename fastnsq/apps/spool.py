@@ -31,6 +31,7 @@ MAGIC = b"FNSQSPOOL1\n"
 _FRAME = struct.Struct("<4sQI")  # b"FRAM", payload length, CRC-32 of the payload
 _FRAME_TAG = b"FRAM"
 SUFFIX = ".spool"
+NEW_SUFFIX = ".new"
 
 
 def spool_name(filename: str) -> str:
@@ -103,13 +104,30 @@ def fsync_folder(folder: str) -> None:
         os.close(fd)
 
 
+def new_name(spool: str) -> str:
+    """Where a spool is made before it takes its name (with its header whole)."""
+    return f"{spool}.{os.getpid()}{NEW_SUFFIX}"
+
+
 class SpoolWriter:
-    """One spool being written. ``create`` fails if the path exists (a name is never reused)."""
+    """One spool being written. FileExistsError if the path exists (a name is never reused).
+
+    It is made under :func:`new_name` and linked to its name once its header is written, so a
+    file at a spool's name always starts with a whole header (a restart reads its topic), and
+    one a kill cut before that never had a name to be found by."""
 
     def __init__(self, path: str, header: dict[str, Any]) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        self.size = _write_all(self.fd, [MAGIC, *_frame(json.dumps(header).encode())])
+        made = new_name(path)
+        self.fd = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            self.size = _write_all(self.fd, [MAGIC, *_frame(json.dumps(header).encode())])
+            os.link(made, path)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        finally:
+            os.unlink(made)
         self.rows = 0
 
     def append(self, batch: pa.RecordBatch) -> None:
