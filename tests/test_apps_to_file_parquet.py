@@ -159,10 +159,13 @@ def test_a_restart_finishes_the_spools_left_and_says_so_in_one_line(tmp_path: Pa
     crashed.finisher.close()  # the process dies: the spools stay, nothing finished
     with open(next(work.rglob("*.spool")), "ab") as file:
         file.write(b"FRAM\x10")  # and one frame was cut short as it was written
-    # Killed as spools were made: one a minute ago, one now (another process's, being made).
+    # Killed as spools were made: one a minute ago, one by a process now gone; and one being
+    # made now by a live process (this one).
     cut = Path(spool.new_name(str(work / spool.spool_name("t-000009.parquet"))))
     cut.write_bytes(spool.MAGIC[:4])
     os.utime(cut, (time.time() - 120, time.time() - 120))
+    gone = work / (spool.spool_name("t-000010.parquet") + f".{2**22 + 7}.new")  # above Linux's pid_max
+    gone.write_bytes(b"")
     being_made = Path(spool.new_name(str(work / spool.spool_name("u-000000.parquet"))))
     being_made.write_bytes(b"")
     other = Archive(FileOptions(**options.__dict__), "another-topic", "h")
@@ -177,7 +180,8 @@ def test_a_restart_finishes_the_spools_left_and_says_so_in_one_line(tmp_path: Pa
     assert len(lines) == 1, lines
     assert re.search(r"found 2 spool\(s\) .* holding 100 message\(s\); wrote 2 Parquet file\(s\) of 100 row",
                      lines[0]) and "torn byte(s)" in lines[0], lines[0]
-    assert "removed 1 spool(s) killed as they were made" in lines[0] and not cut.exists() and being_made.exists()
+    assert "removed 2 spool(s) killed as they were made" in lines[0], lines[0]
+    assert not cut.exists() and not gone.exists() and being_made.exists()
     being_made.unlink()
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     bodies = sorted(rows_of(out))

@@ -222,9 +222,23 @@ def _cut_before_header(path: str) -> bool:
     return MAGIC.startswith(head)
 
 
+def _maker_gone(name: str) -> bool:
+    """Whether the process that was making this spool (its pid is in the name) is gone."""
+    pid = name[:-len(NEW_SUFFIX)].rpartition(".")[2]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def _sort(found: FoundSpools, path: str, name: str, topic: str) -> None:
-    if name.endswith(NEW_SUFFIX):  # a spool being made: an earlier run's once it is old
-        if time.time() - os.path.getmtime(path) > ABANDONED_AGE:
+    if name.endswith(NEW_SUFFIX):  # a spool being made: an earlier run's once its maker is gone, or it is old
+        if _maker_gone(name) or time.time() - os.path.getmtime(path) > ABANDONED_AGE:
             found.cut.append(path)
         return
     try:
