@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from fastnsq import ConsumeOffset, Consumer, Producer
-from fastnsq.apps.crossing import Crossing, NoPartitionsError, json_key
+from fastnsq.apps.crossing import Crossing, NoPartitionsError
+from fastnsq.apps.jsonfilter import json_key
 from fastnsq.sharding import murmur3_32, partition_for_key
 from fastnsq.testing import NSQD, ExternalCluster, ExternalLookupd, ExternalNSQD
 from fastnsq.testing.real import ENV_REAL_HA_BIN, ENV_REAL_HA_NEXT_PORT, RealHACluster

@@ -93,9 +93,10 @@ class Supervisor:
             self._spawn_task(self._watch_nsqd())
         if self.settings.topic_pattern:
             self._spawn_task(self._watch_topics())
-        logger.info("starting %d worker process(es) for %s on %s/%s, max_in_flight %d in all",
-                    self.settings.processes, self.settings.target, self.settings.topic, self.settings.channel,
-                    self.settings.max_in_flight)
+        per_topic = bool(self.settings.topics or self.settings.topic_pattern)
+        logger.info("starting %d worker process(es) for %s on %s, channel %s, max_in_flight %d %s",
+                    self.settings.processes, self.settings.target, self._topics_named(), self.settings.channel,
+                    self.settings.max_in_flight, "each" if per_topic else "in all")
         for slot in self.slots:
             await self._start(slot)
         await self._done.wait()
@@ -103,6 +104,17 @@ class Supervisor:
         for task in list(self._tasks):
             task.cancel()
         return self.exit_status
+
+    def _topics_named(self) -> str:
+        """The start line's topics: one, a process per topic, or those a pattern will find."""
+        settings = self.settings
+        if settings.topics:
+            named = f"topic {settings.topics[0]}" if len(settings.topics) == 1 else \
+                f"topics {', '.join(settings.topics)}"
+            return named + (f" (and those matching {settings.topic_pattern!r})" if settings.topic_pattern else "")
+        if settings.topic_pattern:
+            return f"the topics matching {settings.topic_pattern!r}"
+        return f"topic {settings.topic}"
 
     def _ignore_late_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         """The group has stopped; a stop signal between here and the process's exit changes
