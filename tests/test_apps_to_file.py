@@ -382,3 +382,40 @@ async def test_sighup_closes_the_file_and_the_next_message_opens_one(nsqd, tmp_p
         assert sorted(p.name for p in out.iterdir()) == [name, f"{topic}-000001.log"]
         assert sorted((out / name).read_bytes().splitlines()) == sorted(first)
         assert sorted((out / f"{topic}-000001.log").read_bytes().splitlines()) == sorted(second)
+
+
+# ---- gzip: the fastest library at hand, standard members ----------------------------------------
+
+
+@pytest.mark.parametrize("level", [1, 3, 6, 9])
+def test_every_gzip_library_writes_members_gzip_reads(level: int, monkeypatch) -> None:
+    """ISA-L (when installed, levels 1-3), cramjam, or zlib: each sync's member is standard gzip,
+    and members written one after another read back as one stream (gzip -d's view of a file)."""
+    import builtins
+    import subprocess
+
+    from fastnsq.apps.filelog import gzip_member
+
+    data = [b"".join(b"%08d-%s\n" % (i, b"line of a sync " * (i % 5)) for i in range(start, start + 500))
+            for start in (0, 500)]
+    chosen = [gzip_member(level)]
+    real_import = builtins.__import__
+
+    def without(*names: str):
+        def fake(name, *args, **kwargs):
+            if name.split(".")[0] in names:
+                raise ImportError(name)
+            return real_import(name, *args, **kwargs)
+        return fake
+
+    monkeypatch.setattr(builtins, "__import__", without("isal"))
+    chosen.append(gzip_member(level))
+    monkeypatch.setattr(builtins, "__import__", without("isal", "cramjam"))
+    chosen.append(gzip_member(level))
+    monkeypatch.undo()
+    assert [name for _, name in chosen[1:]] == ["cramjam", "zlib"]
+    for member, name in chosen:
+        stream = member(data[0]) + member(data[1])
+        assert gzip.decompress(stream) == data[0] + data[1], name
+        unzipped = subprocess.run(["gzip", "-dc"], input=stream, capture_output=True, check=True).stdout
+        assert unzipped == data[0] + data[1], name

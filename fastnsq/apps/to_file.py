@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from .archive import Archive
-from .filelog import FileOptions
+from .filelog import FileOptions, gzip_member
 from .filenames import host_identifier
 from .status import StatusLine
 
@@ -163,7 +163,9 @@ def describe(options: FileOptions) -> str:
     if options.rotate_size > 0:
         rotation.append(f"past {options.rotate_size:,} bytes")
     kind = "Parquet" if options.format == "parquet" else "lines"
-    if options.compression:
+    if options.compression == "gzip":
+        kind += f", gzip level {options.level} ({gzip_member(options.level)[1]})"
+    elif options.compression:
         kind += f", {options.compression}"
     where = options.output_dir + (f" through {options.work_dir}" if options.work != options.output_dir else "")
     folders = f", in folders {options.partition_by}" if options.partition_by else ""
