@@ -9,9 +9,10 @@ the destination nsqd for to-nsq) are read from /proc. Go and fastnsq alternate w
 round, and the order flips every round; medians over ``--rounds``.
 
 The cases: ``file`` (plain), ``file-gzip`` (``--gzip --gzip-level 1`` for both),
-``file-parquet`` (ours only, ``--format parquet``: its rate beside plain to-file's; the topic's
-bodies are distinct numbers and, once drained, the files are read back by pyarrow and by
-Spark, untimed: the same count and bodies, or the run fails), ``nsq`` (into
+``file-parquet`` (ours only, ``--format parquet --rotate-size 32MiB``: files finished from their
+spools while it runs; its rate beside plain to-file's, and ``rate_to_exit`` counting the stop
+that finishes the last file; the topic's bodies are distinct numbers and, once drained, the
+files are read back by pyarrow and by Spark, untimed: the same count and bodies, or the run fails), ``nsq`` (into
 a second real nsqd), ``http`` (``--post`` to a sink answering 200, ``-n 100``, a request per
 message for both) and ``http-batch`` (ours with ``--batch 100``, beside Go's one request per
 message). The sink is nginx (one worker, keep-alive, ``return 200``), or an aiohttp server
@@ -42,6 +43,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from fastnsq.benchmark import process_cpu_seconds, process_tree
+from fastnsq.testing import drain
 from fastnsq.testing.process import NSQDProcess, free_port
 
 REAL_NSQD_FLAGS = ("--mem-queue-size=10000000",)
@@ -161,8 +163,8 @@ def app_command(case: str, impl: str, args: argparse.Namespace, source: str, ext
         flags += [f"-output-dir={extra['dir']}", f"-sync-interval={args.sync_interval}"]
         if case == "file-gzip":
             flags += ["-gzip", f"-gzip-level={args.gzip_level}"]
-        elif case == "file-parquet":
-            flags += ["-format=parquet"]
+        elif case == "file-parquet":  # rotated during the run: files are finished while it archives
+            flags += ["-format=parquet", f"-rotate-size={args.parquet_rotate_size}"]
     elif kind == "nsq":
         flags += [f"-destination-nsqd-tcp-address={extra['destination']}"]
     else:
@@ -195,20 +197,23 @@ def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -
         deadline = began + args.timeout
         while True:
             time.sleep(0.02)
-            depth, in_flight, taken = channel_state(nsqd.http_port, channel)
             # The channel starts empty and takes the topic's backlog as nsqd pumps it over:
-            # done when it took every message and holds none.
-            if taken >= args.count and depth == 0 and in_flight == 0:
+            # done when it took every message and holds none (fastnsq.testing.drain).
+            if drain.channel_drained_sync(f"127.0.0.1:{nsqd.http_port}", TOPIC, channel, published=args.count):
                 break
             if app.poll() is not None or time.perf_counter() > deadline:
-                raise RuntimeError(f"{impl} {case}: exited or timed out (depth {depth}); see {log.name}")
+                depth, in_flight, taken = channel_state(nsqd.http_port, channel)
+                raise RuntimeError(f"{impl} {case}: exited or timed out (took {taken}, depth {depth}, in flight "
+                                   f"{in_flight}); see {log.name}")
         elapsed = time.perf_counter() - began
         pids = process_tree(app.pid)
         app_cpu = sum(process_cpu_seconds(pid) or 0.0 for pid in pids)
         nsqd_cpu = (process_cpu_seconds(nsqd.pid or 0) or 0.0) - nsqd_cpu0
         dest_cpu = (process_cpu_seconds(destination.pid or 0) or 0.0) - dest_cpu0 if destination else 0.0
+        stopping = time.perf_counter()
         app.send_signal(signal.SIGTERM)
         app.wait(60)
+        stop_s = time.perf_counter() - stopping  # Parquet: the last file finished from its spool
         log.close()
         checked = read_back_parquet(folder, args.count, args.size) if case == "file-parquet" else {}
         return {**checked,
@@ -216,6 +221,7 @@ def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -
             "app_cpu_s": app_cpu, "app_us_per_msg": app_cpu / args.count * 1e6,
             "nsqd_cpu_s": nsqd_cpu, "nsqd_us_per_msg": nsqd_cpu / args.count * 1e6,
             "destination_nsqd_cpu_s": dest_cpu, "processes": len(pids),
+            "stop_s": stop_s, "rate_to_exit": args.count / (elapsed + stop_s),
         }
     finally:
         nsqd.close()
@@ -257,6 +263,8 @@ def read_back_parquet(folder: str, count: int, size: int) -> dict[str, Any]:
         raise RuntimeError(f"Spark read {rows} rows, {parsed} numbers, {distinct} distinct in range, the shortest "
                            f"body {shortest} bytes; published {count} distinct numbers of {size} bytes")
     files = len([name for name in os.listdir(folder) if name.endswith(".parquet")])
+    if any(name.startswith(".") for name in os.listdir(folder)):
+        raise RuntimeError(f"{folder}: a spool or a temporary file left after the app stopped")
     return {"parquet_files": files, "pyarrow_rows": len(bodies), "spark_rows": rows, "spark_distinct": distinct,
             "pyarrow_read_s": pyarrow_s, "spark_read_s": spark_s}
 
@@ -278,9 +286,15 @@ def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row["speedup"] = medians["fastnsq"]["rate"] / medians["go"]["rate"]
         rows.append(row)
     plain = next((r for r in rows if r["case"] == "file" and "fastnsq_rate" in r), None)
-    for row in rows:  # Parquet's rate beside plain to-file's (Go has none)
+    for row in rows:  # Parquet's rate beside plain to-file's and nsq_to_file's (Go has no Parquet)
         if row["case"] == "file-parquet" and plain is not None and "fastnsq_rate" in row:
             row["of_plain_to_file"] = row["fastnsq_rate"] / plain["fastnsq_rate"]
+            mine = [r for r in results if r["case"] == "file-parquet"]
+            row["fastnsq_rate_to_exit"] = statistics.median(r["rate_to_exit"] for r in mine)
+            row["parquet_files"] = statistics.median(r["parquet_files"] for r in mine)
+            if "go_rate" in plain:
+                row["of_nsq_to_file"] = row["fastnsq_rate"] / plain["go_rate"]
+                row["to_exit_of_nsq_to_file"] = row["fastnsq_rate_to_exit"] / plain["go_rate"]
     return rows
 
 
@@ -292,7 +306,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
               f"{row.get('speedup', 0):>6.2f} {row.get('go_app_us_per_msg', 0):>10.2f} "
               f"{row.get('fastnsq_app_us_per_msg', 0):>12.2f} "
               f"{row.get('go_nsqd_us_per_msg', 0):>9.2f} / {row.get('fastnsq_nsqd_us_per_msg', 0):<8.2f}"
-              + (f"  ({row['of_plain_to_file']:.2f}x plain to-file's rate)" if "of_plain_to_file" in row else ""))
+              + (f"  ({row['of_plain_to_file']:.2f}x plain to-file's rate)" if "of_plain_to_file" in row else "")
+              + (f"  ({row['of_nsq_to_file']:.2f}x nsq_to_file's; to the last file finished "
+                 f"{row['fastnsq_rate_to_exit']:,.0f} msg/s, {row['to_exit_of_nsq_to_file']:.2f}x)"
+                 if "of_nsq_to_file" in row else ""))
 
 
 def main() -> int:
@@ -306,6 +323,8 @@ def main() -> int:
     parser.add_argument("--max-in-flight", type=int, default=2500)
     parser.add_argument("--sync-interval", default="1s")
     parser.add_argument("--gzip-level", type=int, default=1)
+    parser.add_argument("--parquet-rotate-size", type=int, default=32 << 20,
+                        help="file-parquet's --rotate-size: a few files finished during the run (default 32 MiB)")
     parser.add_argument("--n", type=int, default=100, help="concurrent requests (nsq_to_http's -n)")
     parser.add_argument("--batch", type=int, default=100, help="to-http --batch in the http-batch case")
     parser.add_argument("--sink", choices=("nginx", "aiohttp"), default="nginx")
@@ -331,8 +350,9 @@ def main() -> int:
                     result["round"] = round_index
                     results.append(result)
                     print(f"round {round_index} {case:<10} {impl:<8} {result['rate']:>10,.0f} msg/s  "
-                          f"app {result['app_us_per_msg']:.2f} us/msg  nsqd {result['nsqd_us_per_msg']:.2f} us/msg",
-                          flush=True)
+                          f"app {result['app_us_per_msg']:.2f} us/msg  nsqd {result['nsqd_us_per_msg']:.2f} us/msg"
+                          + (f"  {result['parquet_files']} files, stop {result['stop_s']:.2f} s"
+                             if "parquet_files" in result else ""), flush=True)
     finally:
         if sink is not None:
             sink.close()

@@ -35,7 +35,7 @@ import aiohttp
 
 from fastnsq import Producer
 from fastnsq.benchmark import process_tree
-from fastnsq.testing import ExternalCluster, ExternalLookupd, ExternalNSQD
+from fastnsq.testing import ExternalCluster, ExternalLookupd, ExternalNSQD, drain
 from fastnsq.testing.real import RealHACluster, RealNSQDServer
 
 CASES = {"plain": [], "keyed": ["-sharding-key-json-field=user"]}
@@ -83,12 +83,12 @@ async def run_once(source: Any, cluster: RealHACluster, case: str, name: str, co
         cpu = 0.0
         while True:
             cpu = max(cpu, cpu_seconds(process_tree(app.pid)))  # before the workers exit
-            stats = await channel(http, source.http_address, name)
-            if stats and stats["depth"] == 0 and stats["in_flight_count"] == 0 and stats["message_count"] >= count:
+            if await drain.channel_drained(source.http_address, name, "nsq_to_nsq", published=count):
                 break
             await asyncio.sleep(0.02)
         took = time.monotonic() - began
         cpu = max(cpu, cpu_seconds(process_tree(app.pid)))
+        stats = await channel(http, source.http_address, name)
         app.terminate()
         await app.wait()
         arrived = await held(http, cluster, name)

@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT))
 
+from fastnsq.testing import drain
 from fastnsq.testing.process import NSQDProcess
 
 
@@ -188,7 +189,7 @@ def bench_source(spark: Any, nsqds: list[NSQDProcess], args: argparse.Namespace)
                 if not query.isActive:
                     done_at, stopped_by_itself = time.perf_counter(), True
                     break
-            elif sum(_finished(nsqd, topic) for nsqd in nsqds) >= args.messages:
+            elif drain.channel_drained_sync([n.http_address for n in nsqds], topic, "spark", published=args.messages):
                 done_at = time.perf_counter()
                 break
             time.sleep(0.05)
@@ -240,13 +241,6 @@ def bench_source(spark: Any, nsqds: list[NSQDProcess], args: argparse.Namespace)
 
 def _channel(nsqd: NSQDProcess, topic: str) -> dict[str, Any]:
     return next(iter(topic_stats(nsqd, topic).get("channels") or []), {})
-
-
-def _finished(nsqd: NSQDProcess, topic: str) -> int:
-    """Messages the channel has FINed: put into it, minus what it still holds."""
-    channel = _channel(nsqd, topic)
-    return channel.get("message_count", 0) - channel.get("depth", 0) - channel.get("in_flight_count", 0) - \
-        channel.get("deferred_count", 0)
 
 
 def bench_sink(spark: Any, nsqd: NSQDProcess, args: argparse.Namespace) -> dict[str, Any]:

@@ -141,6 +141,7 @@ async def _measure(worker: Any, nsqds: list[Any], topic: str, port: int, out: Pa
     import aiohttp
 
     from fastnsq.benchmark import process_cpu_seconds
+    from fastnsq.testing import drain
 
     http = [n.http_address for n in nsqds]
     most_connections: list[int] = [0] * len(nsqds)
@@ -157,7 +158,9 @@ async def _measure(worker: Any, nsqds: list[Any], topic: str, port: int, out: Pa
                 cpu0 = [process_cpu_seconds(n.pid) or 0.0 for n in nsqds]
             if t0 is not None:
                 most_connections = [max(m, len(f["clients"])) for m, f in zip(most_connections, figures)]
-            if handled == args.count:
+            # Done when the channel took every message and holds none, in two answers in a row
+            # (fastnsq.testing.drain: one answer's counts can be read across nsqd's pump).
+            if handled == args.count and await drain.channel_drained(http, topic, "bench", published=args.count):
                 t1 = now
                 break
             if worker.returncode is not None:

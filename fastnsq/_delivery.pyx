@@ -229,7 +229,7 @@ cdef class Link(MessageSink):
         cdef ConnRdy s = self.rdy_state
         cdef double now = _monotonic()
         cdef double age = now - msg.timestamp * 1e-9
-        if age < self.freshest_age:
+        if age < self.freshest_age and msg.attempts == 1:  # a requeued message is old by design
             self.freshest_age = age
         if (
             not self.fast

@@ -142,7 +142,8 @@ class Link:
         """Nothing to set up: the consumer's Python path dispatches every message itself."""
 
     def __call__(self, message: Any) -> None:
-        self.freshest_age = min(self.freshest_age, time.monotonic() - message.timestamp * 1e-9)
+        if message.attempts == 1:  # a requeued message is old by design
+            self.freshest_age = min(self.freshest_age, time.monotonic() - message.timestamp * 1e-9)
         self.owner.on_message(self, message)
 
     def finish_message(self, message: Any) -> None:

@@ -211,7 +211,9 @@ class Connection(asyncio.BufferedProtocol):
             await asyncio.wait_for(self._handshake(), HANDSHAKE_TIMEOUT)
         except BaseException as exc:
             self._abort(exc)
-            if not isinstance(exc, asyncio.CancelledError):
+            # GeneratorExit: the coroutine is being closed (its loop went away); awaiting now
+            # would be "coroutine ignored GeneratorExit". The socket is closed either way.
+            if not isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
                 await asyncio.wait([self._closed_waiter], timeout=1.0)  # closed when we raise
             raise
         self.state = STATE_CONNECTED

@@ -244,6 +244,19 @@ _CLASS_BY_CODE: dict[str, type[ServerError]] = {
     "too much client connections": TooManyConnectionsError,
 }
 
+_AUTH_CODES = ("E_AUTH_DISABLED", "E_AUTH_FAILED", "E_AUTH_FIRST", "E_AUTH_ERROR", "E_UNAUTHORIZED")
+
+#: The codes upstream nsqd may answer a consumer's commands with (IDENTIFY, AUTH, SUB, RDY,
+#: FIN, REQ, TOUCH, CLS), and a producer's (IDENTIFY, AUTH, PUB, MPUB, DPUB). The metrics show
+#: each at 0 before its first error, so that a rate over them is 0, not empty.
+CONSUMER_CODES = ("E_INVALID", "E_BAD_BODY", "E_BAD_TOPIC", "E_BAD_CHANNEL", "E_IDENTIFY_FAILED", *_AUTH_CODES,
+                  "E_SUB_FAILED", "E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED")
+PRODUCER_CODES = ("E_INVALID", "E_BAD_BODY", "E_BAD_TOPIC", "E_BAD_MESSAGE", "E_IDENTIFY_FAILED", *_AUTH_CODES,
+                  "E_PUB_FAILED", "E_MPUB_FAILED", "E_DPUB_FAILED")
+#: The codes only the HA dialect adds for a consumer (protocol.md §6.2).
+HA_CONSUMER_CODES = ("E_TOPIC_NOT_EXIST", "E_FAILED_ON_NOT_LEADER", "E_FAILED_ON_NOT_WRITABLE", "E_SUB_ORDER_IS_MUST",
+                     "E_SUB_EXTEND_NEED", "E_SUB_EXTEND_FORBIDDON", "E_BAD_PARTITION")
+
 #: The only codes after which upstream nsqd keeps the connection (protocol.md §6.1).
 NON_FATAL_UPSTREAM = frozenset({"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"})
 

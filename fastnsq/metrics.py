@@ -9,7 +9,11 @@ only by this module.
 Labels stay bounded: a consumer's ``topic`` and ``channel``, the ``nsqd`` address it
 connects to, an error ``code``, an HA ``partition``; a producer's ``producer`` name (given to
 :meth:`track`). Never client ports, message ids or bodies. Several clients with the same
-labels are summed.
+labels are summed. Every counter of a tracked client has its series from the first scrape
+on, at 0 until its first event (Prometheus' advice: a ``rate()`` of a series that does not
+exist yet is empty, and an alert on it never fires): the errors by each code nsqd may send
+that client (:data:`fastnsq.errors.CONSUMER_CODES`, ``PRODUCER_CODES``, and an HA consumer's
+``HA_CONSUMER_CODES``), any other code from its first.
 
 HA consumers also get per-partition gauges (``position``, ``end``, ``lag``): those are the
 channel's figures as each partition's leader reports them, asked at scrape time (one small
@@ -39,6 +43,7 @@ from prometheus_client.registry import Collector
 
 from .consumer import Consumer
 from .consumer.progress import progress_reader
+from .errors import CONSUMER_CODES, HA_CONSUMER_CODES, PRODUCER_CODES
 from .producer import Producer
 from .stats import ProducerStats
 
@@ -70,7 +75,8 @@ _CONSUMER_COUNTERS = (
     ("duplicates_dropped", "HA ordered channels: repeated deliveries of a partition's head, not handed out again"),
 )
 _CONSUMER_GAUGES = (
-    ("in_flight", "messages received and not answered yet"),
+    ("in_flight", ("messages this process holds: received and not finished or requeued yet (nsqd's "
+                   "in_flight_count also counts those on their way both ways; at most nsq_consumer_rdy)")),
     ("max_in_flight", "the consumer's max_in_flight"),
     ("backoff_level", "the backoff level (0: consuming normally)"),
 )
@@ -147,17 +153,18 @@ class NSQMetrics(Collector):
 
     def _consumer_families(self) -> Iterator[Metric]:
         prefix = f"{self.namespace}_consumer"
-        snapshots = [consumer.snapshot() for consumer in list(self._consumers)]
+        consumers = list(self._consumers)
+        snapshots = [consumer.snapshot() for consumer in consumers]
         labels = ["topic", "channel"]
         totals: dict[str, dict[tuple[str, ...], float]] = defaultdict(lambda: defaultdict(float))
         per_nsqd: dict[str, dict[tuple[str, ...], float]] = defaultdict(lambda: defaultdict(float))
         errors: dict[tuple[str, ...], float] = defaultdict(float)
-        for stats in snapshots:
+        for consumer, stats in zip(consumers, snapshots):
             key = (stats.topic, stats.channel)
             for field, _ in (*_CONSUMER_COUNTERS, *_CONSUMER_GAUGES, ("reconnects", "")):
                 totals[field][key] += getattr(stats, field)
-            for code, count in stats.errors.items():
-                errors[(*key, code)] += count
+            known = (*CONSUMER_CODES, *(HA_CONSUMER_CODES if _reads_partitions(consumer) else ()))
+            _add_errors(errors, key, known, stats.errors)
             for conn in stats.connections:
                 per_nsqd["connections"][(*key, conn.address)] += 1
                 per_nsqd["rdy"][(*key, conn.address)] += conn.rdy
@@ -180,7 +187,7 @@ class NSQMetrics(Collector):
         once."""
         figures: dict[str, dict[tuple[str, ...], float]] = defaultdict(dict)
         for consumer in list(self._consumers):
-            if not any(partition is not None for partition in consumer.partitions):
+            if not _reads_partitions(consumer):
                 continue  # an upstream nsqd's topic: no partitions, no queue offsets
             for partition, progress in progress_reader(consumer).read_from_thread(self.progress_wait).items():
                 key = (consumer.topic, consumer.channel, str(partition))
@@ -200,13 +207,26 @@ class NSQMetrics(Collector):
             stats = producer.snapshot()
             for field in ("published", "failed", "retried", "reconnects", "waiting", "connections"):
                 totals[field][(name,)] += getattr(stats, field)
-            for code, count in stats.errors.items():
-                errors[(name, code)] += count
+            _add_errors(errors, (name,), PRODUCER_CODES, stats.errors)
         for field, help_text, metric in _PRODUCER_COUNTERS:
             yield _counter(f"{prefix}_{metric}", help_text, ["producer"], totals[field])
         yield _counter(f"{prefix}_errors", "messages refused by nsqd, by error code", ["producer", "code"], errors)
         yield _gauge(f"{prefix}_waiting", "publish calls not answered yet", ["producer"], totals["waiting"])
         yield _gauge(f"{prefix}_connections", "open connections", ["producer"], totals["connections"])
+
+
+def _reads_partitions(consumer: Consumer) -> bool:
+    """Whether the consumer reads an HA topic's partitions (an upstream nsqd's topic has none)."""
+    return any(partition is not None for partition in consumer.partitions)
+
+
+def _add_errors(into: dict[tuple[str, ...], float], key: tuple[str, ...], known: tuple[str, ...],
+                counted: dict[str, int]) -> None:
+    """A client's errors by code: every ``known`` code (at 0 until its first) and any other counted."""
+    for code in known:
+        into[(*key, code)] += 0
+    for code, count in counted.items():
+        into[(*key, code)] += count
 
 
 def _counter(name: str, help_text: str, labels: list[str], values: dict[tuple[str, ...], float]) -> Metric:

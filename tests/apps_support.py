@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from fastnsq.benchmark import process_tree
+from fastnsq.testing import drain
 from fastnsq.testing.real import real_bin_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -169,10 +170,8 @@ class Sink:
             await self.runner.cleanup()
 
 
-async def channel_drained(http_address: str, topic: str, channel: str) -> bool:
-    """Nothing left on an app's source channel: none waiting, in flight, or requeued with a
-    delay (a deferred message is in neither depth nor in flight until its delay ends)."""
-    from .test_consumer import channel_stats
-
-    stats = await channel_stats([http_address], topic, channel)
-    return bool(stats) and all(stats[0][k] == 0 for k in ("depth", "in_flight_count", "deferred_count"))
+async def channel_drained(http_address: str, topic: str, channel: str, *, published: int) -> bool:
+    """The app's source channel has taken the ``published`` messages and holds none: none waiting
+    (in it or still in its topic), in flight, or requeued with a delay, in two /stats answers in a
+    row (fastnsq.testing.drain says why the channel's own counts of one answer are not enough)."""
+    return await drain.channel_drained(http_address, topic, channel, published=published)

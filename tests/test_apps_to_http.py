@@ -24,8 +24,8 @@ from .helpers import eventually, unique
 from .test_consumer import publish_spread
 
 
-async def drained(nsqd, topic: str, channel: str = "nsq_to_http") -> bool:
-    return await channel_drained(nsqd.http_address, topic, channel)
+async def drained(nsqd, topic: str, channel: str = "nsq_to_http", *, published: int) -> bool:
+    return await channel_drained(nsqd.http_address, topic, channel, published=published)
 
 
 @pytest.fixture
@@ -43,14 +43,14 @@ async def sink2() -> AsyncIterator[Sink]:
     await started.close()
 
 
-async def run_until_drained(nsqd, topic: str, *flags: str, log: Path, timeout: float = 30,
+async def run_until_drained(nsqd, topic: str, *flags: str, published: int, log: Path, timeout: float = 30,
                             channel: str = "nsq_to_http", starter=start) -> App:
-    """The app (ours, or nsq's with ``starter=start_go``) on ``topic`` until its channel is
-    drained, then stopped with SIGTERM (exit status 0)."""
+    """The app (ours, or nsq's with ``starter=start_go``) on ``topic`` until its channel has taken
+    the ``published`` messages and holds none, then stopped with SIGTERM (exit status 0)."""
     command = "nsq_to_http" if starter is start_go else "to-http"
     app = await starter(command, f"-topic={topic}", f"-channel={channel}", f"-nsqd-tcp-address={nsqd.tcp_address}",
                         *flags, log=log)
-    await eventually(lambda: drained(nsqd, topic, channel), timeout, f"{channel} drained")
+    await eventually(lambda: drained(nsqd, topic, channel, published=published), timeout, f"{channel} drained")
     assert await app.stop() == 0, app.log()
     return app
 
@@ -96,7 +96,7 @@ async def test_an_explicit_default_port_stays_in_host(nsqd, tmp_path: Path) -> N
             for flag in ("-post=http://127.0.0.1:80/in", "-get=http://127.0.0.1:80/q?d=%s"):
                 topic = unique("tohttp")
                 await publish_spread([nsqd.tcp_address], topic, 3)
-                await run_until_drained(nsqd, topic, flag, log=tmp_path / "log", starter=starter)
+                await run_until_drained(nsqd, topic, flag, published=3, log=tmp_path / "log", starter=starter)
         assert [r["headers"]["Host"] for r in port80.requests] == ["127.0.0.1:80"] * 6 * len(starters)
     finally:
         await port80.close()
@@ -117,7 +117,8 @@ async def test_post_a_request_per_message(nsqd, sink: Sink, tmp_path: Path) -> N
     topic = unique("tohttp")
     bodies = await publish_spread([nsqd.tcp_address], topic, 1000)
     app = await run_until_drained(nsqd, topic, f"-post={sink.url('/in?x=1')}", "-header=x-team: data",
-                                  "-content-type=text/plain", "-n=20", "-status-every=500", log=tmp_path / "log")
+                                  "-content-type=text/plain", "-n=20", "-status-every=500", published=1000,
+                                  log=tmp_path / "log")
     assert len(sink.requests) == 1000 and sorted(sink.bodies()) == sorted(bodies)
     first = sink.requests[0]
     assert first["method"] == "POST" and first["path"] == "/in?x=1"
@@ -137,7 +138,7 @@ async def test_get_escapes_the_body_and_fan_out_reaches_every_address(nsqd, sink
     async with Producer([nsqd.tcp_address]) as producer:
         await producer.mpublish(topic, bodies)
     await run_until_drained(nsqd, topic, "-mode=fan-out", f"-get={sink.url('/q?d=%s&k=1')}",
-                            f"-get={sink2.url('/q?d=%s')}", log=tmp_path / "log")
+                            f"-get={sink2.url('/q?d=%s')}", published=50, log=tmp_path / "log")
     for one in (sink, sink2):
         assert len(one.requests) == 50 and {r["method"] for r in one.requests} == {"GET"}
         got = sorted(parse_qs(urlsplit(r["path"]).query)["d"][0].encode() for r in one.requests)
@@ -150,7 +151,7 @@ async def test_batch_sends_up_to_n_bodies_a_request(nsqd, sink: Sink, tmp_path: 
     topic = unique("tohttp")
     bodies = await publish_spread([nsqd.tcp_address], topic, 3000)
     await run_until_drained(nsqd, topic, f"-post={sink.url()}", "-batch=100", "-max-in-flight=1000",
-                            log=tmp_path / "log")
+                            published=3000, log=tmp_path / "log")
     sizes = [len(r["body"].split(b"\n")) for r in sink.requests]
     assert max(sizes) == 100 and len(sink.requests) < 100, sizes
     assert sorted(sink.bodies()) == sorted(bodies)
@@ -164,7 +165,8 @@ async def test_a_sink_failing_for_10_s_loses_nothing(nsqd, sink: Sink, tmp_path:
     sink.fail_for(10.0)
     app = await run_until_drained(nsqd, topic, f"-post={sink.url()}", "-max-in-flight=200",
                                   "-consumer-opt=default_requeue_delay,1s", "-consumer-opt=max_attempts,20",
-                                  "-consumer-opt=max_backoff_duration,2s", log=tmp_path / "log", timeout=90)
+                                  "-consumer-opt=max_backoff_duration,2s", published=2000, log=tmp_path / "log",
+                                  timeout=90)
     assert any(r["failed"] for r in sink.requests) and "got status code 500" in app.log()
     assert sorted(set(sink.bodies())) == sorted(bodies)  # 0 lost
     assert "giving up" not in app.log().lower()
@@ -180,7 +182,7 @@ async def test_sigkill_mid_stream_loses_nothing(nsqd, sink: Sink, tmp_path: Path
                       log=tmp_path / "log")
     await eventually(lambda: len(sink.requests) > 50, 30, "a part sent")
     await app.kill()
-    await run_until_drained(nsqd, topic, *args, log=tmp_path / "log", timeout=60)
+    await run_until_drained(nsqd, topic, *args, published=30_000, log=tmp_path / "log", timeout=60)
     counts = Counter(sink.bodies())
     assert set(counts) == set(bodies)
     assert sum(counts.values()) - len(bodies) <= 500
@@ -205,6 +207,6 @@ async def test_same_requests_as_nsq_to_http(nsqd, sink: Sink, tmp_path: Path, me
     for name, starter in (("go", start_go), ("ours", start)):
         sink.requests.clear()
         await run_until_drained(nsqd, topic, f"-{method}={target}", "-header=x-team: data", "-header=Accept: */*",
-                                *extra, channel=name, starter=starter, log=tmp_path / f"{name}.log")
+                                *extra, published=100, channel=name, starter=starter, log=tmp_path / f"{name}.log")
         seen[name] = sorted((r["method"], r["path"], r["raw_headers"], r["body"]) for r in sink.requests)
     assert seen["ours"] == seen["go"] and len(seen["go"]) == 100, (seen["ours"][:2], seen["go"][:2])

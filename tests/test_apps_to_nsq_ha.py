@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 
 from fastnsq import ConsumeOffset, Consumer, Producer
-from fastnsq.apps.crossing import Crossing, NoPartitionsError, json_key
+from fastnsq.apps.crossing import Crossing, NoPartitionsError
+from fastnsq.apps.jsonfilter import json_key
 from fastnsq.sharding import murmur3_32, partition_for_key
 from fastnsq.testing import NSQD, ExternalCluster, ExternalLookupd, ExternalNSQD
 from fastnsq.testing.real import ENV_REAL_HA_BIN, ENV_REAL_HA_NEXT_PORT, RealHACluster
@@ -59,8 +60,8 @@ async def read_ha(lookupd: list[str], topic: str, expected: set[bytes], timeout:
     return got
 
 
-async def drained(http_address: str, topic: str, channel: str = "nsq_to_nsq") -> bool:
-    return await channel_drained(http_address, topic, channel)
+async def drained(http_address: str, topic: str, channel: str = "nsq_to_nsq", *, published: int) -> bool:
+    return await channel_drained(http_address, topic, channel, published=published)
 
 
 def docs(count: int, keys: int) -> list[bytes]:
@@ -149,7 +150,7 @@ async def test_upstream_to_a_partitioned_topic_by_a_json_sharding_key(nsq_cluste
                           f"-destination-topic={target}", "-sharding-key-json-field=user", "-max-in-flight=400",
                           *[f"-destination-lookupd-http-address={a}" for a in nsq_cluster_ha.lookupd_http_addresses],
                           log=tmp_path / "log")
-        await eventually(lambda: drained(source.http_address, topic), 60, "the source drained")
+        await eventually(lambda: drained(source.http_address, topic, published=len(bodies)), 60, "the source drained")
         assert await app.stop() == 0, app.log()
         [stats] = await channel_stats([source.http_address], topic, "nsq_to_nsq")
     assert stats["requeue_count"] == 0, app.log()  # a clean run: the order below is the publish order
@@ -174,7 +175,7 @@ async def test_a_destination_topic_created_later_gets_every_key_on_its_partition
                           log=tmp_path / "log")
         await eventually(lambda: "not created yet" in app.log(), 30, "a batch waiting for the topic")
         await nsq_cluster_ha.create_topic(target, partitions=3, channels=["check"])
-        await eventually(lambda: drained(source.http_address, topic), 90, "the source drained")
+        await eventually(lambda: drained(source.http_address, topic, published=len(bodies)), 90, "the source drained")
         assert await app.stop() == 0, app.log()
     # From each partition's start: the app may publish between the topic's creation and its
     # "check" channel's, which would start after those messages.
@@ -254,7 +255,7 @@ async def test_sigkill_mid_stream_into_a_partitioned_topic_loses_nothing(nsq_clu
         await eventually(lambda: relayed(source.http_address, topic, 10_000), 60, "a part relayed")
         await app.kill()
         app = await start("to-nsq", *args, log=tmp_path / "log")
-        await eventually(lambda: drained(source.http_address, topic), 120, "the source drained")
+        await eventually(lambda: drained(source.http_address, topic, published=len(bodies)), 120, "the source drained")
         assert await app.stop() == 0, app.log()
     got = await read_ha(lookupd, target, set(bodies), 120)
     counts = Counter(g[2] for g in got)
@@ -311,7 +312,7 @@ async def test_the_destination_leader_killed_and_back_loses_nothing(own_ha_clust
         own_ha_cluster.kill_nsqd(victim)
         await eventually(lambda: _led_elsewhere(cluster, target, leaders[0]), 120, "a new leader of partition 0")
         own_ha_cluster.start_nsqd(victim)
-        await eventually(lambda: drained(source.http_address, topic), 180, "the source drained")
+        await eventually(lambda: drained(source.http_address, topic, published=len(bodies)), 180, "the source drained")
         assert await app.stop() == 0, app.log()
     # Read from each partition's start on a new channel: "check" was created on each leader
     # only, and the replica that took partition 0 over had no copy of it (seen on youzan's
@@ -358,7 +359,7 @@ async def test_the_destination_leader_stopped_and_back_loses_nothing_embedded(ns
         await nsq_cluster_ha.stop_node(leaders[0])
         await asyncio.sleep(2)
         await nsq_cluster_ha.start_node(leaders[0])
-        await eventually(lambda: drained(source.http_address, topic), 120, "the source drained")
+        await eventually(lambda: drained(source.http_address, topic, published=len(bodies)), 120, "the source drained")
         assert await app.stop() == 0, app.log()
     got = await read_ha(lookupd, target, set(bodies), 120)
     counts = Counter(g[2] for g in got)

@@ -383,3 +383,36 @@ async def test_failed_tls_handshake_leaves_no_unretrieved_future(tls_nsqd):
     finally:
         loop.set_exception_handler(previous)
     assert not [c for c in reported if "never retrieved" in str(c.get("message"))], reported
+
+
+async def test_a_connect_abandoned_with_its_loop_closes_its_socket_quietly() -> None:
+    """A connect still waiting for nsqd's answer when its loop goes away (a producer's connect
+    pending at the end of a test): the coroutine is closed with GeneratorExit. It must close
+    its socket and end, not await again ("coroutine ... ignored GeneratorExit")."""
+    answered: list[asyncio.StreamWriter] = []
+
+    async def never_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answered.append(writer)
+
+    before = asyncio.all_tasks()
+    server = await asyncio.start_server(never_answers, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    conn = Connection(f"127.0.0.1:{port}", ConnectionOptions())
+    connecting = conn.connect()
+    try:
+        # Stepped by hand, as a task would step it, until it waits for the IDENTIFY answer.
+        waiting_on = connecting.send(None)
+        while (await asyncio.wait([waiting_on], timeout=0.3))[0]:
+            waiting_on = connecting.send(None)
+        assert answered and conn._transport is not None
+        connecting.close()  # what the garbage collector does to a coroutine whose loop is gone
+        assert conn._transport is None or conn._transport.is_closing()
+    finally:
+        leftovers = asyncio.all_tasks() - before
+        for task in leftovers:
+            task.cancel()
+        await asyncio.gather(*leftovers, return_exceptions=True)
+        for writer in answered:
+            writer.close()
+        server.close()
+        await server.wait_closed()

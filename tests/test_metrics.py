@@ -187,6 +187,36 @@ async def test_errors_by_code_and_untracking(nsqd) -> None:
                     and dict(key[1]).get("producer") == "default"]
 
 
+async def test_every_error_code_has_a_series_at_zero_before_its_first(nsqd) -> None:
+    """A rate() over a series that does not exist is empty, not 0, and an alert on it never
+    fires: from the first scrape, each code nsqd may send a consumer or a producer is there at 0."""
+    registry = CollectorRegistry()
+    metrics = NSQMetrics(registry)
+    topic = unique("zero")
+    async with Producer([nsqd.tcp_address]) as producer:
+        metrics.track(producer, name="quiet")
+        await producer.publish(topic, b"one")
+        consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=lambda m: None)
+        metrics.track(consumer)
+        async with consumer:
+            await eventually(lambda: consumer.snapshot().finished == 1, 10, "the message finished")
+            samples = scrape(registry)
+
+    def series(name: str, codes: tuple[str, ...], **labels: str) -> dict[str, float | None]:
+        return {code: samples.get((name, tuple(sorted({**labels, "code": code}.items())))) for code in codes}
+
+    consumer_errors = series("nsq_consumer_errors_total", ("E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED",
+                                                           "E_INVALID", "E_BAD_TOPIC"), topic=topic, channel="ch")
+    producer_errors = series("nsq_producer_errors_total", ("E_PUB_FAILED", "E_MPUB_FAILED", "E_BAD_TOPIC",
+                                                           "E_BAD_MESSAGE"), producer="quiet")
+    assert set(consumer_errors.values()) == {0.0}, consumer_errors
+    assert set(producer_errors.values()) == {0.0}, producer_errors
+    from fastnsq.errors import CONSUMER_CODES, PRODUCER_CODES  # and every other code of the lists
+
+    assert set(series("nsq_consumer_errors_total", CONSUMER_CODES, topic=topic, channel="ch").values()) == {0.0}
+    assert set(series("nsq_producer_errors_total", PRODUCER_CODES, producer="quiet").values()) == {0.0}
+
+
 def test_tracking_anything_else_is_refused() -> None:
     with pytest.raises(TypeError, match="Consumer or Producer, not str"):
         NSQMetrics(None).track("consumer")  # type: ignore[arg-type]

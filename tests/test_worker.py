@@ -11,6 +11,7 @@ also tested on their own (pure functions).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -67,6 +68,46 @@ class Job:
         handle(message)
     def teardown(self):
         _record("teardown", "1")
+
+class Reopens:
+    def handle(self, message):
+        handle(message)
+    def hup(self):
+        _record("hup", "1")
+
+class Rows:
+    """The stdlib sqlite3 with --threads: a connection belongs to the thread that opened it."""
+    def __init__(self):
+        self.local = threading.local()
+        self.path = os.path.join(OUT, f"rows-{os.getpid()}.db")
+    def setup(self):
+        import sqlite3
+        self.db = sqlite3.connect(self.path)  # on the loop's thread: fails in a handler thread
+        self.db.execute("create table if not exists rows (body text)")
+        self.db.commit()
+    def setup_thread(self):
+        import sqlite3
+        self.local.db = sqlite3.connect(self.path, timeout=60)  # three threads write the file
+        _record("thread_setup", threading.current_thread().name)
+    def teardown_thread(self):
+        self.local.db.close()
+        _record("thread_teardown", threading.current_thread().name)
+
+class RowsOnce(Rows):
+    def handle(self, message):
+        with self.db:
+            self.db.execute("insert into rows values (?)", (message.body.decode(),))
+        _record("handled", message.body.decode())
+
+class RowsPerThread(Rows):
+    def handle(self, message):
+        try:
+            with self.local.db as db:
+                db.execute("insert into rows values (?)", (message.body.decode(),))
+        except Exception as exc:
+            _record("errors", repr(exc))
+            raise
+        _record("handled", message.body.decode())
 
 class Broken:
     def setup(self):
@@ -221,6 +262,62 @@ def test_gathering_adds_counters_keeps_exited_ones_and_takes_the_highest_backoff
     assert "process_start_time_seconds" not in text
 
 
+async def test_handler_threads_set_up_and_tear_down_each_thread() -> None:
+    """Each thread runs setup_thread() before its first call and teardown_thread() after its
+    last; a setup that raises fails start() (the others tear down); close() cancels calls not
+    begun; an async setup_thread() is refused when the target loads."""
+    import threading
+
+    from fastnsq.runner.loading import LoadError, _describe
+    from fastnsq.runner.threads import HandlerThreads
+
+    local, events = threading.local(), []
+
+    def setup_thread() -> None:
+        local.name = threading.current_thread().name
+        events.append(("setup", local.name))
+
+    def teardown_thread() -> None:
+        events.append(("teardown", local.name))
+
+    threads = HandlerThreads(3, setup_thread, teardown_thread)
+    await threads.start()
+    names = await asyncio.gather(*(threads.run(lambda _: local.name, i) for i in range(30)))
+    assert set(names) <= {name for kind, name in events if kind == "setup"} and len(events) == 3
+    with pytest.raises(ZeroDivisionError):
+        await threads.run(lambda n: 1 / n, 0)
+    gate = threading.Event()
+    busy = [asyncio.ensure_future(threads.run(lambda _: gate.wait(5), i)) for i in range(3)]
+    queued = asyncio.ensure_future(threads.run(lambda _: events.append(("ran", "late")), None))
+    await asyncio.sleep(0.05)
+    closing = asyncio.ensure_future(threads.close())
+    await asyncio.sleep(0.05)
+    gate.set()
+    await closing
+    assert all(task.result() is True for task in busy) and queued.cancelled()
+    assert sorted(name for kind, name in events if kind == "teardown") == sorted(
+        name for kind, name in events if kind == "setup")
+
+    calls = []
+
+    def fails_once() -> None:
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:
+            raise OSError("database unreachable")
+
+    broken = HandlerThreads(3, fails_once, lambda: calls.append("teardown"))
+    with pytest.raises(OSError, match="database unreachable"):
+        await broken.start()
+    assert calls.count("teardown") == 2  # the two set up have ended
+
+    class AsyncSetup:
+        async def setup_thread(self) -> None: ...
+        def handle(self, message: Any) -> None: ...
+
+    with pytest.raises(LoadError, match=r"setup_thread\(\) is a coroutine function"):
+        _describe("m:AsyncSetup", AsyncSetup())
+
+
 # ---- the command ---------------------------------------------------------------------------
 
 
@@ -290,6 +387,35 @@ async def test_sigterm_mid_run_drains_and_loses_nothing(nsqd: Any, tmp_path: Pat
     [stats] = await channel_stats([nsqd.http_address], topic, "work")
     assert stats["in_flight_count"] == 0
     assert stats["depth"] + stats["deferred_count"] + len(handled) == total, stats
+
+
+async def test_sighup_is_logged_passed_to_hup_and_never_fatal(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """SIGHUP to the supervisor (logrotate's habit): logged, each child runs the handler's hup();
+    a handler without one logs that it has none; the group goes on consuming, and drains with 0."""
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 20)
+    worker = await start_worker(tmp_path, "wk_jobs:Reopens", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2")
+    cleanup.append(worker)
+    await eventually(lambda: len(worker.lines("handled")) == 20, 30, "the first messages")
+    worker.process.send_signal(signal.SIGHUP)
+    await eventually(lambda: _alive(worker) and len(worker.lines("hup")) == 2, 10, "hup() in each process")
+    assert "SIGHUP: passed to every worker" in worker.log()
+    await publish_spread([nsqd.tcp_address], topic, 20)
+    await eventually(lambda: len(worker.lines("handled")) == 40, 30, "messages after the SIGHUP")
+    assert await worker.stop() == 0
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    worker = await start_worker(plain, "wk_jobs:handle", *_consume_args(topic, nsqd.tcp_address))
+    cleanup.append(worker)
+    await eventually(lambda: _is(worker, "/healthz", 200), 15, "/healthz 200")
+    worker.process.send_signal(signal.SIGHUP)
+    await eventually(lambda: _alive(worker) and "has no hup(); nothing to do" in worker.log(), 10, "the child's line")
+    assert await worker.status() == 200
+    assert await worker.stop() == 0
 
 
 #: A supervisor whose group stops as soon as it runs (no child started), then a SIGTERM to
@@ -384,6 +510,92 @@ async def test_a_handler_that_always_raises_backs_off_without_crashing(
     assert await worker.stop() == 0
 
 
+async def test_in_flight_is_what_the_processes_hold_and_rdy_bounds_nsqds_count(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """Handlers holding messages: /healthz's in_flight, /metrics' nsq_consumer_in_flight and
+    nsqd's in_flight_count agree. A fast handler holds none whenever asked while nsqd counts
+    the messages on their way, up to the RDY /healthz reports: in_flight <= nsqd's <= rdy."""
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 200)
+    worker = await start_worker(tmp_path, "wk_jobs:handle", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2", "--max-in-flight", "10", "--threads", "2", sleep=0.3)
+    cleanup.append(worker)
+    figures: list[tuple[int, float, int]] = []
+
+    async def all_three_agree() -> bool:
+        workers = (await worker.health())["workers"]
+        on_nsqd = sum(c["in_flight_count"] for c in await channel_stats([nsqd.http_address], topic, "work"))
+        figures.append((sum(w.get("in_flight", 0) for w in workers), await worker.metric("nsq_consumer_in_flight"), on_nsqd))
+        return figures[-1] == (10, 10, 10)
+
+    await eventually(all_three_agree, 20, "in flight by the workers, their metric and nsqd")
+    assert sum(w.get("rdy", 0) for w in (await worker.health())["workers"]) == 10
+    _, text = await worker.get("/metrics")  # counters of events not seen yet: at 0, not absent
+    assert re.search(r'^nsq_consumer_errors_total\{[^}]*code="E_FIN_FAILED"[^}]*\} 0\.0$', text, re.MULTILINE)
+    assert await worker.stop(timeout=30) == 0
+
+    fast = tmp_path / "fast"
+    fast.mkdir()
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 50_000)
+    worker = await start_worker(fast, "wk_jobs:handle", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2", "--max-in-flight", "100")
+    cleanup.append(worker)
+    samples: list[tuple[int, int, int]] = []
+    while len(samples) < 10 and await worker.metric("nsq_consumer_messages_finished_total") < 45_000:
+        workers = (await worker.health())["workers"]
+        channels = await channel_stats([nsqd.http_address], topic, "work")
+        if channels and len(channels[0]["clients"]) == 2 and sum(w.get("rdy", 0) for w in workers) == 100:
+            samples.append((sum(w.get("in_flight", 0) for w in workers), channels[0]["in_flight_count"], 100))
+        await asyncio.sleep(0.1)
+    assert len(samples) >= 3, samples
+    assert all(held <= on_nsqd <= rdy for held, on_nsqd, rdy in samples), samples
+    assert any(held < on_nsqd for held, on_nsqd, _ in samples), samples
+    assert await worker.stop() == 0
+
+
+async def test_threads_have_their_own_setup_and_readiness_sees_a_handler_failing_every_message(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """sqlite3 opened in setup() and used from --threads fails every message (the connection
+    belongs to the loop's thread): /readyz says so even with backoff off. Opened in
+    setup_thread(), in each handler thread, every message is stored once; teardown_thread()
+    runs in each thread at the drain."""
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 100)
+    failing = tmp_path / "failing"
+    failing.mkdir()
+    worker = await start_worker(failing, "wk_jobs:RowsOnce", *_consume_args(topic, nsqd.tcp_address),
+                                "--threads", "2", "--backoff-grace", "1", "--consumer-opt", "max_backoff_duration=0",
+                                "--consumer-opt", "default_requeue_delay=0", "--consumer-opt", "max_attempts=0")
+    cleanup.append(worker)
+    await _until_not_ready_because(worker, "the handler failed every message", 30)
+    assert await worker.status("/healthz") == 200
+    assert not worker.lines("handled")
+    assert await worker.stop() == 0
+
+    topic = unique("wk")
+    await publish_spread([nsqd.tcp_address], topic, 100)
+    worker = await start_worker(tmp_path, "wk_jobs:RowsPerThread", *_consume_args(topic, nsqd.tcp_address),
+                                "--threads", "3", "--processes", "2", "--backoff-grace", "1")
+    cleanup.append(worker)
+    await eventually(lambda: len(worker.lines("handled")) == 100, 30, "every message stored")
+    assert not worker.lines("errors")
+    # Ready: each child's health comes every second, the first one before it connected.
+    await eventually(lambda: _is(worker, "/readyz", 200), 10, "/readyz 200")
+    assert await worker.stop() == 0
+    import sqlite3
+
+    stored: list[str] = []
+    for path in tmp_path.glob("rows-*.db"):
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            stored += [row[0] for row in db.execute("select body from rows")]
+    assert len(stored) == len(set(stored)) == 100
+    assert sorted(worker.lines("thread_setup")) == sorted(worker.lines("thread_teardown"))
+    assert len(worker.lines("thread_setup")) == 6  # three threads in each of two processes
+
+
 async def test_healthz_is_503_until_an_nsqd_is_reachable(tmp_path: Path, cleanup: list[Worker]) -> None:
     """No nsqd listening: /healthz and /readyz 503; once one starts on that port, 200."""
     port = free_port()
@@ -396,6 +608,27 @@ async def test_healthz_is_503_until_an_nsqd_is_reachable(tmp_path: Path, cleanup
         await eventually(lambda: _is(worker, "/healthz", 200), 15, "/healthz 200")
         assert await worker.status("/readyz") == 200
         assert await worker.stop() == 0
+
+
+async def _until_not_ready_because(worker: Worker, reason: str, timeout: float) -> None:
+    """Wait for /readyz to be 503 for ``reason``; the last answer is in the failure."""
+    last: list[tuple[int, str]] = []
+
+    async def not_ready() -> bool:
+        last[:] = [await worker.get("/readyz")]
+        return last[0][0] == 503 and reason in last[0][1]
+
+    try:
+        await eventually(not_ready, timeout, f"/readyz 503: {reason}")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the last /readyz: {last}") from None
+
+
+def _alive(worker: Worker) -> bool:
+    """True while the supervisor runs; its exit fails the test at once, with its log."""
+    if worker.process.returncode is not None:
+        raise AssertionError(f"the supervisor exited ({worker.process.returncode}):\n{worker.log()}")
+    return True
 
 
 async def _at_least(read: Any, low: float) -> bool:

@@ -1,6 +1,6 @@
 """``fastnsq worker --split-nsqd`` moving work: an nsqd goes from a busy process to an idle one.
 
-Three nsqd (embedded, or real ones in a real-server run) on ports 24000-24999, a group
+Three nsqd (embedded, or real ones in a real-server run) on free ports, a group
 of two processes given ``--nsqd-tcp-address`` for each: the supervisor's first share gives
 worker 0 two nsqd and worker 1 one. The test fills worker 1's nsqd with a few messages and
 worker 0's with many, so that worker 1 runs dry while worker 0 has two nsqd with messages:
@@ -25,7 +25,7 @@ import pytest
 from fastnsq import Consumer
 from fastnsq.errors import InvalidValueError
 from fastnsq.runner.assign import pick_move
-from fastnsq.testing import NSQD
+from fastnsq.testing import NSQD, drain
 from fastnsq.testing.process import NSQDProcess
 from fastnsq.testing.real import real_bin_dir
 
@@ -69,7 +69,7 @@ async def test_activity_says_busy_while_an_nsqd_delivers_then_idle() -> None:
     from fastnsq.runner.activity import WINDOW, Activity
 
     topic = unique("wkmove")
-    async with three_nsqd(24060) as servers:
+    async with three_nsqd() as servers:
         await _prefill(servers[:1], topic, [300])
         release = asyncio.Event()
 
@@ -103,25 +103,22 @@ async def test_activity_says_busy_while_an_nsqd_delivers_then_idle() -> None:
 
 
 @contextlib.asynccontextmanager
-async def three_nsqd(base: int) -> AsyncIterator[list[Any]]:
-    """Three nsqd on ports base..base+5: real ones in a real-server run (``dev.py test --real``),
-    else embedded ones."""
+async def three_nsqd() -> AsyncIterator[list[Any]]:
+    """Three nsqd on free ports (two runs of these tests on one machine must not collide): real
+    ones in a real-server run (``dev.py test --real``), else embedded ones."""
     real_bin = real_bin_dir()
     if real_bin is not None:
         servers = [NSQDProcess(binary=real_bin / "nsqd") for _ in range(3)]
-        for index, server in enumerate(servers):
-            server.tcp_address = f"127.0.0.1:{base + 2 * index}"
-            server.http_address = f"127.0.0.1:{base + 2 * index + 1}"
-            server.start()
         try:
+            for server in servers:
+                server.start()
             yield servers
         finally:
             for server in servers:
                 server.close()
         return
     async with contextlib.AsyncExitStack() as stack:
-        yield [await stack.enter_async_context(NSQD(tcp_port=base + 2 * i, http_port=base + 2 * i + 1))
-               for i in range(3)]
+        yield [await stack.enter_async_context(NSQD()) for _ in range(3)]
 
 
 class StatsWatch:
@@ -189,7 +186,7 @@ async def test_an_idle_process_takes_an_nsqd_and_every_message_is_handled_once(
     """Worker 1's nsqd runs dry first; one of worker 0's two nsqd moves to it. nsqd's /stats,
     polled every few ms throughout, never shows two connections of the group on one nsqd."""
     topic = unique("wkmove")
-    async with three_nsqd(24000) as servers:
+    async with three_nsqd() as servers:
         by_address = {s.tcp_address: s for s in servers}
         zero, one = _first_share(servers)
         ordered = [by_address[zero[0]], by_address[zero[1]], by_address[one[0]]]
@@ -200,7 +197,7 @@ async def test_an_idle_process_takes_an_nsqd_and_every_message_is_handled_once(
         cleanup.append(worker)
         try:
             await eventually(lambda: _moves_at_least(worker, 1), 30, "an nsqd moved to the idle process")
-            await eventually(lambda: _nothing_left(servers, topic), 60, "every message finished")
+            await eventually(lambda: _nothing_left(servers, topic, total), 60, "every message finished")
         finally:
             await watch.stop()
         health = await worker.health()
@@ -222,7 +219,7 @@ async def test_a_sigterm_while_an_nsqd_is_let_go_loses_nothing(tmp_path: Path, c
     finished first); SIGTERM the group the moment the move starts: exit 0, no message handled
     twice, every message either handled or back in nsqd's queue."""
     topic = unique("wkmove")
-    async with three_nsqd(24010) as servers:
+    async with three_nsqd() as servers:
         by_address = {s.tcp_address: s for s in servers}
         zero, one = _first_share(servers)
         ordered = [by_address[zero[0]], by_address[zero[1]], by_address[one[0]]]
@@ -248,7 +245,7 @@ async def test_a_process_killed_while_it_lets_an_nsqd_go(tmp_path: Path, cleanup
     let go: the idle worker takes the nsqd, worker 0 is restarted with the one left to it, its
     messages in flight come back after msg_timeout and are handled; never two connections."""
     topic = unique("wkmove")
-    async with three_nsqd(24040) as servers:
+    async with three_nsqd() as servers:
         by_address = {s.tcp_address: s for s in servers}
         zero, one = _first_share(servers)
         ordered = [by_address[zero[0]], by_address[zero[1]], by_address[one[0]]]
@@ -262,7 +259,7 @@ async def test_a_process_killed_while_it_lets_an_nsqd_go(tmp_path: Path, cleanup
             [pid] = [w["pid"] for w in (await worker.health())["workers"] if w["index"] == 0]
             os.kill(pid, signal.SIGKILL)
             await eventually(lambda: _restarted(worker), 20, "worker 0 restarted")
-            await eventually(lambda: _nothing_left(servers, topic), 60, "every message finished")
+            await eventually(lambda: _nothing_left(servers, topic, total), 60, "every message finished")
         finally:
             await watch.stop()
         assert watch.most == [1, 1, 1], watch.most
@@ -290,8 +287,9 @@ async def _moves_at_least(worker: Worker, count: int) -> bool:
     return int((await worker.health()).get("nsqd_moves", 0)) >= count
 
 
-async def _nothing_left(servers: list[Any], topic: str) -> bool:
-    return await _left(servers, topic) == 0
+async def _nothing_left(servers: list[Any], topic: str, total: int) -> bool:
+    """Every message of ``topic`` taken by the channel and none left in nsqd (fastnsq.testing.drain)."""
+    return await drain.channel_drained([s.http_address for s in servers], topic, "work", published=total)
 
 
 # ---- the Consumer underneath -----------------------------------------------------------------
@@ -303,7 +301,7 @@ async def test_a_consumer_given_its_nsqd_after_it_started() -> None:
     with pytest.raises(InvalidValueError, match="give nsqd_tcp_addresses"):
         Consumer("t", "c")
     topic = unique("wkmove")
-    async with three_nsqd(24020) as servers:
+    async with three_nsqd() as servers:
         await _prefill(servers[:1], topic, [20])
         got: list[bytes] = []
         consumer = Consumer(topic, "work", nsqd_tcp_addresses=[], handler=lambda m: got.append(m.body),
@@ -323,7 +321,7 @@ async def test_stop_while_disconnecting_from_an_nsqd_sends_cls_once() -> None:
     (E_INVALID) and drops the connection with its messages in flight, which would then time out
     and be handled again. stop() leaves a connection already closing alone."""
     topic = unique("wkmove")
-    async with three_nsqd(24030) as servers:
+    async with three_nsqd() as servers:
         await _prefill(servers[:1], topic, [50])
         handled: list[bytes] = []
 
@@ -351,7 +349,7 @@ async def test_disconnect_returns_once_nsqd_has_dropped_the_client() -> None:
     which nsqd does after removing the client from the channel: when it returns, /stats lists no
     client, so the next worker's connection is the only one nsqd ever shows."""
     topic = unique("wkmove")
-    async with three_nsqd(24050) as servers:
+    async with three_nsqd() as servers:
         await _prefill(servers[:2], topic, [30, 30])
         consumer = Consumer(topic, "work", nsqd_tcp_addresses=[s.tcp_address for s in servers[:2]],
                             handler=lambda m: None, max_in_flight=10)
@@ -364,3 +362,10 @@ async def test_disconnect_returns_once_nsqd_has_dropped_the_client() -> None:
                 assert stats["clients"] == [], stats["clients"]
         finally:
             await consumer.stop(5)
+
+
+async def test_two_runs_at_once_do_not_collide() -> None:
+    """Two runs of this file on one machine at once (two sessions, two CI jobs): a test's nsqd
+    take free ports, so the same test twice at once passes twice."""
+    await asyncio.gather(test_a_consumer_given_its_nsqd_after_it_started(),
+                         test_a_consumer_given_its_nsqd_after_it_started())

@@ -1,4 +1,4 @@
-"""One topic's output files for ``fastnsq to-file``: open, write, sync, rotate, close, move.
+"""The files of ``fastnsq to-file``: their options, names and rotation, and the plain (lines) file.
 
 nsq_to_file's file rules, in our words: a file is opened under ``--work-dir`` (default: the
 output dir) with the first free ``<REV>``; without gzip or ``--rotate-interval`` an existing
@@ -8,7 +8,12 @@ bytes (the uncompressed bytes written, as nsq_to_file counts them). Closing fsyn
 moves it to the output dir without overwriting (a link, then unlink; on a clash the next
 ``<REV>``).
 
-Records reach the file only at :meth:`FileLog.sync`: the records since the last sync are
+A file per partition folder (``--partition-by``, :mod:`.partitioning`) when asked: the folder
+sits between the work (or output) dir and the file's name. :class:`RotatingFile` is what both
+formats share (the name, the first free ``<REV>``, when to rotate); the Parquet file is
+:mod:`.parquetlog`'s.
+
+Records reach a plain file only at :meth:`FileLog.sync`: the records since the last sync are
 written at once, as one gzip member or zstd frame when compressed (a complete member per
 sync, as nsq_to_file closes its gzip stream at each sync), then fsynced. So a killed process
 leaves every synced record readable, and nothing half-written that was acknowledged.
@@ -21,12 +26,15 @@ import logging
 import os
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, TypeVar
 
 from .filenames import compute_format, with_datetime, with_rev
 
 logger = logging.getLogger("fastnsq.apps.to_file")
+
+Opened = TypeVar("Opened")
 
 
 @dataclass
@@ -44,6 +52,8 @@ class FileOptions:
     rotate_interval: float = 0.0
     skip_empty_files: bool = False
     format: str = "lines"  # or "parquet"
+    partition_by: str = ""  # a --partition-by spec (.partitioning); "": no folders
+    row_group_size: int = 64 << 20  # Parquet: the Arrow bytes of a row group, at most
 
     @property
     def work(self) -> str:
@@ -61,11 +71,38 @@ class FileOptions:
         return {"gzip": ".gz", "zstd": ".zst"}.get(self.compression, "")
 
 
-class Encoder(Protocol):
-    """What turns the records of one sync into the bytes appended to the file; ``groups``: the
-    sizes of the consumer's batches they came in (Parquet makes each a row group)."""
+def gzip_member(level: int) -> tuple[Callable[[bytes], bytes], str]:
+    """A function making one gzip member of ``data`` at ``level`` (1-9), and the library it uses.
 
-    def encode(self, records: list[Any], groups: list[int] | None = None) -> bytes: ...
+    Compression is most of an archive's cost at nsq_to_file's usual ``--gzip-level 1``, so the
+    fastest well-kept implementation at hand does it: ISA-L (``isal``, the ``gzip`` extra) for
+    levels 1-3 (its own levels 1-3, which compress about as well as zlib's 1-3, several times
+    faster), else cramjam's (a dependency already; about 3x zlib's speed at level 1), else zlib.
+    Every one writes a standard gzip member, which ``gzip -d`` and nsq_to_file's readers take.
+    """
+    if level <= 3:
+        try:
+            from isal import isal_zlib
+        except ImportError:
+            pass
+        else:
+            def isal_member(data: bytes) -> bytes:
+                packer = isal_zlib.compressobj(level, isal_zlib.DEFLATED, 31)  # 31: a gzip member
+                return bytes(packer.compress(data) + packer.flush())
+
+            return isal_member, "isal"
+    try:
+        import cramjam  # a dependency of fastnsq (snappy framing); its gzip is a newer addition
+    except ImportError:  # pragma: no cover - a dependency
+        cramjam = None
+    if cramjam is not None and hasattr(cramjam, "gzip"):
+        return (lambda data: bytes(cramjam.gzip.compress(data, level=level))), "cramjam"
+
+    def zlib_member(data: bytes) -> bytes:
+        packer = zlib.compressobj(level, zlib.DEFLATED, 31)
+        return packer.compress(data) + packer.flush()
+
+    return zlib_member, "zlib"
 
 
 class Lines:
@@ -73,77 +110,33 @@ class Lines:
 
     def __init__(self, compression: str, level: int) -> None:
         self.compression, self.level = compression, level
+        self.codec = ""  # the gzip library in use
         if compression == "zstd":
             import cramjam  # a dependency of fastnsq already (snappy framing)
 
             self._zstd = cramjam.zstd
+        elif compression == "gzip":
+            self._gzip, self.codec = gzip_member(level)
 
-    def encode(self, records: list[Any], groups: list[int] | None = None) -> bytes:
+    def encode(self, records: list[Any]) -> bytes:
         data = b"\n".join([record.body for record in records]) + b"\n"
         if self.compression == "gzip":
-            packer = zlib.compressobj(self.level, zlib.DEFLATED, 31)  # 31: a gzip member
-            return packer.compress(data) + packer.flush()
+            return self._gzip(data)
         if self.compression == "zstd":
             return bytes(self._zstd.compress(data, self.level))
         return data
 
 
-class Parquet:
-    """A whole Parquet file per sync (pyarrow), a row group per batch the consumer delivered:
-    a footer-less file is unreadable, so a file is finished before its records are
-    acknowledged. Columns body, id, timestamp, attempts, and partition and offset when the
-    messages carry them (an HA topic)."""
+class RotatingFile:
+    """One file of a topic (in one partition folder) at a time: its name and when it rotates.
+    Not thread safe: one sync at a time."""
 
-    def __init__(self, compression: str, level: int) -> None:
-        try:
-            import pyarrow
-            import pyarrow.parquet
-        except ImportError:
-            raise ValueError("--format parquet needs pyarrow (pip install pyarrow)") from None
-        self.pa, self.pq = pyarrow, pyarrow.parquet
-        self.compression = {"gzip": "gzip", "zstd": "zstd"}.get(compression, "snappy")
-        self.level = level if compression else None
-
-    def encode(self, records: list[Any], groups: list[int] | None = None) -> bytes:
-        pa = self.pa
-        columns: dict[str, Any] = {
-            "body": pa.array([r.body for r in records], pa.binary()),
-            "id": pa.array([bytes(r.id).hex() if len(r.id) != 16 else bytes(r.id).decode("ascii", "replace")
-                            for r in records], pa.string()),
-            # Microseconds, as fastnsq.spark's schema has it: Spark refuses Parquet's nanosecond timestamps.
-            "timestamp": pa.array([r.timestamp // 1000 for r in records], pa.timestamp("us", tz="UTC")),
-            "attempts": pa.array([r.attempts for r in records], pa.int32()),
-        }
-        if any(r.partition is not None for r in records):
-            columns["partition"] = pa.array([r.partition for r in records], pa.int32())
-            columns["offset"] = pa.array([r.offset for r in records], pa.int64())
-        sink = pa.BufferOutputStream()
-        table = pa.table(columns)
-        with self.pq.ParquetWriter(sink, table.schema, compression=self.compression,
-                                   compression_level=self.level) as writer:
-            start = 0
-            for size in groups or [len(records)]:  # each write a row group: one batch's records
-                writer.write_table(table.slice(start, size), row_group_size=size)
-                start += size
-        return bytes(sink.getvalue())
-
-
-def make_encoder(options: FileOptions) -> Encoder:
-    if options.format == "parquet":
-        return Parquet(options.compression, options.level)
-    return Lines(options.compression, options.level)
-
-
-class FileLog:
-    """The current file of one topic. Not thread safe: one sync at a time."""
-
-    def __init__(self, options: FileOptions, topic: str, identifier: str, encoder: Encoder) -> None:
+    def __init__(self, options: FileOptions, topic: str, identifier: str, folder: str = "") -> None:
         self.options = options
         self.topic = topic
-        self.encoder = encoder
+        self.folder = folder  # the partition folder ("k=v/k=v"), "" without --partition-by
         self.format = compute_format(options.filename_format, topic, identifier=identifier,
                                      rev_needed=options.rev_needed, suffix=options.suffix)
-        self.fd: int | None = None
         self.path = ""  # the file open now (under the work dir)
         self.filename = ""  # its name with <DATETIME> replaced, <REV> not yet
         self.rev = 0
@@ -151,13 +144,26 @@ class FileLog:
         self.size = 0
         self.files_closed: list[str] = []  # where each closed file ended up
 
-    # ---- rotation ---------------------------------------------------------------------------
+    @property
+    def is_open(self) -> bool:
+        raise NotImplementedError
+
+    def open_next(self) -> None:
+        """Close the current file (if any) and open the next one, at the first free ``<REV>``."""
+        raise NotImplementedError
+
+    def sync(self, records: list[Any]) -> None:
+        """Write ``records`` (rotating first if due) and fsync: after this they are on disk."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
     def current_filename(self) -> str:
         return with_datetime(self.format, self.options.datetime_format)
 
     def needs_rotation(self) -> bool:
-        if self.fd is None:
+        if not self.is_open:
             return True
         if self.current_filename() != self.filename:
             logger.info("[%s] new filename %s, rotating...", self.topic, self.current_filename())
@@ -171,68 +177,88 @@ class FileLog:
             return True
         return False
 
-    def open_next(self) -> None:
-        """Close the current file (if any) and open the next one, at the first free ``<REV>``."""
-        self.close()
+    def _open_first_free(self, attempt: Callable[[str], Opened | None], what: str = "") -> tuple[str, Opened]:
+        """The file opened at the first ``<REV>`` ``attempt`` takes (it answers None for a
+        name taken), under the work dir and the partition folder; one line says which, and
+        how many names before it were taken (by earlier runs' files, after a restart)."""
         filename = self.current_filename()
         self.rev = 0 if filename != self.filename else self.rev + 1
         self.filename = filename
         self.opened_at = time.monotonic()
-        template = os.path.join(self.options.work, filename)
+        template = os.path.join(self.options.work, self.folder, filename)
         os.makedirs(os.path.dirname(template) or ".", 0o770, exist_ok=True)
-        exclusive = bool(self.options.compression or self.options.format == "parquet"
-                         or self.options.rotate_interval > 0)
+        skipped = 0
         while True:
             path = with_rev(template, self.rev)
-            if self._taken_in_output_dir(path):
-                self.rev += 1
-                continue
-            flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_APPEND)
-            try:
-                fd = os.open(path, flags, 0o666)
-            except FileExistsError:
-                logger.warning("[%s] working file already exists: %s", self.topic, path)
-                self.rev += 1
-                continue
-            size = os.fstat(fd).st_size
-            if self.options.rotate_size > 0 and size > self.options.rotate_size:
-                os.close(fd)  # an earlier run's file already past the size: the next <REV>
-                self.rev += 1
-                continue
-            break
-        logger.info("[%s] opening %s", self.topic, path)
-        self.fd, self.path, self.size = fd, path, size
+            opened = attempt(path)
+            if opened is not None:
+                break
+            self.rev += 1
+            skipped += 1
+        logger.info("[%s] opening %s%s%s", self.topic, what, path,
+                    f" (the {skipped} name(s) before it taken)" if skipped else "")
+        self.path = path
+        return path, opened
 
     def _taken_in_output_dir(self, path: str) -> bool:
         if self.options.work == self.options.output_dir:
             return False
         final = self._output_path(path)
         os.makedirs(os.path.dirname(final) or ".", 0o770, exist_ok=True)
-        if os.path.exists(final):
-            logger.warning("[%s] output file already exists: %s", self.topic, final)
-            return True
-        return False
+        return os.path.exists(final)
 
     def _output_path(self, path: str) -> str:
         relative = os.path.relpath(path, self.options.work)
         return os.path.join(self.options.output_dir, relative)
 
+
+class FileLog(RotatingFile):
+    """The plain file (lines) of one topic in one partition folder."""
+
+    def __init__(self, options: FileOptions, topic: str, identifier: str, folder: str = "") -> None:
+        super().__init__(options, topic, identifier, folder)
+        self.encoder = Lines(options.compression, options.level)
+        self.fd: int | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.fd is not None
+
+    def open_next(self) -> None:
+        """Close the current file (if any) and open the next one, at the first free ``<REV>``."""
+        self.close()
+        exclusive = bool(self.options.compression or self.options.rotate_interval > 0)
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive else os.O_APPEND)
+
+        def attempt(path: str) -> tuple[int, int] | None:
+            if self._taken_in_output_dir(path):
+                return None
+            try:
+                fd = os.open(path, flags, 0o666)
+            except FileExistsError:
+                return None
+            size = os.fstat(fd).st_size
+            if self.options.rotate_size > 0 and size > self.options.rotate_size:
+                os.close(fd)  # an earlier run's file already past the size: the next <REV>
+                return None
+            return fd, size
+
+        _, (self.fd, self.size) = self._open_first_free(attempt)
+
     # ---- writing ----------------------------------------------------------------------------
 
-    def sync(self, records: list[Any], groups: list[int] | None = None) -> None:
+    def sync(self, records: list[Any]) -> None:
         """Write ``records`` (rotating first if due) and fsync: after this they are on disk.
-        ``groups``: the sizes of the batches they came in, in order (Parquet's row groups).
 
         With ``--rotate-size`` a file takes records until it is past the size, then the next
         one starts, as nsq_to_file checks before each message; the date and the interval are
         checked once per sync."""
         if not records:
             return
-        whole_files = self.options.format == "parquet"
-        if whole_files or self.needs_rotation():
+        if self.needs_rotation():
             self.open_next()
         start, limit = 0, self.options.rotate_size
-        if limit > 0 and not whole_files:
+        if limit > 0:
             for index, record in enumerate(records):
                 if self.size > limit:
                     self._write(records[start:index])
@@ -243,29 +269,17 @@ class FileLog:
                 self.size += len(record.body) + 1
         else:
             self.size += sum(len(record.body) + 1 for record in records)
-        self._write(records[start:], groups if whole_files else None)
-        if whole_files:
-            self.close()
+        self._write(records[start:])
 
-    def _write(self, records: list[Any], groups: list[int] | None = None) -> None:
+    def _write(self, records: list[Any]) -> None:
         assert self.fd is not None
         if not records:
             return
-        view = memoryview(self.encoder.encode(records, groups))
+        view = memoryview(self.encoder.encode(records))
         while view:
             written = os.write(self.fd, view)
             view = view[written:]
         os.fsync(self.fd)
-
-    def tick(self) -> None:
-        """The sync interval passed without records: rotate an idle file when due."""
-        if self.options.format == "parquet":
-            return  # a Parquet file is whole at each sync: none is left open
-        if self.needs_rotation():
-            if self.options.skip_empty_files:
-                self.close()
-            else:
-                self.open_next()
 
     def close(self) -> None:
         """fsync and close the current file, then move it to the output dir (never over another)."""
@@ -281,7 +295,7 @@ class FileLog:
 
     def _move(self, path: str) -> str:
         destination = self._output_path(path)
-        template = self._output_path(os.path.join(self.options.work, self.filename))
+        template = self._output_path(os.path.join(self.options.work, self.folder, self.filename))
         rev = self.rev
         while True:
             logger.info("[%s] moving finished file %s to %s", self.topic, path, destination)

@@ -42,7 +42,6 @@ class AppRun:
     topics: list[str] = field(default_factory=list)  # several: a process per topic
     topic_pattern: str = ""  # with nsqlookupd: a process per matching topic, found as they come
     topic_refresh: float = 60.0
-    hup: bool = False  # SIGHUP forwarded to the handler's hup() (to-file's)
 
     def settings(self) -> WorkerSettings:
         """The runtime's settings, checked (a bad one raises SettingsError naming it)."""
@@ -54,7 +53,7 @@ class AppRun:
             processes=1, batch=(self.batch_size or self.max_in_flight, self.batch_wait), drain_timeout=self.drain_timeout,
             metrics_port=self.metrics_port, http_host=self.http_host, log_level=self.log_level,
             handler_options=dict(self.handler_options), topics=list(self.topics),
-            topic_pattern=self.topic_pattern, topic_refresh=self.topic_refresh, hup=self.hup,
+            topic_pattern=self.topic_pattern, topic_refresh=self.topic_refresh,
         )
         return check(settings)
 

@@ -1,14 +1,16 @@
 """``fastnsq to-file``: a topic archived to files, as nsq_to_file does, FINed only once on disk.
 
 The built-in handler the worker runtime runs (:mod:`fastnsq.runner`): it takes batches from
-``Consumer.batches()``, holds their messages, and at a sync writes them to the topic's file
-(:mod:`.filelog`), fsyncs it, and only then FINs them. A sync happens when the held messages
+``Consumer.batches()``, holds their messages, and at a sync writes them to the topic's files
+(:mod:`.archive`: a plain file, or a Parquet file's spool, per partition folder), fsyncs them,
+and only then FINs them. A sync happens when the held messages
 reach half of max_in_flight (the other half arrives while it runs), when the consumer is
 starved (nsqd sends little more until we answer), every ``--sync-interval``, and on the drain
 (SIGTERM/SIGINT). A write or fsync that fails ends the process, as nsq_to_file does. So a killed process leaves each
 message in a synced file or unanswered, and nsqd redelivers it: at most max_in_flight
 duplicates, nothing lost. SIGHUP (:meth:`ToFile.hup`) syncs what is held and closes the file,
-as nsq_to_file does: the next message opens one anew (after logrotate moved it away).
+as nsq_to_file does: the next message opens one anew (after logrotate moved it away); a Parquet
+file is finished then.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import os
 import time
 from typing import Any
 
-from .filelog import FileLog, FileOptions, make_encoder
+from .archive import Archive
+from .filelog import FileOptions, gzip_member
 from .filenames import host_identifier
 from .status import StatusLine
 
@@ -39,10 +42,8 @@ class ToFile:
         self.max_in_flight = max_in_flight
         self.sync_interval = sync_interval
         self.options = FileOptions(**file)
-        self.encoder = make_encoder(self.options)
-        self.log: FileLog | None = None
+        self.log: Archive | None = None
         self.held: list[Any] = []
-        self.groups: list[int] = []  # the sizes of the batches held, in order (Parquet's row groups)
         self.held_since = 0.0
         self.consumer: Any = None
         self.draining = False
@@ -58,15 +59,15 @@ class ToFile:
 
     def attach(self, consumer: Any) -> None:
         self.consumer, self.topic = consumer, consumer.topic
-        self.log = FileLog(self.options, self.topic, host_identifier(self.options.host_identifier), self.encoder)
+        self.log = Archive(self.options, self.topic, host_identifier(self.options.host_identifier))
         self.status.prefix = f"[{self.topic}/{self.channel}]:"
+        logger.info("[%s/%s] archiving to %s", self.topic, self.channel, describe(self.options))
+        self.log.recover()
 
     async def handle(self, batch: Any) -> None:
         if not self.held:
             self.held_since = time.monotonic()
-        before = len(self.held)
         self.held.extend(batch)
-        self.groups.append(len(self.held) - before)
         starved = self.consumer is not None and self.consumer.is_starved()
         # Half of max in flight, not all of it: while one half is written and fsynced (in a
         # thread), the other half keeps arriving, so nsqd never waits on the disk alone.
@@ -84,9 +85,9 @@ class ToFile:
     async def _write(self) -> None:
         while self.sync_wanted and self.held:
             self.sync_wanted = False
-            records, groups, since = self.held, self.groups, self.held_since
-            self.held, self.groups = [], []
-            await self._sync(records, since, groups)
+            records, since = self.held, self.held_since
+            self.held = []
+            await self._sync(records, since)
 
     async def sync(self) -> None:
         """Sync everything held, and wait until it is on disk and FINed."""
@@ -95,15 +96,15 @@ class ToFile:
             assert self.writer is not None
             await self.writer
 
-    async def _sync(self, records: list[Any], since: float, groups: list[int]) -> None:
+    async def _sync(self, records: list[Any], since: float) -> None:
         """Write, fsync, then FIN. The write runs in a thread (zlib, zstd and fsync let go of the
         GIL), so the loop keeps reading meanwhile."""
         if self.log is None:
             return
-        logger.info("[%s/%s] syncing %d records to disk", self.topic, self.channel, len(records))
+        logger.debug("[%s/%s] syncing %d records to disk", self.topic, self.channel, len(records))
         try:
             async with self._file:
-                await asyncio.to_thread(self.log.sync, records, groups)
+                await asyncio.to_thread(self.log.sync, records)
         except OSError as exc:
             # nsq_to_file exits here too: nothing unsynced was FINed, so nsqd redelivers it
             # to the process the supervisor starts next.
@@ -123,7 +124,9 @@ class ToFile:
                 return
             if self.held:
                 await self.sync()
-            elif self.log is not None:
+            if self.log is not None:
+                # After a sync too: with partition folders, a folder that gets no more records
+                # (the last hour's) is closed here however busy the others are.
                 async with self._file:  # never beside a sync's write: one thread on the file at a time
                     await asyncio.to_thread(self.log.tick)
 
@@ -136,7 +139,7 @@ class ToFile:
         await self.sync()
         if self.log is not None:
             async with self._file:  # not beside a sync's write
-                await asyncio.to_thread(self.log.close)
+                await asyncio.to_thread(self.log.hup)
 
     async def drain(self) -> None:
         self.draining = True
@@ -148,4 +151,22 @@ class ToFile:
             await self._ticker
         await self.sync()  # a message a batch brought after the drain began: synced, not lost
         if self.log is not None:
-            self.log.close()
+            async with self._file:
+                await asyncio.to_thread(self.log.close)  # Parquet: every spool finished
+
+
+def describe(options: FileOptions) -> str:
+    """The start line's account of where and how the files are written."""
+    rotation = [f"on each new {options.datetime_format!r}"]
+    if options.rotate_interval > 0:
+        rotation.append(f"every {options.rotate_interval:g} s")
+    if options.rotate_size > 0:
+        rotation.append(f"past {options.rotate_size:,} bytes")
+    kind = "Parquet" if options.format == "parquet" else "lines"
+    if options.compression == "gzip":
+        kind += f", gzip level {options.level} ({gzip_member(options.level)[1]})"
+    elif options.compression:
+        kind += f", {options.compression}"
+    where = options.output_dir + (f" through {options.work_dir}" if options.work != options.output_dir else "")
+    folders = f", in folders {options.partition_by}" if options.partition_by else ""
+    return f"{where}: {kind}{folders}, a file rotated {' or '.join(rotation)}"

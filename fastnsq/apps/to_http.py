@@ -7,8 +7,8 @@ url.QueryEscape). ``--mode``: round-robin or hostpool over the addresses (:mod:`
 or fan-out to every one. A POST succeeds on a 2xx, a GET on a 200 (nsq_to_http's rules);
 anything else, a timeout or a refused connection requeues the messages with backoff, and the
 Consumer gives a message up (its give-up hook logs it) past max_attempts. At most ``--n``
-requests run at once, over aiohttp's keep-alive connections, TLS verified. The requests are
-nsq_to_http's to the byte (:func:`request_headers`): its User-Agent, its header names and order.
+requests run at once, over keep-alive connections (:mod:`.httpconn`), TLS verified. The requests
+are nsq_to_http's to the byte (:func:`request_headers`): its User-Agent, its header names and order.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import time
 from typing import Any
 from urllib.parse import quote_plus, urlsplit
 
-from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from .hostpool import HostPool
+from .httpconn import Endpoint, HttpClient, endpoint_of
 from .status import StatusLine
 
 logger = logging.getLogger("fastnsq.apps.to_http")
@@ -61,10 +61,21 @@ def request_headers(method: str, content_type: str, custom: dict[str, str]) -> t
 
 def go_host(url: str) -> str | None:
     """The Host header Go's client writes for ``url``: its host as written, port included, so
-    ``http://h:80/`` gives ``h:80`` where aiohttp writes ``h`` (a server or proxy that matches
-    Host exactly sees nsq_to_http's). None when the host is not ASCII: both send its IDNA form."""
+    ``http://h:80/`` gives ``h:80`` (a server or proxy that matches Host exactly sees
+    nsq_to_http's). None when the host is not ASCII: Go sends its IDNA form then."""
     host = urlsplit(url).netloc.rpartition("@")[2]
     return host if host and host.isascii() else None
+
+
+def host_header(url: str) -> str:
+    """The Host header of a request to ``url``: :func:`go_host`, or the IDNA form of a host that
+    is not ASCII (with the port, when one is written)."""
+    host = go_host(url)
+    if host is not None:
+        return host
+    parts = urlsplit(url)
+    idna = (parts.hostname or "").encode("idna").decode("ascii")
+    return f"{idna}:{parts.port}" if parts.port else idna
 
 
 class RequestFailed(Exception):
@@ -86,36 +97,32 @@ class ToHttp:
         self.before, self.after = request_headers(method, content_type, headers or {})
         self.connect_timeout, self.request_timeout = connect_timeout, request_timeout
         self.sample, self.per_request = sample, per_request
-        self.session: Any = None
-        self.urls: dict[str, URL] = {}
+        self.client: HttpClient | None = None
         # --n long-lived senders take the requests from one queue: no task or semaphore a message.
         self.queue: asyncio.Queue[list[Any]] | None = None
         self.senders: list[asyncio.Task[None]] = []
-        self.post_headers: dict[tuple[str, int], CIMultiDictProxy[str]] = {}
-        self.hosts = {address: go_host(address) for address in self.addresses}
+        self.queued = self.answered = 0  # requests queued and answered so far (the drain's mark)
+        self.progress = asyncio.Event()  # set as requests are answered
+        self.post_heads: dict[tuple[str, int], bytes] = {}
+        self.endpoints: dict[str, Endpoint] = {}
+        self.targets: dict[str, str] = {}  # a --post address's request target (path and query)
+        self.hosts = {address: host_header(address) for address in self.addresses}
+        self.tail = "".join(f"{key}: {value}\r\n" for key, value in {**self.before, **self.after}.items())
         self.status = StatusLine(status_every)
         self.per_address = {address: StatusLine(status_every, f"[{address}]:")
                             for address in self.addresses} if len(self.addresses) > 1 else {}
 
     async def setup(self) -> None:
-        import aiohttp
-
-        # Keep-alive connections, at most --n at once; TLS verified (aiohttp's default).
-        connector = aiohttp.TCPConnector(limit=self.concurrency, limit_per_host=self.concurrency)
-        timeout = aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                             # No Accept header, as nsq_to_http sends none.
-                                             skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding"),
-                                             cookie_jar=aiohttp.DummyCookieJar(),
-                                             # The answer's body is read and dropped: never inflated.
-                                             auto_decompress=False)
-        self.urls = {address: URL(address) for address in self.addresses}  # parsed once, not per request
+        self.client = HttpClient(self.connect_timeout, self.request_timeout)
+        if self.method == "POST":
+            self.endpoints = {address: endpoint_of(address) for address in self.addresses}  # parsed once
+            self.targets = {address: URL(address).raw_path_qs for address in self.addresses}
         self.queue = asyncio.Queue()
         loop = asyncio.get_running_loop()
         self.senders = [loop.create_task(self._sender()) for _ in range(self.concurrency)]
-        # A request makes dozens of short-lived objects: the collector ran every ~10 requests and
-        # rescanned all that lives (~10% of a request's CPU with it off, measured). What is alive
-        # now lives as long as the app: out of its passes; and a young pass every 20,000 objects.
+        # A request makes short-lived objects: the collector ran every few hundred requests and
+        # rescanned all that lives. What is alive now lives as long as the app: out of its
+        # passes; and a young pass every 20,000 objects.
         gc.freeze()
         gc.set_threshold(20_000, 10, 10)
 
@@ -132,6 +139,7 @@ class ToHttp:
         assert self.queue is not None
         for start in range(0, len(messages), self.per_request):
             self.queue.put_nowait(messages[start:start + self.per_request])  # max in flight bounds it
+            self.queued += 1
 
     async def _sender(self) -> None:
         """One of the --n request slots: sends what the queue holds, one request at a time."""
@@ -142,6 +150,8 @@ class ToHttp:
                 await self._send(messages)
             finally:
                 self.queue.task_done()
+                self.answered += 1
+                self.progress.set()
 
     async def _send(self, messages: list[Any]) -> None:
         began = time.monotonic()
@@ -165,51 +175,56 @@ class ToHttp:
             self.status.record(time.monotonic() - began, len(messages))
 
     async def _request(self, address: str, body: bytes) -> None:
+        assert self.client is not None
         try:
             if self.method == "POST":
-                response = await self.session.post(self.urls[address], data=body,
-                                                   headers=self._post_headers(address, len(body)))
+                status = await self.client.request(self.endpoints[address], self._post_head(address, len(body)) + body)
             else:
-                # encoded=True: the URL goes out byte for byte (yarl would turn %2F back into /).
-                text = go_sprintf(address, quote_plus(body, safe=""))
-                host = go_host(text)
-                response = await self.session.get(URL(text, encoded=True),
-                                                  headers={**({"Host": host} if host else {}), **self.before, **self.after})
-            async with response:
-                await response.read()  # the whole answer read: the connection goes back to the pool
-                ok = 200 <= response.status < 300 if self.method == "POST" else response.status == 200
-                if not ok:
-                    raise RequestFailed(f"got status code {response.status}")
+                text = go_sprintf(address, quote_plus(body, safe=""))  # the URL goes out byte for byte
+                parts = urlsplit(text)
+                target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+                head = f"GET {target} HTTP/1.1\r\nHost: {host_header(text)}\r\n{self.tail}\r\n"
+                status = await self.client.request(endpoint_of(text), head.encode())
+            ok = 200 <= status < 300 if self.method == "POST" else status == 200
+            if not ok:
+                raise RequestFailed(f"got status code {status}")
         except Exception:
             self.pool.mark(address, False)
             raise
         self.pool.mark(address, True)
 
-    def _post_headers(self, address: str, length: int) -> CIMultiDictProxy[str]:
-        """A POST's headers to ``address`` for a body of ``length`` bytes, made once each: a
-        multidict, which aiohttp takes as it is (a dict it converts on every request)."""
-        headers = self.post_headers.get((address, length))
-        if headers is None:
-            if len(self.post_headers) >= 256:  # bodies of many lengths: keep the cache small
-                self.post_headers.clear()
-            host = self.hosts[address]
-            # Content-Length here, so that it goes where Go's client writes it; Host first, as aiohttp puts it.
-            headers = CIMultiDictProxy(CIMultiDict({**({"Host": host} if host else {}), **self.before,
-                                                    "Content-Length": str(length), **self.after}))
-            self.post_headers[address, length] = headers
-        return headers
+    def _post_head(self, address: str, length: int) -> bytes:
+        """A POST's request line and headers to ``address`` for a body of ``length`` bytes, made
+        once each: Host, User-Agent and Content-Length where Go's client writes them, then the rest."""
+        head = self.post_heads.get((address, length))
+        if head is None:
+            if len(self.post_heads) >= 256:  # bodies of many lengths: keep the cache small
+                self.post_heads.clear()
+            before = "".join(f"{key}: {value}\r\n" for key, value in self.before.items())
+            after = "".join(f"{key}: {value}\r\n" for key, value in self.after.items())
+            head = (f"POST {self.targets[address]} HTTP/1.1\r\nHost: {self.hosts[address]}\r\n{before}"
+                    f"Content-Length: {length}\r\n{after}\r\n").encode()
+            self.post_heads[address, length] = head
+        return head
 
     async def drain(self) -> None:
-        if self.queue is not None:
-            await self.queue.join()  # every queued request answered (FIN or REQ)
+        """Wait until the requests queued so far are answered (FIN or REQ). Not for those queued
+        meanwhile: the consumer goes on delivering until its stop, which comes after this, and a
+        fast sink would keep the queue from ever emptying while a backlog lasts."""
+        if self.queue is None:
+            return
+        target = self.queued
+        while self.answered < target:
+            self.progress.clear()
+            await self.progress.wait()
 
     async def teardown(self) -> None:
-        await self.drain()
+        await self.drain()  # the consumer has stopped: nothing is queued any more
         for sender in self.senders:
             sender.cancel()
         await asyncio.gather(*self.senders, return_exceptions=True)
-        if self.session is not None:
-            await self.session.close()
+        if self.client is not None:
+            self.client.close()
 
 
 def go_sprintf(template: str, value: str) -> str:

@@ -72,7 +72,9 @@ def go_style(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (the console script's entry point)."""
     parser = build_parser()
-    args = parser.parse_args(go_style(parser, sys.argv[1:] if argv is None else argv))
+    args, unknown = parser.parse_known_args(go_style(parser, sys.argv[1:] if argv is None else argv))
+    if unknown:  # argparse would say "fastnsq: error": name the command the flag was given to
+        subparser_of(parser, args.command).error(f"unrecognized arguments: {' '.join(unknown)}")
     prog = f"fastnsq {args.command}"
     configure_logging(args)
     try:

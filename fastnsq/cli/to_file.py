@@ -22,8 +22,12 @@ from ._common import UsageError
 _EPILOG = """\
 Flags as nsq_to_file's (one dash or two: -topic=events works). A message is FINed only after
 the file that holds it is written and fsynced. Beyond nsq_to_file: --zstd, --format parquet,
---metrics-port, --drain-timeout. docs/apps.md maps every nsq_to_file flag.
+--partition-by, --metrics-port, --drain-timeout. docs/apps.md maps every nsq_to_file flag.
 """
+
+#: --rotate-size's default with --format parquet (0 with lines, as nsq_to_file): a spool of
+#: 256 MiB makes a Parquet file of tens of MB, and no rotation waits on gigabytes.
+PARQUET_ROTATE_SIZE = 256 << 20
 
 
 def _build_to_file(commands: Any, common: argparse.ArgumentParser, client: argparse.ArgumentParser) -> None:
@@ -54,15 +58,23 @@ def _build_to_file(commands: Any, common: argparse.ArgumentParser, client: argpa
     add_bool(files, "--zstd", "zstd output files (fastnsq's; level from --zstd-level)")
     files.add_argument("--zstd-level", type=int, default=3, metavar="1-22", help="zstd level (default 3)")
     add_bool(files, "--skip-empty-files", "skip writing empty files")
-    files.add_argument("--rotate-size", type=int, default=0, metavar="BYTES",
-                       help="rotate the file when it grows bigger than `rotate-size` bytes")
+    files.add_argument("--rotate-size", type=int, default=None, metavar="BYTES",
+                       help="rotate the file when it grows bigger than `rotate-size` bytes (default 0: off; "
+                            f"with --format parquet, {PARQUET_ROTATE_SIZE >> 20} MiB of spool)")
     files.add_argument("--rotate-interval", type=duration_arg, default=0.0, metavar="DURATION",
                        help="rotate the file every duration")
     files.add_argument("--sync-interval", type=duration_arg, default=30.0, metavar="DURATION",
                        help="sync file to disk every duration (default 30s)")
     files.add_argument("--format", choices=("lines", "parquet"), default="lines",
-                       help="lines: one body per line (nsq_to_file's); parquet: a Parquet file per sync "
-                            "(pyarrow; columns body, id, timestamp, attempts)")
+                       help="lines: one body per line (nsq_to_file's); parquet: a Parquet file per rotation "
+                            "(pyarrow; columns body, id, timestamp, attempts), each sync fsynced to its spool")
+    files.add_argument("--partition-by", default="", metavar="SPEC",
+                       help="Hive-style folders: KEY=VALUE parts joined by /, a VALUE of strftime codes (the "
+                            "message's timestamp, UTC) and {FIELD}s (a JSON field of the body); hourly: "
+                            "dt=%%Y-%%m-%%d/hr=%%H, daily: dt=%%Y-%%m-%%d (default: none)")
+    files.add_argument("--parquet-row-group-size", type=int, default=64 << 20, metavar="BYTES",
+                       help="with --format parquet, a row group holds at most this many bytes (uncompressed "
+                            "Arrow data; and at most 1,048,576 rows) (default 64 MiB)")
     files.add_argument("--status-every", type=int, default=0, metavar="N",
                        help="print a status line every N messages written (default 0: off; nsq_to_file "
                             "logs each sync instead)")
@@ -77,17 +89,23 @@ def file_options(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"invalid --gzip-level value ({args.gzip_level}), should be 1-9")
     if not 1 <= args.zstd_level <= 22:
         raise UsageError(f"invalid --zstd-level value ({args.zstd_level}), should be 1-22")
-    for flag, value in (("--rotate-size", args.rotate_size), ("--rotate-interval", args.rotate_interval)):
+    rotate_size = args.rotate_size
+    if rotate_size is None:
+        rotate_size = PARQUET_ROTATE_SIZE if args.format == "parquet" else 0
+    for flag, value in (("--rotate-size", rotate_size), ("--rotate-interval", args.rotate_interval)):
         if value < 0:
             raise UsageError(f"{flag} {value}: must be 0 (off) or more")
+    if args.parquet_row_group_size < 1:
+        raise UsageError(f"--parquet-row-group-size {args.parquet_row_group_size}: must be 1 or more")
     compression = "gzip" if args.gzip else "zstd" if args.zstd else ""
     return {
         "output_dir": args.output_dir, "work_dir": args.work_dir or args.output_dir,
         "filename_format": args.filename_format, "datetime_format": args.datetime_format,
         "host_identifier": args.host_identifier, "compression": compression,
         "level": args.zstd_level if args.zstd else args.gzip_level,
-        "rotate_size": args.rotate_size, "rotate_interval": args.rotate_interval,
+        "rotate_size": rotate_size, "rotate_interval": args.rotate_interval,
         "skip_empty_files": bool(args.skip_empty_files), "format": args.format,
+        "partition_by": args.partition_by, "row_group_size": args.parquet_row_group_size,
     }
 
 
@@ -110,8 +128,9 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from ..apps.filelog import FileLog, FileOptions, make_encoder
-    from ..apps.filenames import FilenameError, host_identifier
+    from ..apps.filelog import FileOptions
+    from ..apps.filenames import FilenameError, compute_format, host_identifier
+    from ..apps.partitioning import Partitioning
     _check(args)
     files = file_options(args)
     # Given topics are taken as they are, but those the pattern rejects (nsq_to_file's rule);
@@ -119,12 +138,19 @@ def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     topics = [t for t in dict.fromkeys(args.topic) if not args.topic_pattern or re.search(args.topic_pattern, t)]
     if args.topic and not topics:
         raise UsageError(f"no --topic matches --topic-pattern {args.topic_pattern!r}")
-    try:  # the file names and the encoder are checked here, before any process starts
+    try:  # the file names, the folders and pyarrow are checked here, before any process starts
         options = FileOptions(**files)
-        FileLog(options, topics[0] if topics else "topic", host_identifier(options.host_identifier),
-                make_encoder(options))
+        compute_format(options.filename_format, topics[0] if topics else "topic",
+                       identifier=host_identifier(options.host_identifier), rev_needed=options.rev_needed)
+        if options.partition_by:
+            Partitioning(options.partition_by)
     except (FilenameError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if options.format == "parquet":
+        try:
+            import pyarrow.parquet  # noqa: F401 - only whether it is there
+        except ImportError:
+            raise UsageError("--format parquet needs pyarrow (pip install pyarrow)") from None
     consumer = consumer_options(args)
     # The express lane trades RDY for latency at low rates; an archive holds its messages until
     # the sync anyway, and the lane's small RDY would count as starved and sync every few messages.
@@ -132,7 +158,6 @@ def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     return run_app_from(
         args, name="to-file", target="fastnsq.apps.to_file:ToFile", topics=topics, consumer=consumer,
         topic_pattern="" if args.topic else args.topic_pattern, topic_refresh=args.topic_refresh,
-        hup=True,  # nsq_to_file's SIGHUP: sync, FIN and close each file (a new one at the next message)
         handler_options={"channel": args.channel, "max_in_flight": args.max_in_flight,
                          "sync_interval": args.sync_interval, "file": files, "status_every": args.status_every},
     )

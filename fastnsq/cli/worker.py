@@ -26,7 +26,8 @@ def _build_worker(commands: Any, common: argparse.ArgumentParser, client: argpar
         usage="fastnsq worker [options] MODULE:FUNCTION --topic TOPIC --channel CHANNEL",
         description="Consume TOPIC/CHANNEL with MODULE:FUNCTION (a function or coroutine function taking a\n"
         "message, or a batch with --batch) or MODULE:OBJECT (a class or object with handle() and\n"
-        "optional setup()/teardown(), run once per process), in a supervisor and N worker processes.",
+        "optional setup()/teardown(), run once per process, and setup_thread()/teardown_thread(), run\n"
+        "in each handler thread), in a supervisor and N worker processes.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub.add_argument("target", nargs="?", metavar="MODULE:FUNCTION", help="the handler (or MODULE:OBJECT)")
@@ -61,7 +62,8 @@ def _build_worker(commands: Any, common: argparse.ArgumentParser, client: argpar
                       help="serve /metrics, /healthz and /readyz on this port (0: any free one; default: none)")
     http.add_argument("--http-host", metavar="HOST", help="the address they bind to (default 127.0.0.1)")
     http.add_argument("--backoff-grace", type=_typed("backoff_grace"), metavar="SECONDS",
-                      help="/readyz fails once every consuming process has been in backoff this long (default 60)")
+                      help="/readyz fails once every consuming process has been in backoff, or has failed every "
+                           "message it answered, this long (default 60)")
     sub.add_argument("--config", metavar="FILE", help="a TOML file of settings (and a [consumer] table)")
     sub.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                      help="the group's log level (default INFO; --debug: DEBUG)")

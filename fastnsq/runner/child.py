@@ -5,7 +5,8 @@ inherited (:mod:`.channel`). It loads the handler, runs ``setup()``, consumes wi
 of max_in_flight (and, with ``--split-nsqd``, only from the nsqd assigned to it), reports
 its health and metrics every second and when asked, and on ``stop``, SIGTERM, SIGINT or the
 supervisor's end of the pipe closing, drains with ``Consumer.stop(drain_timeout)``, runs
-``teardown()`` and exits 0. A second stop request changes nothing: the drain goes on.
+``teardown()`` and exits 0. A second stop request changes nothing: the drain goes on. A
+SIGHUP (forwarded by the supervisor, or sent to the child itself) runs the handler's ``hup()``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import signal
 import socket
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._version import __version__
@@ -28,6 +28,7 @@ from .activity import Activity
 from .channel import FD_ENV, Channel
 from .loading import Handler, LoadError, load, run_hook
 from .settings import WorkerSettings
+from .threads import HandlerThreads
 
 logger = logging.getLogger("fastnsq.worker")
 
@@ -49,7 +50,10 @@ class Child:
         self.stop_requested = asyncio.Event()
         self.draining = False
         self.backoff_since: float | None = None
-        self.pool = ThreadPoolExecutor(settings.threads, "fastnsq-worker") if settings.threads else None
+        self.threads = (HandlerThreads(settings.threads, handler.setup_thread, handler.teardown_thread)
+                        if settings.threads else None)
+        self.successes = self.requeues = 0  # the consumer's counts at the last health report
+        self.failing_since: float | None = None  # since when it has requeued and finished nothing
         self.tasks: list[asyncio.Task[Any]] = []  # the child's own loops, cancelled at the end
         self._batches: set[asyncio.Task[Any]] = set()  # batches in threads, assignments (done ones leave)
         self._assigning = asyncio.Lock()
@@ -60,6 +64,7 @@ class Child:
 
     async def run(self) -> int:
         await run_hook(self.handler.setup)
+        await self._setup_threads()
         self._install_signals()
         self.tasks.append(asyncio.create_task(self._listen()))
         self.tasks.append(asyncio.create_task(self._report_health()))
@@ -71,6 +76,7 @@ class Child:
         self.channel.send({"type": "started", "pid": os.getpid()})
         await self.stop_requested.wait()
         report = await self._drain()
+        await self._teardown_threads()
         await run_hook(self.handler.teardown)
         self.channel.send({"type": "stopped", "report": report, **self._report()})
         await self.channel.flush()
@@ -91,6 +97,15 @@ class Child:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+        loop.add_signal_handler(signal.SIGHUP, self.on_hup)
+
+    def on_hup(self) -> None:
+        """The handler's ``hup()`` (to-file: sync and close the file); without one, a log line."""
+        if self.handler.hup is None:
+            logger.info("SIGHUP: %s has no hup(); nothing to do", self.settings.target)
+            return
+        logger.info("SIGHUP: running %s's hup()", self.settings.target)
+        self.tasks.append(asyncio.create_task(run_hook(self.handler.hup)))
 
     async def _drain(self) -> dict[str, Any]:
         if self.consumer is None:
@@ -103,12 +118,24 @@ class Child:
             if task.get_name() == "batches":
                 with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
                     await asyncio.wait_for(task, 5.0)
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)
         logger.info("drained: %d finished, %d requeued, %d abandoned%s", report.finished, report.requeued,
                     report.abandoned, " (deadline passed)" if report.timed_out else "")
         return {"finished": report.finished, "requeued": report.requeued, "abandoned": report.abandoned,
                 "timed_out": report.timed_out}
+
+    async def _setup_threads(self) -> None:
+        """``setup_thread()`` in each thread that will run the handler: each of ``--threads``, or
+        this one (the event loop's) without them, so that the same handler runs both ways."""
+        if self.threads is not None:
+            await self.threads.start()
+        elif self.handler.setup_thread is not None:
+            self.handler.setup_thread()
+
+    async def _teardown_threads(self) -> None:
+        if self.threads is not None:
+            await self.threads.close()
+        elif self.handler.teardown_thread is not None:
+            self.handler.teardown_thread()
 
     # ---- the consumer ---------------------------------------------------------------------
 
@@ -130,12 +157,12 @@ class Child:
             self.tasks.append(asyncio.create_task(self._consume_batches(self.consumer), name="batches"))
 
     def _message_handler(self) -> Any:
-        call, pool = self.handler.call, self.pool
-        if pool is None or self.handler.is_async:
+        call, threads = self.handler.call, self.threads
+        if threads is None or self.handler.is_async:
             return call  # a sync function runs inline, a coroutine function as the Consumer runs it
 
         async def in_thread(message: Any) -> None:
-            await asyncio.get_running_loop().run_in_executor(pool, call, message)
+            await threads.run(call, message)
 
         return in_thread
 
@@ -145,7 +172,7 @@ class Child:
         running = asyncio.Semaphore(max(1, self.settings.threads))
         async for batch in consumer.batches(max_size, max_wait):
             await running.acquire()
-            if self.pool is None:
+            if self.threads is None:
                 await self._answer_batch(batch, running)  # one batch at a time on the loop
             else:
                 task = asyncio.create_task(self._answer_batch(batch, running))
@@ -156,8 +183,8 @@ class Child:
         try:
             if self.handler.is_async:
                 await self.handler.call(batch)
-            elif self.pool is not None:
-                await asyncio.get_running_loop().run_in_executor(self.pool, self.handler.call, batch)
+            elif self.threads is not None:
+                await self.threads.run(self.handler.call, batch)
             else:
                 self.handler.call(batch)
         except Exception:
@@ -221,8 +248,8 @@ class Child:
             kind = message.get("type")
             if kind == "stop":
                 self.request_stop("asked by the supervisor")
-            elif kind == "hup" and self.handler.hup is not None:
-                self.tasks.append(asyncio.create_task(run_hook(self.handler.hup)))
+            elif kind == "hup":
+                self.on_hup()
             elif kind == "report":
                 self.channel.send({"type": "report", "id": message.get("id"), **self._report()})
             elif kind == "assign":
@@ -239,7 +266,11 @@ class Child:
             await asyncio.sleep(HEALTH_INTERVAL)
 
     def _health(self) -> dict[str, Any]:
+        """``in_flight``: the messages this process holds (received, not answered yet); ``rdy``:
+        the most nsqd may have in flight to it, its ``in_flight_count`` also counting the
+        messages on their way (docs/worker.md, Health and metrics)."""
         consumer = self.consumer
+        snapshot = consumer.snapshot() if consumer is not None else None
         level = consumer.backoff_level if consumer is not None else 0
         now = time.monotonic()
         if level and self.backoff_since is None:
@@ -252,8 +283,23 @@ class Child:
             "backoff_level": level,
             "backoff_for": 0.0 if self.backoff_since is None else now - self.backoff_since,
             "draining": self.draining,
-            "in_flight": consumer.snapshot().in_flight if consumer is not None else 0,
+            "in_flight": snapshot.in_flight if snapshot is not None else 0,
+            "rdy": sum(c.rdy for c in snapshot.connections) if snapshot is not None else 0,
+            "failing_for": self._failing_for(snapshot, now),
         }
+
+    def _failing_for(self, snapshot: Any, now: float) -> float:
+        """Seconds since the handler last succeeded, while every message answered since has been
+        requeued (0 once one finishes). A finish after max_attempts (a give-up) is no success."""
+        if snapshot is None:
+            return 0.0
+        successes, requeues = snapshot.finished - snapshot.given_up, snapshot.requeued
+        if successes > self.successes:
+            self.failing_since = None
+        elif requeues > self.requeues and self.failing_since is None:
+            self.failing_since = now
+        self.successes, self.requeues = successes, requeues
+        return 0.0 if self.failing_since is None else now - self.failing_since
 
     def _report(self) -> dict[str, Any]:
         report: dict[str, Any] = {"metrics": _exposition(), "health": self._health()}

@@ -4,8 +4,10 @@ One job: answering them from :meth:`Supervisor.status` and :meth:`Supervisor.met
 
 * ``/healthz``: 200 while at least one worker holds a connection to an nsqd, 503 while
   none does (no nsqd reachable, or every worker down); a JSON body says which.
-* ``/readyz``: 200 when healthy, not draining and not stuck in backoff (every consuming
-  worker in backoff for more than ``--backoff-grace`` seconds); 503 otherwise, with why.
+* ``/readyz``: 200 when healthy, not draining, not stuck in backoff (every consuming
+  worker in backoff for more than ``--backoff-grace`` seconds) and not failing every
+  message (every consuming worker has requeued each message it answered, and finished none,
+  for more than ``--backoff-grace`` seconds); 503 otherwise, with why.
 * ``/metrics``: the group's Prometheus text (:mod:`.gather`); 501 without prometheus_client.
 
 Bound to 127.0.0.1 unless ``--http-host`` says otherwise: metrics and health are for the
@@ -37,6 +39,7 @@ def build_app(supervisor: Supervisor) -> web.Application:
             ("no nsqd connection", not status["connected"]),
             ("draining", status["draining"]),
             ("stuck in backoff", status["stuck_in_backoff"]),
+            ("the handler failed every message", status["failing_every_message"]),
         ) if failed]
         return web.json_response({"ready": not reasons, "reasons": reasons, **status},
                                  status=503 if reasons else 200)

@@ -33,12 +33,17 @@ class Handler:
     teardown: Callable[[], Any] | None = None
     #: A built-in app's hooks (``fastnsq to-file`` and the like): ``attach(consumer)`` once the
     #: Consumer runs, ``drain()`` before it stops; and whether it answers its batches itself
-    #: (to-file FINs only after an fsync, to-nsq only after nsqd's OK); ``hup()`` on a SIGHUP the
-    #: supervisor forwards (with the ``hup`` setting).
+    #: (to-file FINs only after an fsync, to-nsq only after nsqd's OK); ``hup()`` on a SIGHUP
+    #: (any handler object may have one: reopen a log file, reload a setting).
     attach: Callable[[Any], Any] | None = None
     drain: Callable[[], Any] | None = None
     answers_batches: bool = False
     hup: Callable[[], Any] | None = None
+    #: Plain functions run in each thread that runs ``call`` (each of ``--threads M``, or the
+    #: event loop's), before its first message and after its last: a driver whose objects
+    #: belong to one thread (sqlite3) opens them there.
+    setup_thread: Callable[[], Any] | None = None
+    teardown_thread: Callable[[], Any] | None = None
 
 
 def load(target: str, options: dict[str, Any] | None = None) -> Handler:
@@ -46,7 +51,8 @@ def load(target: str, options: dict[str, Any] | None = None) -> Handler:
 
     A function is the handler. A class is instantiated with no arguments (once per
     process); an object's ``handle`` method is the handler if it has one, else the object
-    itself when callable; its ``setup()`` and ``teardown()`` (sync or async) are the hooks.
+    itself when callable; its ``setup()`` and ``teardown()`` (sync or async) are the hooks, and
+    ``setup_thread()`` / ``teardown_thread()`` (plain functions) those of each handler thread.
     The current directory is on ``sys.path`` first, as for ``python -m``. ``options``: keyword
     arguments for a class (the settings of a built-in app), sent to each child as JSON.
     """
@@ -91,15 +97,21 @@ def _describe(target: str, found: Any) -> Handler:
         call = found
     else:
         raise LoadError(f"handler {target!r} is a {type(found).__name__}, not a function or an object with handle()")
-    setup = getattr(found, "setup", None) if hooks else None
-    teardown = getattr(found, "teardown", None) if hooks else None
-    attach, drain, hup = (getattr(found, name, None) for name in ("attach", "drain", "hup")) if hooks else (
-        None, None, None)
-    return Handler(target, call, _is_coroutine_function(call),
-                   setup if callable(setup) else None, teardown if callable(teardown) else None,
-                   attach if callable(attach) else None, drain if callable(drain) else None,
-                   bool(getattr(found, "answers_batches", False)) if hooks else False,
-                   hup if callable(hup) else None)
+    setup, teardown, attach, drain, hup, setup_thread, teardown_thread = (
+        _hook(found, name) if hooks else None
+        for name in ("setup", "teardown", "attach", "drain", "hup", "setup_thread", "teardown_thread"))
+    for name, hook in (("setup_thread", setup_thread), ("teardown_thread", teardown_thread)):
+        if hook is not None and _is_coroutine_function(hook):
+            raise LoadError(f"handler {target!r}: {name}() is a coroutine function; it runs in a handler "
+                            "thread, so it must be a plain function")
+    return Handler(target, call, _is_coroutine_function(call), setup, teardown, attach, drain,
+                   bool(getattr(found, "answers_batches", False)) if hooks else False, hup,
+                   setup_thread, teardown_thread)
+
+
+def _hook(found: Any, name: str) -> Callable[..., Any] | None:
+    hook = getattr(found, name, None)
+    return hook if callable(hook) else None
 
 
 def _is_coroutine_function(call: Any) -> bool:

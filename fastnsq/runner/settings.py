@@ -62,9 +62,6 @@ class WorkerSettings:
     topics: list[str] = field(default_factory=list)
     topic_pattern: str = ""
     topic_refresh: float = 60.0
-    #: A built-in app's: SIGHUP is forwarded to each child's handler ``hup()`` hook (to-file:
-    #: sync and close the file, as nsq_to_file does). Off: SIGHUP's default, the group ends.
-    hup: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -9,8 +9,9 @@ group runs is restarted after a backoff (0.5 s doubling, at most 30 s); one that
 than ``max_restarts`` times within ``restart_window`` seconds ends the group with exit
 status 3. The first SIGTERM or SIGINT drains every child (``Consumer.stop`` within
 ``drain_timeout``); a second one is logged and changes nothing; a child still alive
-``KILL_GRACE`` seconds past the deadline is killed and the group exits 1. With ``hup`` (a
-built-in app's setting) a SIGHUP is forwarded to every child, whose handler's ``hup()`` runs.
+``KILL_GRACE`` seconds past the deadline is killed and the group exits 1. A SIGHUP is never
+fatal: it is logged and forwarded to every child, whose handler's ``hup()`` runs if it has one
+(to-file closes its file, as nsq_to_file does; logrotate and operators send it by habit).
 """
 
 from __future__ import annotations
@@ -87,16 +88,16 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.on_signal, signal.Signals(sig).name)
-        if self.settings.hup:
-            loop.add_signal_handler(signal.SIGHUP, self.on_hup)
+        loop.add_signal_handler(signal.SIGHUP, self.on_hup)
         if self.settings.split_nsqd:
             self.shares.start(self.settings.nsqd_tcp_addresses)
             self._spawn_task(self._watch_nsqd())
         if self.settings.topic_pattern:
             self._spawn_task(self._watch_topics())
-        logger.info("starting %d worker process(es) for %s on %s/%s, max_in_flight %d in all",
-                    self.settings.processes, self.settings.target, self.settings.topic, self.settings.channel,
-                    self.settings.max_in_flight)
+        per_topic = bool(self.settings.topics or self.settings.topic_pattern)
+        logger.info("starting %d worker process(es) for %s on %s, channel %s, max_in_flight %d %s",
+                    self.settings.processes, self.settings.target, self._topics_named(), self.settings.channel,
+                    self.settings.max_in_flight, "each" if per_topic else "in all")
         for slot in self.slots:
             await self._start(slot)
         await self._done.wait()
@@ -105,12 +106,23 @@ class Supervisor:
             task.cancel()
         return self.exit_status
 
+    def _topics_named(self) -> str:
+        """The start line's topics: one, a process per topic, or those a pattern will find."""
+        settings = self.settings
+        if settings.topics:
+            named = f"topic {settings.topics[0]}" if len(settings.topics) == 1 else \
+                f"topics {', '.join(settings.topics)}"
+            return named + (f" (and those matching {settings.topic_pattern!r})" if settings.topic_pattern else "")
+        if settings.topic_pattern:
+            return f"the topics matching {settings.topic_pattern!r}"
+        return f"topic {settings.topic}"
+
     def _ignore_late_signals(self, loop: asyncio.AbstractEventLoop) -> None:
         """The group has stopped; a stop signal between here and the process's exit changes
         nothing, as during the drain. The loop's handlers go with the loop, and Python resets its
         own handlers to the default while it finalizes (a second SIGTERM just after a quick drain
         killed the supervisor: status 143); an ignored signal stays ignored until the exit."""
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(sig)
             signal.signal(sig, signal.SIG_IGN)
 
@@ -123,7 +135,9 @@ class Supervisor:
         self.begin_stop()
 
     def on_hup(self) -> None:
-        logger.info("SIGHUP: passed to every worker")
+        """SIGHUP's default would end the supervisor (and systemd's ``Restart=on-failure`` takes a
+        death by SIGHUP as clean): each child runs its handler's ``hup()``, or logs that it has none."""
+        logger.info("SIGHUP: passed to every worker (the handler's hup() runs where it has one)")
         for slot in self.slots:
             if slot.alive and slot.channel is not None:
                 slot.channel.send({"type": "hup"})
@@ -317,12 +331,15 @@ class Supervisor:
         connections = sum(int(slot.health.get("connections", 0)) for slot in live)
         grace = self.settings.backoff_grace
         consuming = [s for s in live if s.health.get("connections")]
-        stuck = bool(consuming) and all(float(s.health.get("backoff_for", 0.0)) > grace for s in consuming)
+        def every_consuming(longer_than_grace: str) -> bool:
+            return bool(consuming) and all(float(s.health.get(longer_than_grace, 0.0)) > grace for s in consuming)
+
         return {
             "connected": connections > 0,
             "connections": connections,
             "draining": self.stopping,
-            "stuck_in_backoff": stuck,
+            "stuck_in_backoff": every_consuming("backoff_for"),
+            "failing_every_message": every_consuming("failing_for"),
             **({"nsqd_moves": self.shares.moves} if self.settings.split_nsqd else {}),
             "workers": [
                 {"index": s.index, "pid": s.process.pid if s.process else None, "alive": s.alive,

@@ -41,6 +41,8 @@ checks that no module imports one above it):
 * the servers: ``nsqd`` (:class:`NSQD`), ``lookupd`` (:class:`NSQLookupd`),
   ``auth`` (:class:`AuthServer`), ``cluster`` (:class:`NSQCluster`), and real ones:
   ``external`` (named by the environment), ``real`` (started from binaries);
+* ``drain``: whether a channel has consumed what was published, from any nsqd's ``/stats``
+  (what a test waits for before it stops a consumer);
 * this module, the one entry: import from ``fastnsq.testing``.
 """
 
