@@ -125,7 +125,7 @@ class Producer:
     def _start(self, background: bool) -> None:
         # Built here, in the caller's thread, so bad options raise at once.
         nsqd, lookupd, options = self._arguments
-        producer = AsyncProducer(nsqd, lookupd_http_addresses=lookupd, **options)
+        producer = AsyncProducer(nsqd, lookupd_http_addresses=lookupd, lazy_connect=background, **options)
         thread = _LoopThread("fastnsq-producer")
         try:
             thread.call(producer.start(background=background))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .config import Endpoint, LoggerLike
 from .errors import InvalidValueError, NSQError
+from .recovery import PollCadence
 
 if TYPE_CHECKING:
     from .lookupd import Discovery, LookupdClient, LookupdPoller, NodeInfo
@@ -104,10 +105,11 @@ RouteListener = Callable[[TopicRoute], "Awaitable[None] | None"]
 class _Topic:
     """What the topology keeps of one topic."""
 
-    __slots__ = ("listeners", "lookup", "poller", "refresh_timer", "route", "stamp", "watch_task")
+    __slots__ = ("cadence", "listeners", "lookup", "poller", "refresh_timer", "route", "stamp", "watch_task")
 
-    def __init__(self, poller: LookupdPoller) -> None:
+    def __init__(self, poller: LookupdPoller, cadence: PollCadence) -> None:
         self.poller = poller
+        self.cadence = cadence
         self.route: TopicRoute | None = None
         self.stamp = 0.0  # loop time of the route
         self.listeners: list[RouteListener] = []
@@ -199,13 +201,23 @@ class Topology:
 
     def watch(self, topic: str) -> None:
         """Poll ``topic`` every ``poll_interval`` (after a random first delay, so that many
-        clients started together spread out), until :meth:`close`."""
+        clients started together spread out; each wait jittered), more often while the
+        watcher is short of an nsqd (:meth:`set_short`), until :meth:`close`."""
         entry = self._entry(topic)
         if entry.watch_task is None:
             async def arrived(discovery: Discovery) -> None:
                 await self._arrived(topic, entry, discovery)
 
-            entry.watch_task = asyncio.get_running_loop().create_task(entry.poller.run(arrived))
+            entry.watch_task = asyncio.get_running_loop().create_task(
+                entry.poller.run(arrived, entry.cadence.next_wait)
+            )
+
+    def set_short(self, topic: str, short: bool) -> None:
+        """Whether the watcher of ``topic`` lacks an nsqd it wants (the recovery rule,
+        :class:`fastnsq.recovery.PollCadence`): while it does, lookupd is asked again often."""
+        entry = self._topics.get(topic)
+        if entry is not None and entry.cadence.set_short(short) and not self._closed:
+            entry.poller.trigger()
 
     def refresh_soon(self, topic: str) -> None:
         """One poll of a watched topic within :data:`REFRESH_DELAY`; requests while one is
@@ -284,7 +296,7 @@ class Topology:
                 self.lookupd_http_addresses, topic, client=self._ensure_client(), access=self.access,
                 metainfo=True, poll_interval=self.poll_interval, poll_jitter=self.poll_jitter,
             )
-            entry = self._topics[topic] = _Topic(poller)
+            entry = self._topics[topic] = _Topic(poller, PollCadence(self.poll_interval, self.poll_jitter))
         return entry
 
     async def _lookup(self, topic: str, entry: _Topic) -> TopicRoute:

@@ -113,7 +113,8 @@ TOP = ("fastnsq.consumer", "fastnsq.producer", "fastnsq.sync", "fastnsq.cli", "f
 BELOW_THE_CLIENTS = ("fastnsq.codec", "fastnsq._frame_py", "fastnsq._delivery_py", "fastnsq._coalesce_py", "fastnsq._blocking_py",
                      "fastnsq.conn", "fastnsq.compression", "fastnsq.config", "fastnsq.errors",
                      "fastnsq.lookupd", "fastnsq.topology", "fastnsq.sharding", "fastnsq.rdy", "fastnsq.backoff",
-                     "fastnsq.stats", "fastnsq.tracing", "fastnsq.loop", "fastnsq.bodies", "fastnsq.nsqd_http", "fastnsq.ext")
+                     "fastnsq.stats", "fastnsq.tracing", "fastnsq.loop", "fastnsq.bodies", "fastnsq.nsqd_http", "fastnsq.ext",
+                     "fastnsq.recovery")
 #: Pure state machines: no sockets, no HTTP, no event loop objects of their own.
 PURE = ("fastnsq.rdy", "fastnsq.backoff", "fastnsq.sharding", "fastnsq.stats")
 #: The C extensions (and their twins) that consumers and producers hand their messages to.

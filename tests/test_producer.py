@@ -142,16 +142,16 @@ async def test_server_refusal_is_not_retried(nsqd):
         assert await producer.publish(topic, b"fine") == b"OK"
 
 
-async def test_no_server_at_start_is_a_clear_error():
+async def test_no_server_at_start_is_a_clear_error_with_lazy_connect_false():
     with pytest.raises(NoConnectionError, match="no nsqd could be reached"):
-        async with Producer(["127.0.0.1:1"], dial_timeout=0.5):
+        async with Producer(["127.0.0.1:1"], dial_timeout=0.5, lazy_connect=False):
             pass
 
 
-async def test_a_publish_while_nsqd_is_down_names_it_and_why():
-    """Started in the background with nsqd down, a publish that finds no connection within its
-    timeout says which nsqd and what its connect attempts got, as the blocking facade does."""
-    producer = Producer(["127.0.0.1:1"], dial_timeout=0.5)
+async def test_a_waiting_publish_while_nsqd_is_down_names_it_and_why():
+    """Started in the background with nsqd down, a publish that waits (fail_fast=False) and finds
+    no connection within its timeout says which nsqd and what its connect attempts got."""
+    producer = Producer(["127.0.0.1:1"], dial_timeout=0.5, fail_fast=False)
     await producer.start(background=True)
     try:
         attempt = producer.connecting()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -51,6 +50,7 @@ from ..errors import (
     TopicNotExistError,
 )
 from ..rdy import RdyController, RdyUpdate
+from ..recovery import KEEP_MISSING_POLLS, RETRY_DELAY, Recall, Redial
 from ..stats import ConnectionStats, ConsumerStats, deprecated_spelling
 from ..topology import TopicRoute, Topology
 from .batch import Batch
@@ -81,8 +81,8 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "low_rdy_idle_timeout": 10.0,
     "low_rdy_timeout": 30.0,
     "rdy_redistribute_interval": 5.0,
-    "reconnect_delay": 0.5,
-    "max_reconnect_delay": 60.0,
+    "reconnect_delay": RETRY_DELAY,
+    "max_reconnect_delay": RETRY_DELAY,
     "connections_per_nsqd": 1,
     "auto_touch": False,
     "give_up_handler": None,
@@ -137,7 +137,9 @@ class Consumer:
     ``lookupd_poll_interval`` (60), ``lookupd_poll_jitter`` (0.3),
     ``low_rdy_idle_timeout`` (10), ``low_rdy_timeout`` (30),
     ``rdy_redistribute_interval`` (5), ``reconnect_delay`` / ``max_reconnect_delay``
-    (0.5 / 60, exponential with jitter, direct nsqd only), ``connections_per_nsqd``
+    (0.4 / 0.4: a missing nsqd is tried every 0.2-0.4 s, at most 5 times a second, for as
+    long as it is wanted; a larger ``max_reconnect_delay`` doubles the wait up to it; the
+    recovery rule, :mod:`fastnsq.recovery`), ``connections_per_nsqd``
     (1), ``auto_touch`` (False), ``give_up_handler`` (called with each message past
     max_attempts after it is finished; the default logs), and every connection
     option (``msg_timeout``, ``heartbeat_interval``, TLS, compression, AUTH...).
@@ -226,7 +228,11 @@ class Consumer:
         self._dispatch.ha_check = self._ha.inspect
         self._loop: asyncio.AbstractEventLoop | None = None
         self._links: dict[Endpoint, list[Link]] = {}
-        self._reconnecting: dict[Endpoint, asyncio.Task[None]] = {}
+        # The recovery rule: every endpoint wanted and not connected is tried again quickly.
+        self._redial = Redial(delay=self.reconnect_delay, max_delay=self.max_reconnect_delay,
+                              on_round=lambda _address: self._update_short(), log=self._log)
+        # lookupd's endpoints, still wanted a while after it stops listing one (a restart)
+        self._recall: Recall[Endpoint] = Recall(KEEP_MISSING_POLLS * self.lookupd_poll_interval)
         self._topology: Topology | None = None
         self._meta_ext = False
         self._rdy_timer: asyncio.TimerHandle | None = None
@@ -256,13 +262,7 @@ class Consumer:
         self._dispatch.start(self._loop)
         self._running = True
         self._drained = asyncio.Event()
-        await asyncio.gather(
-            *(
-                self._connect_or_retry(endpoint, direct=True)
-                for endpoint in self._direct
-                for _ in range(self.connections_per_nsqd)
-            )
-        )
+        await asyncio.gather(*(self._connect_or_retry(endpoint) for endpoint in self._direct))
         if self._lookupd_addresses:
             await self._start_topology()
         if self.auto_touch:
@@ -307,8 +307,7 @@ class Consumer:
         # The deadline on the loop's clock; the duration on a real one (uvloop's is in ms, cached per pass).
         started, measured_from = self._loop.time(), time.perf_counter()
         finished0, requeued0 = self.total_finished, self.total_requeued
-        for task in list(self._reconnecting.values()):
-            task.cancel()
+        await self._redial.close()
         if self._topology is not None:
             await self._topology.close()
         await self._ha.close()
@@ -516,15 +515,37 @@ class Consumer:
     def _all_links(self) -> list[Link]:
         return [*(link for links in self._links.values() for link in links), *self._express.links()]
 
-    async def _connect_or_retry(self, endpoint: Endpoint, *, direct: bool) -> None:
+    async def _connect_or_retry(self, endpoint: Endpoint) -> None:
+        """Open the endpoint's connections now; what fails is left to the recovery rule."""
         try:
-            await self._connect(endpoint)
+            await self._fill(endpoint)
         except (OSError, asyncio.TimeoutError, NSQError) as exc:
             self._log.warning("cannot consume from %s: %s", endpoint.address, exc)
-            if isinstance(exc, _REFRESH_ERRORS) and self._topology is not None:
-                self._topology.refresh_soon(self.topic)  # HA: the partition is led elsewhere now
-            elif direct:
-                self._reconnect_later(endpoint)
+            self._missing(endpoint, exc)
+
+    async def _fill(self, endpoint: Endpoint) -> None:
+        """Open connections to ``endpoint`` up to ``connections_per_nsqd``; raises the first failure."""
+        needed = self.connections_per_nsqd - len(self._links.get(endpoint, ()))
+        results = await asyncio.gather(*(self._connect(endpoint) for _ in range(needed)), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    def _missing(self, endpoint: Endpoint, error: BaseException | None = None) -> None:
+        """``endpoint`` is wanted and lacks connections: the recovery rule tries it again (at once
+        after a lost connection, its turn after a failed attempt), and, found through lookupd,
+        makes the topology poll often until the consumer is whole again."""
+        if self._stopping or not self._running:
+            return
+        if isinstance(error, _REFRESH_ERRORS) and self._topology is not None:
+            self._topology.refresh_soon(self.topic)  # HA: the partition is led elsewhere now
+        self._redial.missing(endpoint.address, endpoint, lambda: self._fill(endpoint), error)
+        self._update_short()
+
+    def _update_short(self) -> None:
+        """Tell the topology whether an endpoint lookupd found is missing (it then polls often)."""
+        if self._topology is not None and not self._stopping:
+            self._topology.set_short(self.topic, any(key not in self._direct for key in self._redial.keys()))
 
     async def _connect(self, endpoint: Endpoint, *, express: bool = False) -> Link:
         link = Link(self._dispatch, endpoint)
@@ -598,38 +619,12 @@ class Consumer:
         if self._stopping or not self._running:
             return
         self._log.warning("connection to %s closed%s", link.endpoint.address, f": {error}" if error else "")
-        refresh = isinstance(error, _REFRESH_ERRORS)
-        if link.endpoint in self._direct and not refresh:
-            self._reconnect_later(link.endpoint)
-        elif self._topology is not None:
-            self._topology.refresh_soon(self.topic)
+        self._missing(link.endpoint, error if isinstance(error, _REFRESH_ERRORS) else None)
 
     def _on_server_error(self, link: Link, error: ServerError) -> None:
         if not self._dispatch.expected_error(link, error):  # an expected one is logged at debug there
             self._errors[error.code] += 1
             self._log.warning("%s: %s", link.endpoint.address, error)
-
-    def _reconnect_later(self, endpoint: Endpoint) -> None:
-        """Direct nsqd: one task per endpoint restores connections_per_nsqd, backing off with jitter."""
-        if self._stopping or endpoint in self._reconnecting:
-            return
-        assert self._loop is not None
-        self._reconnecting[endpoint] = self._loop.create_task(self._reconnect(endpoint))
-
-    async def _reconnect(self, endpoint: Endpoint) -> None:
-        failures = 0
-        try:
-            while not self._stopping and len(self._links.get(endpoint, ())) < self.connections_per_nsqd:
-                ceiling = min(self.max_reconnect_delay, self.reconnect_delay * 2 ** min(failures, 30))
-                await asyncio.sleep(random.uniform(ceiling / 2, ceiling))  # jitter: no stampede
-                try:
-                    await self._connect(endpoint)
-                    failures = 0
-                except (OSError, asyncio.TimeoutError, NSQError) as exc:
-                    failures += 1
-                    self._log.debug("reconnect to %s failed: %s", endpoint.address, exc)
-        finally:
-            self._reconnecting.pop(endpoint, None)
 
     async def _on_route(self, route: TopicRoute) -> None:
         """A new route from lookupd: connect to the nsqd (and partitions) listed and not connected,
@@ -638,6 +633,7 @@ class Consumer:
             return
         self._meta_ext = route.extend_support
         self._ha.route = route
+        self._forget_missing(route)
         for endpoint in route.moved_away(list(self._links)):
             for link in list(self._links.get(endpoint, ())):
                 # The old leader cannot take our FINs any more; its messages in flight come back
@@ -646,14 +642,21 @@ class Consumer:
                             endpoint.partition, self.topic, endpoint.address)
                 await link.conn.close()
         allowed = self._filtered({endpoint.address for endpoint in route.endpoints})
-        missing = [e for e in route.endpoints if e not in self._links and e.address in allowed and self._ha.wants(e)]
-        await asyncio.gather(
-            *(
-                self._connect_or_retry(endpoint, direct=False)
-                for endpoint in missing
-                for _ in range(self.connections_per_nsqd)
-            )
-        )
+        missing = [e for e in route.endpoints if e not in self._links and e.address in allowed and self._ha.wants(e)
+                   and not self._redial.has(e)]
+        await asyncio.gather(*(self._connect_or_retry(endpoint) for endpoint in missing))
+
+    def _forget_missing(self, route: TopicRoute) -> None:
+        """A missing endpoint lookupd found stays wanted while lookupd lists it and ``KEEP_MISSING_POLLS``
+        polls after (a restarted nsqd unregisters until it is back), unless led elsewhere now."""
+        self._recall.wanted(route.endpoints)
+        moved = route.moved_away(self._redial.keys())  # type: ignore[arg-type]
+        for key in self._redial.keys():
+            if key not in self._direct and key not in route.endpoints and (key in moved or not self._recall.kept(key)):
+                self._log.info("no longer trying %s: %s", key, "its partition is led elsewhere" if key in moved
+                               else f"nsqlookupd has not listed it for {self._recall.keep:.0f} s")
+                self._redial.drop(key)
+        self._update_short()
 
     def _filtered(self, addresses: set[str]) -> set[str]:
         """The discovery_filter's choice among the nsqd lookupd listed (all of them without one)."""
@@ -677,9 +680,7 @@ class Consumer:
             raise InvalidValueError(f"already consuming from nsqd {address}")
         self._direct.append(endpoint)
         if self._running and not self._stopping:
-            await asyncio.gather(
-                *(self._connect_or_retry(endpoint, direct=True) for _ in range(self.connections_per_nsqd))
-            )
+            await self._connect_or_retry(endpoint)
 
     async def disconnect_from_nsqd(self, address: str, timeout: float = 30.0) -> None:
         """Stop consuming from the nsqd at ``address`` (given directly or by lookupd): its share
@@ -693,9 +694,8 @@ class Consumer:
             raise InvalidValueError(f"not consuming from nsqd {address}")
         for endpoint in given:
             self._direct.remove(endpoint)
-            task = self._reconnecting.pop(endpoint, None)
-            if task is not None:
-                task.cancel()
+        self._redial.drop_address(address)
+        self._update_short()
         await asyncio.gather(*(self._retire(link, timeout) for link in links))
 
     async def _retire(self, link: Link, timeout: float) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from fastnsq.config import Endpoint
 from fastnsq.errors import InvalidValueError
+from fastnsq.recovery import MIN_POLL_GAP
 
 from .answers import (
     Discovery,
@@ -71,8 +72,12 @@ class LookupdPoller:
       does not know the endpoint (upstream: ``404``) is asked itself.
     * :meth:`run` polls forever: a first random delay of up to
       ``poll_jitter * poll_interval`` (so many clients started together spread
-      out, as go-nsq), then one poll every ``poll_interval`` seconds, or sooner
-      after :meth:`trigger`.
+      out, as go-nsq), then one poll every ``poll_interval`` seconds (or as its
+      ``next_wait`` says: :class:`fastnsq.recovery.PollCadence`), or sooner after
+      :meth:`trigger`.
+    * Two polls never start closer than :data:`fastnsq.recovery.MIN_POLL_GAP`
+      (0.5 s): at most two queries a second to each lookupd, however many
+      triggers and refreshes come.
 
     ``rng`` and ``sleep`` can be replaced, e.g. in tests.
 
@@ -134,6 +139,7 @@ class LookupdPoller:
         self._lock = asyncio.Lock()
         self._wakeup = asyncio.Event()
         self._last = Discovery()
+        self._last_started = float("-inf")  # loop time the last poll began
 
     def __repr__(self) -> str:
         return f"<LookupdPoller topic={self._topic!r} lookupds={list(self._configured)}>"
@@ -189,11 +195,21 @@ class LookupdPoller:
     async def poll_once(self) -> Discovery:
         """Ask the lookupds once and return the union of what every lookupd last said."""
         async with self._lock:
+            loop = asyncio.get_running_loop()
+            gap = self._last_started + MIN_POLL_GAP - loop.time()
+            if gap > 0:  # the loop's own clock and sleep: the cap holds whatever ``sleep`` does
+                await asyncio.sleep(gap)
+            self._last_started = loop.time()
             self._last = await self._poll()
             return self._last
 
-    async def run(self, callback: Callable[[Discovery], Awaitable[None] | None]) -> None:
-        """Poll until cancelled, calling ``callback`` with each :class:`Discovery`.
+    async def run(
+        self,
+        callback: Callable[[Discovery], Awaitable[None] | None],
+        next_wait: Callable[[], float] | None = None,
+    ) -> None:
+        """Poll until cancelled, calling ``callback`` with each :class:`Discovery`; between two
+        polls ``next_wait()`` seconds (``poll_interval`` without it).
 
         An exception from ``callback`` is logged and polling goes on.
         """
@@ -208,7 +224,7 @@ class LookupdPoller:
                 raise
             except Exception:
                 logger.exception("lookupd discovery callback failed for topic %r", self._topic)
-            await self._pause(self.poll_interval)
+            await self._pause(self.poll_interval if next_wait is None else next_wait())
 
     async def _pause(self, delay: float) -> None:
         """Sleep ``delay`` seconds, or less if :meth:`trigger` is called."""

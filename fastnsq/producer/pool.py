@@ -5,43 +5,44 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import random
 import time
 from collections.abc import Callable
 
 from ..config import ConnectionOptions, LoggerLike
 from ..conn import Connection
 from ..errors import ConnectionClosedError, NoConnectionError, NSQError, PublishTimeoutError
+from ..recovery import Redial
 
-__all__ = ["ConnectionPool"]
+__all__ = ["ConnectionPool", "NsqdDown", "describe"]
 
 logger = logging.getLogger(__name__)
+
+
+class NsqdDown(NoConnectionError):
+    """No connection to the nsqd a publish needs, and the attempt to reach it made just now
+    failed too (the error names each nsqd and that attempt's cause): failing fast."""
 
 
 class _Slot:
     """One pooled connection to one nsqd, reconnecting in the background."""
 
-    __slots__ = ("address", "conn", "error", "failures", "last_attempt", "sleeping", "task")
+    __slots__ = ("address", "conn", "error")
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.conn: Connection | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.failures = 0
         #: Why the last attempt failed or the connection was lost; None while open or before
         #: the first attempt ended (what :meth:`ConnectionPool.down_error` reports).
         self.error: BaseException | None = None
-        self.last_attempt = 0.0  # loop time the last attempt to connect began
-        self.sleeping = False  # the reconnect task waits out its backoff (reconnect_soon may cut it)
 
 
 class ConnectionPool:
     """``pool_size`` connections to each nsqd added, and which of them are open.
 
-    A lost connection reconnects in the background (exponential backoff with jitter
-    between ``reconnect_delay`` and ``max_reconnect_delay``). Commands unanswered for
-    ``publish_timeout`` fail with :class:`PublishTimeoutError` (a sweeper checks
-    every connection's oldest command, so no publish needs a timer of its own).
+    A lost connection is reconnected by the recovery rule (:class:`fastnsq.recovery.Redial`:
+    at once, then every 0.2-0.4 s by default, at most 5 attempts a second per nsqd).
+    Commands unanswered for ``publish_timeout`` fail with :class:`PublishTimeoutError` (a
+    sweeper checks every connection's oldest command, so no publish needs a timer of its own).
     """
 
     def __init__(
@@ -68,7 +69,10 @@ class ConnectionPool:
         self._open_by_address: dict[str, list[Connection]] = {}
         self._next = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: Set when a connection opens or an attempt to reconnect ends: waiting publishes look again.
         self._connected: asyncio.Event | None = None
+        self._redial = Redial(delay=reconnect_delay, max_delay=max_reconnect_delay, log=log,
+                              on_round=lambda _address: self._news())
         self._sweeper: asyncio.TimerHandle | None = None
         self._round_trip_observer: Callable[[float], object] | None = None
 
@@ -114,16 +118,20 @@ class ConnectionPool:
     def open_count(self, address: str) -> int:
         return len(self._open_by_address.get(address, ()))
 
-    async def connection_for(self, address: str | None, deadline: float) -> Connection:
-        """An open connection (to ``address`` if given), waiting for one until ``deadline``."""
+    async def connection_for(self, address: str | None, deadline: float, fail_fast: bool = False) -> Connection:
+        """An open connection (to ``address`` if given), waiting for one until ``deadline``.
+
+        ``fail_fast``: when every connection it could use is down and an attempt to reconnect
+        made for this call (or within the last 0.2 s) failed too, raise :class:`NsqdDown` at
+        once; otherwise a connection that opens answers the call the moment it does."""
         conn = self.pick(address)
         if conn is not None:
             return conn
         if address is not None and address not in self._slots:
             await self.add_node(address)
-        return await self._wait_for_connection(deadline, address)
+        return await self._wait_for_connection(deadline, address, fail_fast)
 
-    async def _wait_for_connection(self, deadline: float, address: str | None = None) -> Connection:
+    async def _wait_for_connection(self, deadline: float, address: str | None, fail_fast: bool) -> Connection:
         assert self._loop is not None and self._connected is not None
         while True:
             conn = self.pick(address)
@@ -134,6 +142,11 @@ class ConnectionPool:
             remaining = deadline - self._loop.time()
             if remaining <= 0:
                 raise self._no_connection(address)
+            if fail_fast:
+                causes = self.down_error(address)
+                if causes is not None and not self.hurry(address):
+                    where = f"nsqd {address}" if address is not None else "nsqd"
+                    raise NsqdDown(f"no connection to {where}: {causes}; reconnecting in the background")
             self._connected.clear()
             try:
                 await asyncio.wait_for(self._connected.wait(), remaining)
@@ -162,10 +175,19 @@ class ConnectionPool:
             if isinstance(result, BaseException):
                 self._log.warning("cannot connect to nsqd %s: %s", address, result)
                 slot.error = result
-                self._reconnect_later(slot)
+                self._missing(slot, result)
         failures = [r for r in results if isinstance(r, BaseException)]
         if len(failures) == len(slots):
             raise failures[0]
+
+    async def add_all(self, addresses: list[str]) -> str | None:
+        """:meth:`add_node` for each address, at once: None if a connection is open after it,
+        else what each failed with (for an error message)."""
+        results = await asyncio.gather(*(self.add_node(a) for a in addresses), return_exceptions=True)
+        if self.open or not addresses:
+            return None
+        errors = [f"{a}: {describe(r)}" for a, r in zip(addresses, results) if isinstance(r, BaseException)]
+        return "; ".join(errors) or "no connection opened"
 
     async def add_nodes(self, addresses: list[str]) -> None:
         """:meth:`add_node` for each address not in the pool yet; failures are logged."""
@@ -180,9 +202,7 @@ class ConnectionPool:
         """Close the connections to ``address`` and stop reconnecting to it; the publishes they
         carried fail with ConnectionClosedError (the producer retries them elsewhere)."""
         slots = self._slots.pop(address, [])
-        for slot in slots:
-            if slot.task is not None:
-                slot.task.cancel()
+        self._redial.drop_address(address)
         self._open_by_address.pop(address, None)
         conns = [slot.conn for slot in slots if slot.conn is not None]
         for conn in conns:
@@ -193,17 +213,18 @@ class ConnectionPool:
     async def _open_slot(self, slot: _Slot) -> None:
         conn = Connection(slot.address, self.options, on_close=functools.partial(self._on_close, slot))
         conn.round_trip_observer = self._round_trip_observer
-        assert self._loop is not None
-        slot.last_attempt = self._loop.time()
         await conn.connect()
         slot.conn = conn
-        slot.failures = 0
         slot.error = None
         self.open.append(conn)
         self._open_by_address.setdefault(slot.address, []).append(conn)
-        assert self._connected is not None
-        self._connected.set()
+        self._news()
         self._ensure_sweeper()
+
+    def _news(self) -> None:
+        """A connection opened, or an attempt to reconnect ended: publishes waiting look again."""
+        if self._connected is not None:
+            self._connected.set()
 
     def _on_close(self, slot: _Slot, conn: Connection, error: BaseException | None) -> None:
         if conn in self.open:
@@ -218,60 +239,45 @@ class ConnectionPool:
             # connection_lost(None): nsqd closed it (an EOF); our own closes do not come here.
             why = "closed by the server" if error is None else (str(error) or type(error).__name__)
             self._log.info("connection to %s lost (%s); reconnecting", slot.address, why)
-            self._reconnect_later(slot)
+            self._missing(slot)
 
-    def _reconnect_later(self, slot: _Slot) -> None:
-        if self.closing or (slot.task is not None and not slot.task.done()):
-            return
-        slot.task = asyncio.get_running_loop().create_task(self._reconnect(slot))
+    def _missing(self, slot: _Slot, error: BaseException | None = None) -> None:
+        """The recovery rule reopens ``slot``: at once after a loss, its turn after a failed attempt."""
+        if not self.closing:
+            self._redial.missing(slot.address, slot, functools.partial(self._reopen, slot), error)
 
-    async def _reconnect(self, slot: _Slot, wait: bool = True) -> None:
-        while not self.closing:
-            slot.failures += 1
-            if wait:
-                ceiling = min(self.max_reconnect_delay, self.reconnect_delay * 2 ** min(slot.failures - 1, 30))
-                slot.sleeping = True
-                try:
-                    await asyncio.sleep(random.uniform(ceiling / 2, ceiling))  # jitter: reconnects don't stampede
-                finally:
-                    slot.sleeping = False
-            wait = True
-            try:
-                await self._open_slot(slot)
-                self.reconnects += 1
-                return
-            except (OSError, asyncio.TimeoutError, NSQError) as exc:
-                slot.error = exc
-                self._log.debug("reconnect to %s failed: %s", slot.address, exc)
+    async def _reopen(self, slot: _Slot) -> None:
+        try:
+            await self._open_slot(slot)
+        except (OSError, asyncio.TimeoutError, NSQError) as exc:
+            for other in self._slots.get(slot.address, ()):
+                if other.conn is None:
+                    other.error = exc  # the probe speaks for the address: its cause is the current one
+            raise
+        self.reconnects += 1
 
     # ---- while no connection is open ------------------------------------------------------
 
-    def down_error(self) -> str | None:
-        """Why no connection is open: each nsqd and the last failure, for an error message.
+    def down_error(self, address: str | None = None) -> str | None:
+        """Why no connection is open (to ``address`` if given): each nsqd and the last failure,
+        for an error message.
 
         None while a connection is open, while no nsqd was added yet (lookupd may still name
         some) and while a first attempt to connect is still under way.
         """
-        if self.open or not self._slots:
+        if self.connected_to(address) or not self._slots:
             return None
-        slots = [slot for pool in self._slots.values() for slot in pool]
-        if any(slot.error is None for slot in slots):
+        slots = [slot for key, pool in self._slots.items() if address in (None, key) for slot in pool]
+        if not slots or any(slot.error is None for slot in slots):
             return None
-        causes = {slot.address: _describe(slot.error) for slot in slots}
+        causes = {slot.address: describe(slot.error) for slot in slots}
         return "; ".join(f"{address} ({cause})" for address, cause in causes.items())
 
-    def reconnect_soon(self) -> None:
-        """Try now the reconnects that wait out their backoff, at most once per ``reconnect_delay``
-        per connection: a publish while nsqd is down finds it as soon as it is back (go-nsq
-        connects on a publish), without a connect per publish."""
-        assert self._loop is not None
-        now = self._loop.time()
-        for pool in self._slots.values():
-            for slot in pool:
-                if slot.sleeping and slot.task is not None and now - slot.last_attempt >= self.reconnect_delay:
-                    slot.task.cancel()
-                    slot.sleeping = False
-                    slot.task = self._loop.create_task(self._reconnect(slot, wait=False))
+    def hurry(self, address: str | None = None) -> bool:
+        """Reconnect now (to ``address``, or every nsqd down), within the recovery rule's cap of
+        attempts a second: True when an attempt is under way whose outcome is news, False when
+        each nsqd was tried less than 0.2 s ago (its cause is current)."""
+        return self._redial.hurry(None if address is None else [address])
 
     async def close(self) -> None:
         """Stop reconnecting and close every connection."""
@@ -279,9 +285,7 @@ class ConnectionPool:
         if self._sweeper is not None:
             self._sweeper.cancel()
         slots = [slot for pool in self._slots.values() for slot in pool]
-        for slot in slots:
-            if slot.task is not None:
-                slot.task.cancel()
+        await self._redial.close()
         await asyncio.gather(*(s.conn.close() for s in slots if s.conn is not None), return_exceptions=True)
         self.open.clear()
 
@@ -304,7 +308,7 @@ class ConnectionPool:
         return PublishTimeoutError(f"no answer from nsqd within {self.publish_timeout} s (publish_timeout)")
 
 
-def _describe(error: BaseException | None) -> str:
+def describe(error: BaseException | None) -> str:
     """An error for a one-line message: its text, or its kind when it has none (timeouts)."""
     if error is None:
         return "not connected"

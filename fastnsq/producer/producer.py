@@ -5,9 +5,10 @@
   become one MPUB (``coalesce=True``, the default). A call is never coalesced when
   it asks for something an MPUB cannot carry: ``defer``, ``partition``, a trace id
   or ext headers; those go out as their own command.
-* A pool of ``pool_size`` connections per nsqd; round robin over the open ones;
-  a lost connection reconnects in the background with exponential backoff and
-  jitter, and the publishes it carried are retried elsewhere (``max_retries``).
+* A pool of ``pool_size`` connections per nsqd; round robin over the open ones; a lost
+  connection reconnects by the recovery rule (:mod:`fastnsq.recovery`), and the publishes
+  it carried are retried elsewhere (``max_retries``). nsqd may be down at ``start()``
+  (``lazy_connect``); a publish while it is down fails fast with a current cause (``fail_fast``).
 * Each publish is either acknowledged (returns) or raises: nothing is dropped
   silently. Errors that cannot succeed on a retry (a bad topic, a bad or oversized
   body) are raised at once, most of them before a byte is sent.
@@ -53,6 +54,7 @@ from ..errors import (
     ServerError,
     TopicNotExistError,
 )
+from ..recovery import RETRY_DELAY
 from ..sharding import murmur3_32
 from ..stats import ProducerStats, deprecated_spelling
 from ..topology import Topology
@@ -60,7 +62,7 @@ from .direct import DirectPublisher, Done
 from .ha import HA_PRODUCER_DEFAULTS, CloseReport, HAProducer
 from .load import NodeStats
 from .messages import MPUB_FRAMING, body_size, check_message_size, ext_json, mpub_chunks, second
-from .pool import ConnectionPool
+from .pool import ConnectionPool, NsqdDown, describe
 from .routing import ANY_NSQD, Router
 
 if TYPE_CHECKING:
@@ -76,8 +78,10 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "publish_timeout": 10.0,
     "max_retries": 3,
     "retry_delay": 0.05,
-    "reconnect_delay": 0.1,
-    "max_reconnect_delay": 30.0,
+    "reconnect_delay": RETRY_DELAY,
+    "max_reconnect_delay": RETRY_DELAY,
+    "lazy_connect": True,
+    "fail_fast": True,
     "lookupd_poll_interval": 60.0,
     "lookupd_poll_jitter": 0.3,
     "hasher": None,
@@ -119,10 +123,11 @@ class Producer:
     Options: ``pool_size`` (connections per nsqd, 1), ``coalesce`` (True),
     ``publish_timeout`` (10 s; per call: ``timeout=``), ``max_retries`` (3; retries
     after a lost connection, never after an error that cannot succeed),
-    ``retry_delay`` (0.05 s, doubled per retry), ``reconnect_delay`` /
-    ``max_reconnect_delay`` (0.1 s / 30 s, exponential with jitter), the lookupd
-    poll options, ``hasher`` (the sharding hash, murmur3 by default), and every
-    connection option (TLS, compression, AUTH, ...).
+    ``retry_delay`` (0.05 s, doubled per retry), ``reconnect_delay`` / ``max_reconnect_delay``
+    (0.4 / 0.4 s: every 0.2-0.4 s, at most 5 a second per nsqd; a larger maximum doubles the wait),
+    ``lazy_connect`` and ``fail_fast`` (True; False: :meth:`start` raises when no nsqd answers, a
+    publish waits for a connection within its timeout, answered the moment one opens), the lookupd
+    poll options, ``hasher`` (murmur3 by default), and every connection option (TLS, AUTH, ...).
     """
 
     def __init__(
@@ -145,6 +150,8 @@ class Producer:
         self.retry_delay = check_range("retry_delay", settings["retry_delay"], 0, 60)
         self.reconnect_delay = check_range("reconnect_delay", settings["reconnect_delay"], 0.001, 60)
         self.max_reconnect_delay = check_range("max_reconnect_delay", settings["max_reconnect_delay"], 0.001, 3600)
+        self.lazy_connect = bool(settings["lazy_connect"])
+        self.fail_fast = bool(settings["fail_fast"])
         self.lookupd_poll_interval = check_range(
             "lookupd_poll_interval", settings["lookupd_poll_interval"], 0.01, 300
         )
@@ -196,11 +203,12 @@ class Producer:
     # ---- lifecycle ----------------------------------------------------------------------
 
     async def start(self, *, background: bool = False) -> None:
-        """Connect to every nsqd; at least one must answer (others keep retrying).
+        """Connect to every nsqd, one attempt each (those that fail keep retrying). By default
+        it returns either way (an ASGI app starts while nsqd is down); with ``lazy_connect=False``
+        it raises ``NoConnectionError`` unless one answers.
 
-        ``background=True`` returns at once and connects in the background, logging what
-        fails (the blocking facade's lazy start, go-nsq's ``NewProducer``): publishes wait
-        for the first connection within their timeout; :meth:`connecting` is the attempt.
+        ``background=True`` returns at once and connects in the background (the blocking
+        facade's start, go-nsq's ``NewProducer``): publishes wait for :meth:`connecting`.
         """
         if self._started:
             return
@@ -213,13 +221,13 @@ class Producer:
         if background:
             self._connecting = self._loop.create_task(self._connect_in_background())
             return
-        await self._connect(must_open=True)
+        await self._connect(must_open=not self.lazy_connect)
 
     async def _connect_in_background(self) -> None:
         try:
             await self._connect(must_open=False)
         except Exception as exc:  # noqa: BLE001 - nobody awaits this task: say it, reconnects go on
-            self._log.warning("connecting in the background: %s", _describe(exc))
+            self._log.warning("connecting in the background: %s", describe(exc))
 
     async def _connect(self, must_open: bool) -> None:
         """Open every nsqd's connections; ``must_open``: raise when none opened."""
@@ -227,15 +235,14 @@ class Producer:
         topology = self._router.topology
         if topology is not None:
             addresses += [a for a in await topology.nodes() if a not in addresses]
-        results = await asyncio.gather(*(self._pool.add_node(a) for a in addresses), return_exceptions=True)
+        failures = await self._pool.add_all(addresses)
         if topology is not None:
             topology.watch_nodes(self._pool.add_nodes)
-        if must_open and addresses and not self._pool.open:
-            errors = "; ".join(
-                f"{a}: {_describe(r)}" for a, r in zip(addresses, results) if isinstance(r, BaseException)
-            )
+        if failures is not None and must_open:
             await self.close(timeout=0)
-            raise NoConnectionError(f"no nsqd could be reached ({errors or 'no connection opened'})")
+            raise NoConnectionError(f"no nsqd could be reached ({failures})")
+        elif failures is not None:
+            self._log.warning("no nsqd could be reached (%s); reconnecting in the background", failures)
 
     async def close(self, timeout: float | None = 5.0) -> CloseReport:
         """Stop accepting publishes, wait for those in flight (up to ``timeout``), then close.
@@ -440,16 +447,14 @@ class Producer:
         return task if task is not None and not task.done() else None
 
     def unreachable(self) -> NoConnectionError | None:
-        """An error naming every nsqd and why it is down, when no connection is open and every
-        attempt so far failed; None otherwise. While it is so, reconnects waiting out their
-        backoff are tried now (at most once per ``reconnect_delay``), so a publish finds nsqd
-        as soon as it is back."""
-        if self._pool.open:
+        """With ``fail_fast``, while no connection is open and every attempt failed: an error
+        naming each nsqd and why, if the last attempt began within 0.2 s; else None, and an
+        attempt starts now, whose outcome the publishes handed over then wait for."""
+        if self._pool.open or not self.fail_fast:
             return None
         causes = self._pool.down_error()
-        if causes is None:
+        if causes is None or self._pool.hurry():
             return None
-        self._pool.reconnect_soon()
         return NoConnectionError(f"no connection to nsqd: {causes}; reconnecting in the background")
 
     def publish_batch_soon(self, topic: str, bodies: list[Any], dones: list[Done]) -> None:
@@ -672,11 +677,11 @@ class Producer:
                 try:
                     target = await self._router.target(topic, partition, sharding_key, deadline)
                     if send is None:
-                        await self._pool.connection_for(target[0], deadline)
+                        await self._pool.connection_for(target[0], deadline, self.fail_fast)
                         key = topic if target == ANY_NSQD else (topic, target[0], target[1])
                         future = self._coalescer.add(key, body)  # counted by the coalescer
                     else:
-                        conn = await self._pool.connection_for(target[0], deadline)
+                        conn = await self._pool.connection_for(target[0], deadline, self.fail_fast)
                         future = send(conn, target[1])
                         self._ha.timed(conn.address, future)
                     result = await self._await_answer(future, deadline, timeout is not None)
@@ -694,6 +699,9 @@ class Producer:
                         self.failed += messages
                         raise
                     self._forget_route(topic, exc)
+                    if isinstance(exc, NsqdDown):  # an attempt made for this publish failed just now
+                        self.failed += messages
+                        raise
                     attempt += 1
                     if attempt > self.max_retries or self._closing or self._loop.time() >= deadline:
                         self.failed += messages
@@ -764,8 +772,9 @@ class Producer:
             self._errors[exc.code] += messages
 
     def _forget_route(self, topic: str, exc: BaseException) -> None:
-        """A failed publish: the next goes elsewhere; a moved leader: look the topic up again."""
-        self._router.forget(topic, leader_moved=isinstance(exc, _REFRESH_ERRORS))
+        """A failed publish: the next goes elsewhere; a moved leader, or one that is down: look
+        the topic up again (at most two lookups a second)."""
+        self._router.forget(topic, leader_moved=isinstance(exc, (*_REFRESH_ERRORS, NsqdDown)))
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -775,14 +784,6 @@ def _retryable(exc: BaseException) -> bool:
     if isinstance(exc, ServerError):
         return exc.fatal or isinstance(exc, _REFRESH_ERRORS + _TRANSIENT)
     return True
-
-
-def _describe(error: BaseException) -> str:
-    """An error for a one-line message: its text, or its kind when it has none (timeouts)."""
-    text = str(error)
-    if isinstance(error, (asyncio.TimeoutError, TimeoutError)) and not text:
-        return "timed out"
-    return text or type(error).__name__
 
 
 def _task_done(tasks: set[asyncio.Task[Any]], done: Done, task: asyncio.Task[Any]) -> None:

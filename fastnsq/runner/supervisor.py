@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..recovery import KEEP_MISSING_POLLS, PollCadence, Recall
 from .channel import FD_ENV, Channel
 from .gather import Family, Gatherer, group_family
 from .settings import WorkerSettings
@@ -237,19 +238,29 @@ class Supervisor:
     # ---- --split-nsqd -----------------------------------------------------------------------
 
     async def _watch_nsqd(self) -> None:
-        """Poll nsqlookupd for the topic's nsqd; on a change, give each child its new share."""
+        """Poll nsqlookupd for the topic's nsqd; on a change, give each child its new share.
+
+        The recovery rule (:mod:`fastnsq.recovery`): an nsqd lookupd stops listing (a restart
+        unregisters it) stays with its child for ``KEEP_MISSING_POLLS`` poll intervals, whose consumer tries it
+        every 0.2-0.4 s; while a child holds no nsqd or one is unlisted, lookupd is asked
+        again every 0.5-0.75 s, backing off to ``lookupd_poll_interval``; every wait is jittered.
+        """
         from ..lookupd import LookupdClient
 
         options = self.settings.consumer_options
         interval = float(options.get("lookupd_poll_interval", 60.0))
+        cadence = PollCadence(interval, float(options.get("lookupd_poll_jitter", 0.3)))
+        recall: Recall[str] = Recall(KEEP_MISSING_POLLS * interval)
         secret = options.get("auth_secret")
         async with LookupdClient(timeout=float(options.get("lookupd_poll_timeout", 10.0)),
                                  auth_secret=secret if isinstance(secret, str) else None) as client:
             while not self.stopping:
                 found = await self._discover(client)
                 if found is not None:
-                    await self.shares.found(found)
-                await asyncio.sleep(interval)
+                    wanted = recall.wanted(found)
+                    await self.shares.found(wanted)
+                    cadence.set_short(wanted != found or any(not held for held in self.shares.assignments.values()))
+                await asyncio.sleep(cadence.next_wait())
 
     async def _discover(self, client: Any) -> set[str] | None:
         if not self.settings.lookupd_http_addresses:
