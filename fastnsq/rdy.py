@@ -85,7 +85,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from fastnsq.backoff import BackoffPolicy, BackoffState, BackoffStrategy, Outcome, Phase
+from fastnsq.backoff import STRATEGIES, BackoffPolicy, BackoffState, BackoffStrategy, Outcome, Phase
 from fastnsq.codec import ConnRdy as _Conn
 from fastnsq.errors import InvalidValueError
 
@@ -197,9 +197,9 @@ class RdyController:
         max_backoff = _check_seconds("max_backoff_duration", max_backoff_duration)
         multiplier = _check_seconds("backoff_multiplier", backoff_multiplier)
         self._settle = _check_seconds("rdy_settle_time", rdy_settle_time)
-        if backoff_strategy not in ("exponential", "full_jitter") and not callable(backoff_strategy):
+        if backoff_strategy not in STRATEGIES and not callable(backoff_strategy):
             raise InvalidValueError(
-                "backoff_strategy must be 'exponential', 'full_jitter' or a callable level -> seconds, "
+                "backoff_strategy must be 'exponential', 'full_jitter', 'linear' or a callable level -> seconds, "
                 f"got {backoff_strategy!r}"
             )
         self._clock = clock
