@@ -4,6 +4,7 @@
     python bench/recovery.py --outages 3,15                                 # the embedded servers
     python bench/recovery.py --real ~/nsq-real/bin --rates                  # attempts a second while down
     python bench/recovery.py --real ~/nsq-real/bin --rolling                # 3 nsqd restarted in turn
+    python bench/recovery.py --ha ~/nsq-real/ha/bin                         # an HA partition leader killed
 
 **Table** (the default): one nsqlookupd and one nsqd registered with it (``--lookupd-tcp-address``,
 a data path kept across restarts); a message is published every 20 ms through nsqd's HTTP
@@ -36,6 +37,15 @@ recording what it handles; each nsqd in turn is down for ``--rolling-down`` s. R
 was lost (acknowledged, never handled) and, per restart, how long after the nsqd answered its
 messages were handled again, and the longest pause of the other nsqd's streams meanwhile.
 
+**HA** (``--ha BIN``): a youzan cluster (etcd, nsqlookupd, three nsqd; fastnsq.testing.real's
+RealHACluster), a topic of 2 partitions with 3 replicas; a Producer through lookupd publishes
+every 10 ms to partition 0 and every 10 ms to either, a Consumer through lookupd reads (both with
+their defaults). The leader of partition 0 is SIGKILLed; lookupd's write lookup is polled every
+25 ms for the new leader. Reports the seconds from lookupd listing it to the producer's first
+publish acknowledged on partition 0 and to the consumer's connection to it (and its first
+message from it), and what was lost (acknowledged, never consumed). The killed node starts
+again after ``--ha-restart-after`` s and rejoins as a replica.
+
 Writes bench/results/recovery-<mode>-<server>-<date>.json and .md and prints the table. The
 machine's load moves these numbers by tens of ms; the go-nsq columns come from the same runs.
 """
@@ -57,6 +67,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +237,7 @@ class Faces:
         import fastnsq.sync
 
         tcp = self.nsqd.tcp_address
-        noop = lambda message: None  # noqa: E731 - returning finishes it
+        noop = lambda message: None  # returning finishes it
         for face, where in (("async_lookupd", {"lookupd_http_addresses": [self.lookupd("async_lookupd")]}),
                             ("async_direct", {"nsqd_tcp_addresses": [tcp]})):
             consumer = fastnsq.Consumer(TOPIC, face, handler=noop, max_in_flight=10, client_id=face, **where)
@@ -281,7 +292,7 @@ class Faces:
         (self.out / "files").mkdir()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         for face, command in commands.items():
-            log = open(self.out / f"{face}.log", "ab")  # noqa: SIM115 - the child's, closed with it
+            log = _log_file(self.out / f"{face}.log")
             stdout = asyncio.subprocess.PIPE if face == "go_producer" else log
             process = await asyncio.create_subprocess_exec(*command, cwd=HERE, env=env, stdout=stdout, stderr=log,
                                                            start_new_session=True)
@@ -339,6 +350,11 @@ class Faces:
         for close in reversed(self._closers):
             with contextlib.suppress(Exception):
                 await close()
+
+
+def _log_file(path: Path) -> Any:
+    """A child's output file (the child keeps it open; ours goes with the bench)."""
+    return path.open("ab")
 
 
 # ---- table mode --------------------------------------------------------------------------------------
@@ -430,88 +446,15 @@ def table_markdown(result: dict[str, Any]) -> str:
 # ---- rates mode ------------------------------------------------------------------------------------
 
 
-class CountingListener:
-    """Holds nsqd's TCP port while it is down: reads each connection's IDENTIFY for its client_id,
-    notes (client_id, time), closes it."""
-
-    def __init__(self, address: str) -> None:
-        self.host, _, port = address.rpartition(":")
-        self.port = int(port)
-        self.attempts: list[tuple[str, float]] = []
-        self._server: asyncio.base_events.Server | None = None
-
-    async def __aenter__(self) -> CountingListener:
-        self._server = await asyncio.start_server(self._accepted, self.host, self.port, reuse_address=True)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
-
-    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        at, client = time.monotonic(), "?"
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(reader.readexactly(4 + len(b"IDENTIFY\n")), 1.0)
-            size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 1.0), "big")
-            client = json.loads(await asyncio.wait_for(reader.readexactly(size), 1.0)).get("client_id", "?")
-        self.attempts.append((client, at))
-        writer.close()
-
-
-class CountingProxy:
-    """An HTTP proxy in front of nsqlookupd for one face: notes the time of every request."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-        self.requests: list[float] = []
-        self.address = ""
-        self._runner: Any = None
-
-    async def start(self) -> None:
-        import aiohttp
-        from aiohttp import web
-
-        from fastnsq.testing.process import free_port
-
-        self._session = aiohttp.ClientSession()
-
-        async def forward(request: web.Request) -> web.Response:
-            self.requests.append(time.monotonic())
-            async with self._session.get(f"http://{self.target}{request.path_qs}") as resp:
-                return web.Response(body=await resp.read(), status=resp.status, content_type=resp.content_type)
-
-        app = web.Application()
-        app.router.add_route("GET", "/{tail:.*}", forward)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        port = free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", port).start()
-        self.address = f"127.0.0.1:{port}"
-
-    async def close(self) -> None:
-        await self._runner.cleanup()
-        await self._session.close()
-
-
-def most_in_a_second(times: list[float], start: float, end: float) -> int:
-    """The most of ``times`` within any one second of [start, end)."""
-    inside = sorted(t for t in times if start <= t < end)
-    most, first = 0, 0
-    for last, at in enumerate(inside):
-        while at - inside[first] >= 1.0:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
 async def rates(args: argparse.Namespace, go_binary: Path | None) -> dict[str, Any]:
     import aiohttp
+
+    from fastnsq.testing.counting import AttemptCounter, QueryCounter, most_in_a_second
 
     servers = Servers(args.real, 1)
     await servers.start()
     lookupd_faces = ("async_lookupd", "sync_lookupd", "worker", "worker_split", "to_file", "to_nsq", "go_lookupd")
-    proxies = {face: CountingProxy(servers.lookupd_http) for face in lookupd_faces}
+    proxies = {face: QueryCounter(servers.lookupd_http) for face in lookupd_faces}
     for proxy in proxies.values():
         await proxy.start()
     faces = Faces(servers, args, {face: proxy.address for face, proxy in proxies.items()})
@@ -522,7 +465,7 @@ async def rates(args: argparse.Namespace, go_binary: Path | None) -> dict[str, A
             feeder = asyncio.create_task(feed(session, faces.nsqd.http_address))
             try:
                 await first_successes(faces, session, time.monotonic() - 3600, time.monotonic() + 60, wanted)
-                listener = CountingListener(faces.nsqd.tcp_address)
+                listener = AttemptCounter(faces.nsqd.tcp_address)
                 stopped, back = await restart(faces.nsqd, args.rates_outage, session, during=listener)
                 took = await first_successes(faces, session, back, back + GIVE_UP, wanted)
             finally:
@@ -533,13 +476,9 @@ async def rates(args: argparse.Namespace, go_binary: Path | None) -> dict[str, A
         for proxy in proxies.values():
             await proxy.close()
     window = (stopped, back)
-    by_client: dict[str, list[float]] = defaultdict(list)
-    for client, at in listener.attempts:
-        by_client[client].append(at)
-    attempts = {face: most_in_a_second(by_client.get(face, []), *window) for face in wanted}
-    attempts["to_nsq_out"] = most_in_a_second(by_client.get("to_nsq_out", []), *window)
+    attempts = {face: most_in_a_second(listener.times(face), *window) for face in (*wanted, "to_nsq_out")}
     queries = {face: most_in_a_second(proxy.requests, *window) for face, proxy in proxies.items()}
-    totals = Counter({client: len([t for t in times if window[0] <= t < window[1]]) for client, times in by_client.items()})
+    totals = Counter(client for client, at in listener.attempts if window[0] <= at < window[1])
     return {"outage_s": args.rates_outage, "window_s": round(window[1] - window[0], 3),
             "most_attempts_in_a_second": attempts, "most_lookupd_queries_in_a_second": queries,
             "attempts_in_window": dict(totals), "seconds_to_first_success": took, "servers": servers.describe()}
@@ -650,7 +589,7 @@ def _rolling_figures(acked: dict[str, float], handled: dict[str, float], restart
 
 def _longest_gap(times: list[float], start: float, end: float) -> float:
     inside = [t for t in times if start - 1.0 <= t <= end + 1.0]
-    return max((b - a for a, b in zip(inside, inside[1:])), default=end - start)
+    return max((b - a for a, b in pairwise(inside)), default=end - start)
 
 
 def rolling_markdown(result: dict[str, Any]) -> str:
@@ -661,6 +600,107 @@ def rolling_markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {row['nsqd']} | {row['down_s']:.1f} | {again} | {row['longest_pause_of_the_others_s']:.2f} |")
     return "\n".join(lines) + (f"\n\n{result['acknowledged']:,} acknowledged, {result['handled']:,} handled, "
                                f"{result['lost']} lost; `fastnsq worker --split-nsqd --processes {result['processes']}`.\n")
+
+
+# ---- HA mode ----------------------------------------------------------------------------------------------
+
+
+async def ha(args: argparse.Namespace) -> dict[str, Any]:
+    from ha_failover import external
+
+    import fastnsq
+    from fastnsq.testing.real import RealHACluster
+
+    cluster = RealHACluster(args.ha, standalone=False)
+    await asyncio.to_thread(cluster.start)
+    try:
+        harness = external(cluster)
+        topic = f"recovery_ha_{os.getpid()}_{int(time.time())}"
+        victim_address = (await harness.create_topic(topic, 2, replicas=3, channels=["plain"]))[0]
+        victim = cluster.tcp_addresses.index(victim_address)
+        lookupd = [cluster.lookupd_http_address]
+        handled: dict[bytes, float] = {}
+        consumer = fastnsq.Consumer(topic, "plain", lookupd_http_addresses=lookupd, max_in_flight=200,
+                                    handler=lambda m: handled.setdefault(m.body, time.monotonic()))
+        await consumer.start()
+        producer = fastnsq.Producer(lookupd_http_addresses=lookupd)
+        await producer.start()
+        acked: dict[bytes, float] = {}
+        stop = asyncio.Event()
+
+        async def publish(name: str, **where: Any) -> None:
+            number = 0
+            while not stop.is_set():
+                number += 1
+                body = f"{name}-{number}".encode()
+                with contextlib.suppress(Exception):
+                    await producer.publish(topic, body, **where)
+                    acked[body] = time.monotonic()
+                await asyncio.sleep(0.01)
+
+        publishers = [asyncio.create_task(publish("p0", partition=0)), asyncio.create_task(publish("any"))]
+        await asyncio.sleep(args.settle)
+        killed = time.monotonic()
+        await asyncio.to_thread(cluster.kill_nsqd, victim)
+        listed, new_leader, connected = await _new_leader(harness, consumer, topic, victim_address, killed)
+        await asyncio.sleep(args.ha_restart_after - (time.monotonic() - killed))
+        await asyncio.to_thread(cluster.start_nsqd, victim)
+        await asyncio.sleep(args.settle)
+        stop.set()
+        await asyncio.gather(*publishers)
+        deadline = time.monotonic() + 120
+        while not set(acked) <= set(handled) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        await producer.close()
+        await consumer.stop()
+    finally:
+        await asyncio.to_thread(cluster.stop)
+    p0_after = [t for body, t in acked.items() if body.startswith(b"p0-") and t > killed]
+    consumed_after = [handled[b] for b, t in acked.items() if b.startswith(b"p0-") and t > killed and b in handled]
+    lost = sorted(set(acked) - set(handled))
+    since = (lambda at: None if at is None or listed is None else round(at - listed, 3))
+    return {"servers": cluster.describe(), "killed_leader": victim_address, "new_leader": new_leader,
+            "listed_after_kill_s": None if listed is None else round(listed - killed, 3),
+            "producer_first_p0_publish_after_listing_s": since(min(p0_after, default=None)),
+            "consumer_connected_after_listing_s": since(connected),
+            "consumer_first_p0_message_after_listing_s": since(min(consumed_after, default=None)),
+            "acknowledged": len(acked), "consumed": len(set(handled) & set(acked)), "lost": len(lost),
+            "lost_sample": [b.decode() for b in lost[:10]]}
+
+
+async def _new_leader(harness: Any, consumer: Any, topic: str, victim: str,
+                      killed: float) -> tuple[float | None, str | None, float | None]:
+    """Polls lookupd's write lookup every 25 ms until it names another leader for partition 0,
+    then the consumer until it holds a connection to it: (listed at, the new leader, connected at)."""
+    listed = leader = None
+    while listed is None and time.monotonic() - killed < GIVE_UP * 2:
+        with contextlib.suppress(Exception):
+            now = (await harness.partition_leaders(topic)).get(0)
+            if now is not None and now != victim:
+                listed, leader = time.monotonic(), now
+        await asyncio.sleep(0.025)
+    while listed is not None and time.monotonic() - listed < GIVE_UP:
+        if any(c.address == leader and c.partition == 0 for c in consumer.snapshot().connections):
+            return listed, leader, time.monotonic()
+        await asyncio.sleep(0.025)
+    return listed, leader, None
+
+
+def ha_markdown(result: dict[str, Any]) -> str:
+    def cell(value: Any) -> str:
+        return "never" if value is None else f"{value:.2f}"
+
+    return "\n".join([
+        "| after the leader of partition 0 was SIGKILLed | seconds |", "|---|---:|",
+        f"| nsqlookupd lists a new leader (after the kill) | {cell(result['listed_after_kill_s'])} |",
+        (f"| `Producer`: first publish acknowledged on partition 0 (after the listing) | "
+         f"{cell(result['producer_first_p0_publish_after_listing_s'])} |"),
+        (f"| `Consumer`: connected to the new leader (after the listing) | "
+         f"{cell(result['consumer_connected_after_listing_s'])} |"),
+        (f"| `Consumer`: first message of partition 0 from it (after the listing) | "
+         f"{cell(result['consumer_first_p0_message_after_listing_s'])} |"),
+        "", f"{result['acknowledged']:,} acknowledged, {result['consumed']:,} consumed, {result['lost']} lost.", "",
+    ])
 
 
 # ---- main -----------------------------------------------------------------------------------------------
@@ -678,11 +718,14 @@ def main() -> int:
     parser.add_argument("--rolling", action="store_true", help="3 nsqd restarted in turn under a worker")
     parser.add_argument("--rolling-down", type=float, default=10.0)
     parser.add_argument("--rolling-processes", type=int, default=3)
+    parser.add_argument("--ha", type=Path, help="folder of youzan's HA nsqd and nsqlookupd: the HA mode")
+    parser.add_argument("--ha-restart-after", type=float, default=30.0)
     args = parser.parse_args()
     args.real = args.real.expanduser() if args.real else None
+    args.ha = args.ha.expanduser() if args.ha else None
     args.outages = [float(x) for x in args.outages.split(",") if x]
     go_binary = None
-    if not args.no_go and not args.rolling:
+    if not args.no_go and not args.rolling and not args.ha:
         if args.go_bin is not None:
             go_binary = args.go_bin.expanduser()
         elif args.real is not None:
@@ -694,13 +737,14 @@ def main() -> int:
         import uvloop
 
         uvloop.install()
-    mode = "rolling" if args.rolling else "rates" if args.rates else "table"
+    mode = "ha" if args.ha else "rolling" if args.rolling else "rates" if args.rates else "table"
     runner = {"rolling": lambda: rolling(args), "rates": lambda: rates(args, go_binary),
-              "table": lambda: table(args, go_binary)}[mode]
+              "table": lambda: table(args, go_binary), "ha": lambda: ha(args)}[mode]
     result = asyncio.run(runner())
-    text = {"rolling": rolling_markdown, "rates": rates_markdown, "table": table_markdown}[mode](result)
+    text = {"rolling": rolling_markdown, "rates": rates_markdown, "table": table_markdown,
+            "ha": ha_markdown}[mode](result)
     stamp = datetime.now()
-    server = "real" if args.real else "embedded"
+    server = "youzan" if args.ha else "real" if args.real else "embedded"
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
             "machine": f"{platform.machine()} {os.cpu_count()} cores", "load_average_1m": os.getloadavg()[0],
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}

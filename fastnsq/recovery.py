@@ -34,7 +34,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Hashable, Iterable
+from collections.abc import Awaitable, Callable, Container, Hashable, Iterable
 from typing import Generic, TypeVar
 
 from .config import LoggerLike
@@ -149,7 +149,7 @@ class Redial:
         if entry is not None:
             self._forget(entry)
 
-    def keys(self) -> list[Hashable]:
+    def pending(self) -> list[Hashable]:
         """Every key missing now."""
         return [key for entry in self._addresses.values() for key in entry.keys]
 
@@ -368,8 +368,10 @@ class Recall(Generic[K]):
         seen = self._seen.get(key)
         return seen is not None and self._clock() - seen <= self.keep
 
-    def forget(self, key: K) -> None:
-        self._seen.pop(key, None)
+    def gone(self, missing: Iterable[K], listed: Container[K], moved: Container[K] = ()) -> list[K]:
+        """Of the ``missing`` keys, those no longer wanted: led elsewhere now (``moved``), or
+        neither ``listed`` nor listed within ``keep`` seconds."""
+        return [key for key in missing if key in moved or (key not in listed and not self.kept(key))]
 
 
 def _current_task() -> asyncio.Task[object] | None:

@@ -191,7 +191,7 @@ async def test_sigkill_mid_stream_and_the_destination_down_lose_nothing(nsqd, tm
         await eventually(lambda: drained(nsqd, topic, published=100_000), 90, "the source drained")
         assert await app.stop() == 0, app.log()
         counts = Counter(await received(target.tcp_address, "copy", len(bodies), 60))
-    assert "requeueing them" in app.log()  # the destination was down while the app ran
+    assert "holding them until it answers" in app.log()  # the destination was down while the app ran
     assert "drained:" not in app.log().split("started (pid")[1]  # the first worker died without a drain
     assert set(counts) == set(bodies)
     assert sum(counts.values()) - len(bodies) <= 500
@@ -229,8 +229,39 @@ async def test_the_destination_nsqd_killed_and_back_loses_nothing(nsqd, tmp_path
         counts = Counter(await received(target.tcp_address, "copy", len(bodies), 60))
     finally:
         await target.close()
-    assert "requeueing them" in app.log()
+    assert "holding them until it answers" in app.log()
     assert set(counts) == set(bodies)  # 0 lost
+
+
+async def test_a_destination_down_holds_the_batches_and_relays_again_within_a_second(nsqd, tmp_path: Path) -> None:
+    """Issue 45: the one destination stops for 3 s. The batches that find it down are held (their
+    messages touched), not requeued: no attempt spent, no backoff to wait out (the old code
+    requeued them with backoff, and the relay came back seconds after the destination did)."""
+    topic = unique("tonsq")
+    await publish_spread([nsqd.tcp_address], topic, 10)
+    async with destination() as target:
+        app = await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
+                          f"-destination-nsqd-tcp-address={target.tcp_address}", "-destination-topic=copy",
+                          "-status-every=0", log=tmp_path / "log")
+        await received(target.tcp_address, "copy", 10)
+        await target.stop()  # a clean stop: what it holds stays
+        await publish_spread([nsqd.tcp_address], topic, 10)
+        await asyncio.sleep(3.0)
+        arrived: list[float] = []
+        await target.start()
+        back = asyncio.get_running_loop().time()
+        consumer = Consumer("copy", "check", nsqd_tcp_addresses=[target.tcp_address], max_in_flight=100,
+                            handler=lambda m: arrived.append(asyncio.get_running_loop().time()))
+        await consumer.start()
+        try:
+            await eventually(lambda: len(arrived) >= 10, 15, "the held messages at the destination")
+        finally:
+            await consumer.stop()
+        assert await app.stop() == 0, app.log()
+    assert "holding them until it answers" in app.log()
+    assert arrived[9] - back <= 1.0
+    [stats] = await channel_stats([nsqd.http_address], topic, "nsq_to_nsq")
+    assert stats["message_count"] == 20 and stats["requeue_count"] == 0
 
 
 # ---- beside nsq's own nsq_to_nsq (the real pass) ------------------------------------------------

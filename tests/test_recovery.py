@@ -14,23 +14,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import random
 import time
-from collections.abc import AsyncIterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
 
 from fastnsq import Consumer, Producer
 from fastnsq import sync as blocking_api
 from fastnsq.errors import NoConnectionError
-from fastnsq.recovery import FAST_PHASE, FAST_POLL, MAX_ATTEMPTS_PER_SECOND, MIN_POLL_GAP, PollCadence, Recall, Redial
+from fastnsq.recovery import (
+    FAST_PHASE,
+    FAST_POLL,
+    MAX_ATTEMPTS_PER_SECOND,
+    MIN_POLL_GAP,
+    PollCadence,
+    Recall,
+    Redial,
+)
 from fastnsq.testing import NSQLookupd
-from fastnsq.testing.process import free_port
+from fastnsq.testing.counting import AttemptCounter, QueryCounter, most_in_a_second
 from fastnsq.testing.real import RealLookupdServer
 
 from .helpers import eventually, unique
@@ -67,12 +72,12 @@ async def test_redial_probes_each_address_at_most_five_times_a_second_then_opens
     for key in ("a", "b", "c"):
         redial.missing("10.0.0.1:4150", key, attempt(key), ConnectionRefusedError("refused"))
     await asyncio.sleep(1.5)
-    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    gaps = [b - a for a, b in pairwise(starts)]
     assert len(starts) >= 5 and min(gaps) >= 1 / MAX_ATTEMPTS_PER_SECOND - 0.002, gaps
     assert len(starts) <= 1.5 * MAX_ATTEMPTS_PER_SECOND + 1
     assert redial.error("10.0.0.1:4150") is not None and not opened
     alive = True
-    await eventually(lambda: not redial.keys(), timeout=2, what="every key opened")
+    await eventually(lambda: not redial.pending(), timeout=2, what="every key opened")
     assert sorted(opened) == ["a", "b", "c"]
     await redial.close()
 
@@ -107,7 +112,7 @@ async def test_dropping_the_last_key_stops_the_rounds() -> None:
     redial.drop("k")
     seen = calls
     await asyncio.sleep(0.5)
-    assert seen >= 1 and calls == seen and not redial.keys()
+    assert seen >= 1 and calls == seen and not redial.pending()
     await redial.close()
 
 
@@ -138,64 +143,6 @@ def test_recall_keeps_what_lookupd_stopped_listing_for_a_while() -> None:
 # ---- counting what the clients do while nsqd is down -------------------------------------------------
 
 
-class CountingListener:
-    """On a port with no nsqd: every connection's IDENTIFY read for its ``client_id``, then closed."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.attempts: list[tuple[str, float]] = []
-        self._server: asyncio.base_events.Server | None = None
-
-    async def __aenter__(self) -> CountingListener:
-        self._server = await asyncio.start_server(self._accepted, "127.0.0.1", self.port, reuse_address=True)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        await self._server.wait_closed()
-
-    async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        at, client = time.monotonic(), "?"
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(reader.readexactly(4 + len(b"IDENTIFY\n")), 1.0)
-            size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 1.0), "big")
-            client = json.loads(await asyncio.wait_for(reader.readexactly(size), 1.0)).get("client_id", "?")
-        self.attempts.append((client, at))
-        writer.close()
-
-    def most_in_a_second(self, client: str) -> int:
-        times = sorted(at for who, at in self.attempts if who == client)
-        return max((sum(1 for t in times[i:] if t - start < 1.0) for i, start in enumerate(times)), default=0)
-
-
-@contextlib.asynccontextmanager
-async def counting_proxy(target: str) -> AsyncIterator[tuple[str, list[float]]]:
-    """An HTTP proxy in front of the lookupd at ``target``: its address, and when each request came."""
-    seen: list[float] = []
-    async with aiohttp.ClientSession() as session:
-        async def forward(request: web.Request) -> web.Response:
-            seen.append(time.monotonic())
-            async with session.get(f"http://{target}{request.path_qs}") as resp:
-                return web.Response(body=await resp.read(), status=resp.status, content_type=resp.content_type)
-
-        app = web.Application()
-        app.router.add_route("GET", "/{tail:.*}", forward)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        try:
-            yield f"127.0.0.1:{port}", seen
-        finally:
-            await runner.cleanup()
-
-
-def most_in_a_second(times: list[float]) -> int:
-    times = sorted(times)
-    return max((sum(1 for t in times[i:] if t - start < 1.0) for i, start in enumerate(times)), default=0)
-
-
 async def test_while_nsqd_is_down_attempts_and_lookupd_queries_stay_under_their_caps() -> None:
     """A consumer through lookupd, a direct one and a producer (publishing every 20 ms, each
     publish asking for a fresh attempt) lose their nsqd; for 3 s its port only counts."""
@@ -203,8 +150,8 @@ async def test_while_nsqd_is_down_attempts_and_lookupd_queries_stay_under_their_
     server = await start_server(lookupd)
     topic = unique("caps")
     try:
-        async with counting_proxy(lookupd.http_address) as (proxied, queries):
-            via_lookupd = Consumer(topic, "a", lookupd_http_addresses=[proxied], handler=lambda m: None,
+        async with QueryCounter(lookupd.http_address) as proxy:
+            via_lookupd = Consumer(topic, "a", lookupd_http_addresses=[proxy.address], handler=lambda m: None,
                                    client_id="via_lookupd")
             direct = Consumer(topic, "b", nsqd_tcp_addresses=[server.tcp_address], handler=lambda m: None,
                               client_id="direct")
@@ -217,20 +164,20 @@ async def test_while_nsqd_is_down_attempts_and_lookupd_queries_stay_under_their_
             await server.down(kill=False)
             began = time.monotonic()
             failures: list[str] = []
-            async with CountingListener(int(server.tcp_address.rpartition(":")[2])) as listener:
+            async with AttemptCounter(server.tcp_address) as listener:
                 while time.monotonic() - began < 3.0:
                     with contextlib.suppress(NoConnectionError):
                         await producer.publish(topic, b"while down")
                         failures.append("a publish went through while nsqd was down")
                     await asyncio.sleep(0.02)
-            during = [t for t in queries if t >= began]
+            during = [t for t in proxy.requests if t >= began]
             await server.start()
             await producer.close()
             await via_lookupd.stop()
             await direct.stop()
         assert not failures
         for client in ("via_lookupd", "direct", "producer"):
-            assert 1 <= listener.most_in_a_second(client) <= MAX_ATTEMPTS_PER_SECOND, (client, listener.attempts)
+            assert 1 <= most_in_a_second(listener.times(client)) <= MAX_ATTEMPTS_PER_SECOND, (client, listener.attempts)
         assert 2 <= len(during) and most_in_a_second(during) <= 2, during  # polled fast, within the cap
     finally:
         await stop_all(server, lookupd)

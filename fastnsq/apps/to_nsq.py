@@ -4,7 +4,11 @@ The built-in handler the worker runtime runs (:mod:`fastnsq.runner`). Each batch
 ``Consumer.batches()`` goes through the JSON filter (:mod:`.jsonfilter`, only when its flags
 are given), then out as one MPUB to the destination :mod:`.hostpool` picks; its messages are
 FINed when that nsqd answers OK, and requeued (with backoff) when it fails, the destination
-then marked down. A batch's publish runs as a task, so several batches are on the wire at once
+then marked down. With a single destination (one nsqd, or the lookupd producer), a batch that
+finds it down is held instead, its messages touched, until it answers again: nothing is
+requeued, no attempt spent, no backoff to wait out, and the relay goes on within a second of
+the destination's return (the batches held fill max in flight, so nothing more is taken
+meanwhile). A batch's publish runs as a task, so several batches are on the wire at once
 (all within max in flight). Destinations: ``--destination-nsqd-tcp-address`` (a Producer per
 nsqd, as nsq_to_nsq), or ``--destination-lookupd-http-address`` (ours: one Producer that finds
 them). Across dialects (:mod:`.crossing`, with ``--destination-lookupd-http-address``): to a
@@ -20,6 +24,7 @@ import time
 from typing import Any
 
 from ..config import secret_text
+from ..errors import NoConnectionError
 from ..producer import Producer
 from ..sharding import murmur3_32
 from ..topology import TopicRoute, Topology
@@ -32,6 +37,10 @@ logger = logging.getLogger("fastnsq.apps.to_nsq")
 
 #: The key of the one Producer that finds its nsqd through nsqlookupd.
 LOOKUPD = "nsqlookupd"
+#: A batch held for a destination that is down: its messages touched this often (nsqd's
+#: default msg_timeout is 60 s), and held this long at most (nsqd's --max-msg-timeout is 15 min).
+TOUCH_EVERY = 5.0
+MAX_HOLD = 600.0
 
 
 class ToNsq:
@@ -56,6 +65,7 @@ class ToNsq:
         self.producers: dict[str, Producer] = {}
         self.topic = destination_topic
         self.publishing: set[asyncio.Task[None]] = set()
+        self.stopping = False
         self.status = StatusLine(status_every)
         self.per_destination = {address: StatusLine(status_every, f"[{address}]:")
                                 for address in self.destinations} if len(self.destinations) > 1 else {}
@@ -124,7 +134,7 @@ class ToNsq:
         address = self.pool.get()
         began = time.monotonic()
         try:
-            await self.producers[address].mpublish(self.topic, part.bodies, **part.publish_options())
+            await self._mpublish(self.producers[address], part)
         except Exception as exc:  # noqa: BLE001 - every failure requeues; the next batch may go elsewhere
             self._failed(part.messages, address, exc)
             return
@@ -137,6 +147,33 @@ class ToNsq:
         if address in self.per_destination:
             self.per_destination[address].record(took, len(part.messages))
 
+    async def _mpublish(self, producer: Producer, part: Part) -> None:
+        """One MPUB; with a single destination that is down (nothing was sent), held until it is
+        back: its messages touched every TOUCH_EVERY s, for MAX_HOLD s at most."""
+        loop = asyncio.get_running_loop()
+        held_since = touched = loop.time()
+        warned = False
+        while True:
+            try:
+                await producer.mpublish(self.topic, part.bodies, **part.publish_options())
+                return
+            except NoConnectionError as exc:
+                if len(self.producers) > 1 or self.stopping or loop.time() - held_since > MAX_HOLD:
+                    raise
+                if not warned:
+                    warned = True
+                    logger.warning("publishing %d messages to %s failed: %s; holding them until it answers",
+                                   len(part.messages), self.topic, exc)
+            # At least 0.2 s, then until a connection is open (the producer's recovery rule tries).
+            again = loop.time() + 0.2
+            while (loop.time() < again or not producer.connections) and not self.stopping \
+                    and loop.time() - held_since <= MAX_HOLD:
+                if loop.time() - touched >= TOUCH_EVERY:
+                    touched = loop.time()
+                    for message in part.messages:
+                        message.touch()
+                await asyncio.sleep(0.02)
+
     def _failed(self, messages: list[Any], address: str, exc: Exception) -> None:
         self.pool.mark(address, False)
         logger.warning("publishing %d messages to %s (%s) failed: %s; requeueing them", len(messages),
@@ -146,7 +183,8 @@ class ToNsq:
                 message.requeue()
 
     async def drain(self) -> None:
-        """Wait for the batches on the wire: their answers FIN or requeue them."""
+        """Wait for the batches on the wire: their answers FIN or requeue them (held ones are requeued)."""
+        self.stopping = True
         while self.publishing:
             await asyncio.gather(*list(self.publishing), return_exceptions=True)
 

@@ -41,23 +41,16 @@ from ..config import (
 )
 from ..codec import Message
 from ..conn import Connection
+from ..errors import InvalidValueError, NSQError, ServerError
 from ..optionspec import options_docstring, options_of
-from ..errors import (
-    InvalidValueError,
-    NotLeaderError,
-    NotWritableError,
-    NSQError,
-    ServerError,
-    TopicNotExistError,
-)
 from ..rdy import RdyController, RdyUpdate
-from ..recovery import KEEP_MISSING_POLLS, Recall, Redial
 from ..stats import ConnectionStats, ConsumerStats, deprecated_spelling
 from ..topology import TopicRoute, Topology
 from .batch import Batch
 from .dispatch import Dispatcher, DispatchSettings, Link
 from .express import ExpressLanes
 from .ha import HAConsumer, direct_endpoints
+from .missing import REFRESH_ERRORS, Missing
 from .partitions import Partitions
 
 if TYPE_CHECKING:
@@ -75,8 +68,6 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     name: option.default for name, option in options_of("Consumer").items() if option.client == "consumer"
 }
 
-# HA errors after which the connection is dropped and lookup refreshed (protocol.md §9.14).
-_REFRESH_ERRORS = (NotLeaderError, NotWritableError, TopicNotExistError)
 # `async for` hands out queued messages without awaiting; after this many in a row the
 # loop gets a pass, or a fast iterator would hold back its own FINs (they are written at
 # the end of a pass) and nsqd's refills until the whole max_in_flight is drained.
@@ -184,11 +175,9 @@ class Consumer:
         self._dispatch.ha_check = self._ha.inspect
         self._loop: asyncio.AbstractEventLoop | None = None
         self._links: dict[Endpoint, list[Link]] = {}
-        # The recovery rule: every endpoint wanted and not connected is tried again quickly.
-        self._redial = Redial(delay=self.reconnect_delay, max_delay=self.max_reconnect_delay,
-                              on_round=lambda _address: self._update_short(), log=self._log)
-        # lookupd's endpoints, still wanted a while after it stops listing one (a restart)
-        self._recall: Recall[Endpoint] = Recall(KEEP_MISSING_POLLS * self.lookupd_poll_interval)
+        self._missing = Missing(topic, self._fill, self._direct, delay=self.reconnect_delay,
+                                max_delay=self.max_reconnect_delay,
+                                lookupd_poll_interval=self.lookupd_poll_interval, log=self._log)
         self._topology: Topology | None = None
         self._meta_ext = False
         self._rdy_timer: asyncio.TimerHandle | None = None
@@ -231,6 +220,7 @@ class Consumer:
             poll_timeout=self.lookupd_poll_timeout, log=self._log,
         )
         self._topology.add_listener(self.topic, self._on_route)
+        self._missing.topology = self._topology
         try:
             await self._topology.refresh(self.topic)
         except NSQError as exc:
@@ -263,7 +253,7 @@ class Consumer:
         # The deadline on the loop's clock; the duration on a real one (uvloop's is in ms, cached per pass).
         started, measured_from = self._loop.time(), time.perf_counter()
         finished0, requeued0 = self.total_finished, self.total_requeued
-        await self._redial.close()
+        await self._missing.close()
         if self._topology is not None:
             await self._topology.close()
         await self._ha.close()
@@ -477,31 +467,14 @@ class Consumer:
             await self._fill(endpoint)
         except (OSError, asyncio.TimeoutError, NSQError) as exc:
             self._log.warning("cannot consume from %s: %s", endpoint.address, exc)
-            self._missing(endpoint, exc)
+            self._missing.add(endpoint, exc)
 
     async def _fill(self, endpoint: Endpoint) -> None:
         """Open connections to ``endpoint`` up to ``connections_per_nsqd``; raises the first failure."""
         needed = self.connections_per_nsqd - len(self._links.get(endpoint, ()))
         results = await asyncio.gather(*(self._connect(endpoint) for _ in range(needed)), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-
-    def _missing(self, endpoint: Endpoint, error: BaseException | None = None) -> None:
-        """``endpoint`` is wanted and lacks connections: the recovery rule tries it again (at once
-        after a lost connection, its turn after a failed attempt), and, found through lookupd,
-        makes the topology poll often until the consumer is whole again."""
-        if self._stopping or not self._running:
-            return
-        if isinstance(error, _REFRESH_ERRORS) and self._topology is not None:
-            self._topology.refresh_soon(self.topic)  # HA: the partition is led elsewhere now
-        self._redial.missing(endpoint.address, endpoint, lambda: self._fill(endpoint), error)
-        self._update_short()
-
-    def _update_short(self) -> None:
-        """Tell the topology whether an endpoint lookupd found is missing (it then polls often)."""
-        if self._topology is not None and not self._stopping:
-            self._topology.set_short(self.topic, any(key not in self._direct for key in self._redial.keys()))
+        if failures := [result for result in results if isinstance(result, BaseException)]:
+            raise failures[0]
 
     async def _connect(self, endpoint: Endpoint, *, express: bool = False) -> Link:
         link = Link(self._dispatch, endpoint)
@@ -575,7 +548,7 @@ class Consumer:
         if self._stopping or not self._running:
             return
         self._log.warning("connection to %s closed%s", link.endpoint.address, f": {error}" if error else "")
-        self._missing(link.endpoint, error if isinstance(error, _REFRESH_ERRORS) else None)
+        self._missing.add(link.endpoint, error if isinstance(error, REFRESH_ERRORS) else None)
 
     def _on_server_error(self, link: Link, error: ServerError) -> None:
         if not self._dispatch.expected_error(link, error):  # an expected one is logged at debug there
@@ -589,7 +562,7 @@ class Consumer:
             return
         self._meta_ext = route.extend_support
         self._ha.route = route
-        self._forget_missing(route)
+        self._missing.routed(route)
         for endpoint in route.moved_away(list(self._links)):
             for link in list(self._links.get(endpoint, ())):
                 # The old leader cannot take our FINs any more; its messages in flight come back
@@ -599,20 +572,8 @@ class Consumer:
                 await link.conn.close()
         allowed = self._filtered({endpoint.address for endpoint in route.endpoints})
         missing = [e for e in route.endpoints if e not in self._links and e.address in allowed and self._ha.wants(e)
-                   and not self._redial.has(e)]
+                   and not self._missing.has(e)]
         await asyncio.gather(*(self._connect_or_retry(endpoint) for endpoint in missing))
-
-    def _forget_missing(self, route: TopicRoute) -> None:
-        """A missing endpoint lookupd found stays wanted while lookupd lists it and ``KEEP_MISSING_POLLS``
-        polls after (a restarted nsqd unregisters until it is back), unless led elsewhere now."""
-        self._recall.wanted(route.endpoints)
-        moved = route.moved_away(self._redial.keys())  # type: ignore[arg-type]
-        for key in self._redial.keys():
-            if key not in self._direct and key not in route.endpoints and (key in moved or not self._recall.kept(key)):
-                self._log.info("no longer trying %s: %s", key, "its partition is led elsewhere" if key in moved
-                               else f"nsqlookupd has not listed it for {self._recall.keep:.0f} s")
-                self._redial.drop(key)
-        self._update_short()
 
     def _filtered(self, addresses: set[str]) -> set[str]:
         """The discovery_filter's choice among the nsqd lookupd listed (all of them without one)."""
@@ -650,8 +611,7 @@ class Consumer:
             raise InvalidValueError(f"not consuming from nsqd {address}")
         for endpoint in given:
             self._direct.remove(endpoint)
-        self._redial.drop_address(address)
-        self._update_short()
+        self._missing.drop_address(address)
         await asyncio.gather(*(self._retire(link, timeout) for link in links))
 
     async def _retire(self, link: Link, timeout: float) -> None:
