@@ -340,8 +340,10 @@ def check_options(client_name: str, given: Mapping[str, Any]) -> tuple[dict[str,
     known = options_of(client_name)
     unknown = [name for name in given if name not in known]
     if unknown:
-        hints = "; ".join(f"{name}: {unknown_hint(client_name, name, known)}" for name in unknown)
-        raise InvalidValueError(f"unknown {client_name} option{'s' if len(unknown) > 1 else ''} {hints}")
+        hints = [f"{name}: {unknown_hint(client_name, name, known)}" for name in unknown]
+        if len(hints) == 1:
+            raise InvalidValueError(f"unknown {client_name} option {hints[0]}")
+        raise InvalidValueError(f"unknown {client_name} options: " + " | ".join(hints))
     connection: dict[str, Any] = {}
     own = {name: option.default for name, option in known.items() if option.client != "connection"}
     for name, value in given.items():
