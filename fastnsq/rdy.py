@@ -230,6 +230,9 @@ class RdyController:
         # None), the key of each connection (kept while messages of a removed connection are
         # in flight), the paused keys.
         self._per_key = bool(backoff_per_key)
+        #: Told of each backoff change a result made: (scope key, level, the wait begun in seconds or
+        #: None); the scope key is None for the consumer-wide scope. The consumer logs from it.
+        self.on_backoff: Callable[[Hashable, int, float | None], None] | None = None
         self._scopes: dict[Hashable, BackoffState] = {}
         self._key_of: dict[Hashable, Hashable] = {}
         self._paused: set[Hashable] = set()
@@ -532,8 +535,13 @@ class RdyController:
         self, conn_id: Hashable, msg_id: Hashable, outcome: Outcome, now: float, key: Hashable
     ) -> bool:
         """Apply one result to the backoff state of its key; True if the RDY targets changed."""
-        scope = self._scopes.get(self._scope_key(key))
-        return scope is not None and scope.count(conn_id, msg_id, outcome, now, self._policy)
+        scope_key = self._scope_key(key)
+        scope = self._scopes.get(scope_key)
+        if scope is None or not scope.count(conn_id, msg_id, outcome, now, self._policy):
+            return False
+        if self.on_backoff is not None:
+            self.on_backoff(scope_key, scope.level, None if scope.wait_until is None else scope.wait_until - now)
+        return True
 
     def _scope_key(self, key: Hashable) -> Hashable:
         return key if self._per_key else None

@@ -173,6 +173,7 @@ class Consumer:
             partitions=self.partitions, fast_allowed=lambda: not self.ordered and not self._stopping,
         )
         self._dispatch.ha_check = self._ha.inspect
+        self._rdy.on_backoff = self._dispatch.backoff_changed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._links: dict[Endpoint, list[Link]] = {}
         self._missing = Missing(topic, self._fill, self._direct, delay=self.reconnect_delay,
@@ -187,6 +188,7 @@ class Consumer:
         self._stopping = False
         self._drained: asyncio.Event | None = None
         self._ever_connected: set[Endpoint] = set()
+        self._lost_at: dict[Endpoint, float] = {}  # endpoint -> when its connection was lost (not yet back)
         self._retiring: set[Link] = set()
         #: Connections opened again to an endpoint connected before (after a loss, a leader move...).
         self.reconnects = 0
@@ -511,6 +513,7 @@ class Consumer:
         if express:
             return self._express.express_added(link)  # closed by the consumer if refused
         self._links.setdefault(endpoint, []).append(link)
+        lost_at = self._lost_at.pop(endpoint, None)
         if endpoint in self._ever_connected:
             self.reconnects += 1
         self._ever_connected.add(endpoint)
@@ -523,8 +526,12 @@ class Consumer:
         self._apply(updates)
         if self._express.wants(link, is_ha=conn.is_ha, ordered=self.ordered):
             self._express.bulk_added(link)
-        self._log.info("consuming %s/%s from %s%s", self.topic, self.channel, endpoint.address,
-                    "" if endpoint.partition is None else f" partition {endpoint.partition}")
+        where = "" if endpoint.partition is None else f" partition {endpoint.partition}"
+        if lost_at is None:
+            self._log.info("consuming %s/%s from %s%s", self.topic, self.channel, endpoint.address, where)
+        else:
+            self._log.info("connection to %s%s re-established after %.2f s: consuming %s/%s again", endpoint.address,
+                           where, time.monotonic() - lost_at, self.topic, self.channel)
         return link
 
     def _on_close(self, link: Link, error: BaseException | None) -> None:
@@ -548,6 +555,7 @@ class Consumer:
         if self._stopping or not self._running:
             return
         self._log.warning("connection to %s closed%s", link.endpoint.address, f": {error}" if error else "")
+        self._lost_at.setdefault(link.endpoint, time.monotonic())
         self._missing.add(link.endpoint, error if isinstance(error, REFRESH_ERRORS) else None)
 
     def _on_server_error(self, link: Link, error: ServerError) -> None:
