@@ -39,6 +39,8 @@ MAX_BACKOFF = 8
 SETTINGS: dict[str, dict[str, Any]] = {
     "fastnsq": {},
     "fastnsq-linear": {"backoff_strategy": "linear", "backoff_multiplier": 0.028 * MAX_BACKOFF},
+    "fastnsq-linear-20ms": {"backoff_strategy": "linear", "backoff_multiplier": 0.02},
+    "fastnsq-no-backoff": {"max_backoff_duration": 0},
 }
 _BACKOFF_LINE = re.compile(r"backing off for ([0-9.]+) s")
 
@@ -138,8 +140,8 @@ def run_fastnsq(nsqd_tcp: str, topic: str, name: str) -> dict[str, Any]:
         started = time.perf_counter()
         consumer = fastnsq.Consumer(topic, "port", nsqd_tcp_addresses=[nsqd_tcp], handler=handle,
                                     give_up_handler=gave_up, max_in_flight=MAX_IN_FLIGHT, max_attempts=MAX_ATTEMPTS,
-                                    default_requeue_delay=REQUEUE_DELAY, max_backoff_duration=MAX_BACKOFF,
-                                    **SETTINGS[name])
+                                    default_requeue_delay=REQUEUE_DELAY,
+                                    **{"max_backoff_duration": MAX_BACKOFF, **SETTINGS[name]})
         await consumer.start()
         await asyncio.wait_for(done.wait(), 600)
         result.update(tally.result(name, started))
