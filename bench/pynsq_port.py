@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--nsqd", help="a real nsqd binary (started on free ports); else --nsqd-tcp")
     parser.add_argument("--nsqd-tcp", help="an nsqd already running")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--clients", default="pynsq," + ",".join(SETTINGS))
+    parser.add_argument("--clients", default="pynsq,fastnsq,fastnsq-linear-20ms")
     parser.add_argument("--pynsq-python", default=sys.executable, help="a Python with pynsq 0.9.1")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--topic", help=argparse.SUPPRESS)

@@ -159,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         for path in stale:
             path.write_text(written_files()[path])
-            print(f"wrote {path.relative_to(ROOT)}")
+            print(f"wrote {path}")
         return 0
     for path in stale:
-        print(f"{path.relative_to(ROOT)} differs from fastnsq/optionspec.py: run python -m fastnsq.optionfiles --write")
+        print(f"{path} differs from fastnsq/optionspec.py: run python -m fastnsq.optionfiles --write")
     return 1 if stale else 0
 
 

@@ -317,8 +317,6 @@ _OTHER_NAMES = {
     "message_handler": "pynsq's name; fastnsq calls it handler (an argument of Consumer)",
     "name": "pynsq's Reader name; fastnsq has none (its logs name the topic, channel and nsqd; "
             "logger= takes a LoggerAdapter)",
-    "reconnect_interval": "pynsq's Writer name; fastnsq calls it reconnect_delay (seconds, 0.4; "
-                          "max_reconnect_delay above it doubles the wait)",
     "tls_config": "go-nsq's name; fastnsq calls it tls_context (an ssl.SSLContext)",
     "skip_lookupd_authorization": "go-nsq's; fastnsq sends auth_secret to nsqlookupd only when it is set",
 }
