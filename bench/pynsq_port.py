@@ -40,6 +40,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "fastnsq": {},
     "fastnsq-linear": {"backoff_strategy": "linear", "backoff_multiplier": 0.028 * MAX_BACKOFF},
     "fastnsq-linear-20ms": {"backoff_strategy": "linear", "backoff_multiplier": 0.02},
+    "fastnsq-linear-5ms": {"backoff_strategy": "linear", "backoff_multiplier": 0.005},
     "fastnsq-no-backoff": {"max_backoff_duration": 0},
 }
 _BACKOFF_LINE = re.compile(r"backing off for ([0-9.]+) s")
