@@ -173,6 +173,10 @@ class BackoffState:
         self._start_wait(now, policy)
         return True
 
+    def wait_left(self, now: float) -> float | None:
+        """Seconds until the wait ends (None: not waiting)."""
+        return None if self.wait_until is None else self.wait_until - now
+
     def tick(self, now: float) -> None:
         """End the wait if it is over: probing starts."""
         if self.phase is Phase.WAITING and self.wait_until is not None and now >= self.wait_until:

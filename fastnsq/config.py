@@ -23,8 +23,18 @@ from .errors import InvalidValueError
 from .optionspec import OPTIONS, check_options
 
 __all__ = [
-    "ConnectionOptions", "Endpoint", "LoggerLike", "address_list", "check_callable", "check_choice", "check_logger", "check_range", "parse_address",
-    "connection_options", "secret_text", "split_options",
+    "ConnectionOptions",
+    "Endpoint",
+    "LoggerLike",
+    "address_list",
+    "check_callable",
+    "check_choice",
+    "check_logger",
+    "check_range",
+    "connection_options",
+    "parse_address",
+    "secret_text",
+    "split_options",
 ]
 
 #: What the ``logger`` option of a Consumer or Producer takes.
@@ -180,12 +190,10 @@ class ConnectionOptions:
             option.check(getattr(self, option.name))
         if self.heartbeat_interval == -1:
             object.__setattr__(self, "heartbeat_interval", None)
-        if self.read_timeout is not None and self.heartbeat_interval is not None:
-            if self.read_timeout <= self.heartbeat_interval:
-                raise InvalidValueError(
-                    f"read_timeout={self.read_timeout!r} must be above heartbeat_interval={self.heartbeat_interval!r}"
-                    " (nsqd is silent between heartbeats)"
-                )
+        heartbeat = self.heartbeat_interval
+        if self.read_timeout is not None and heartbeat is not None and self.read_timeout <= heartbeat:
+            raise InvalidValueError(f"read_timeout={self.read_timeout!r} must be above heartbeat_interval={heartbeat!r}"
+                                    " (nsqd is silent between heartbeats)")
         if self.local_addr is not None:
             parse_address(self.local_addr, default_port=0)
         if self.snappy and self.deflate:

@@ -198,10 +198,8 @@ class RdyController:
         multiplier = _check_seconds("backoff_multiplier", backoff_multiplier)
         self._settle = _check_seconds("rdy_settle_time", rdy_settle_time)
         if backoff_strategy not in STRATEGIES and not callable(backoff_strategy):
-            raise InvalidValueError(
-                "backoff_strategy must be 'exponential', 'full_jitter', 'linear' or a callable level -> seconds, "
-                f"got {backoff_strategy!r}"
-            )
+            raise InvalidValueError(f"backoff_strategy must be one of {STRATEGIES} or a callable level -> seconds, "
+                                    f"got {backoff_strategy!r}")
         self._clock = clock
         # The hot path stamps deliveries with CLOCK_MONOTONIC itself: only with the default clock.
         self._fast_lane = clock is time.monotonic
@@ -230,9 +228,7 @@ class RdyController:
         # None), the key of each connection (kept while messages of a removed connection are
         # in flight), the paused keys.
         self._per_key = bool(backoff_per_key)
-        #: Told of each backoff change a result made: (scope key, level, the wait begun in seconds or
-        #: None); the scope key is None for the consumer-wide scope. The consumer logs from it.
-        self.on_backoff: Callable[[Hashable, int, float | None], None] | None = None
+        self.on_backoff: Callable[[Hashable, int, float | None], None] | None = None  # (scope, level, wait)
         self._scopes: dict[Hashable, BackoffState] = {}
         self._key_of: dict[Hashable, Hashable] = {}
         self._paused: set[Hashable] = set()
@@ -535,13 +531,11 @@ class RdyController:
         self, conn_id: Hashable, msg_id: Hashable, outcome: Outcome, now: float, key: Hashable
     ) -> bool:
         """Apply one result to the backoff state of its key; True if the RDY targets changed."""
-        scope_key = self._scope_key(key)
-        scope = self._scopes.get(scope_key)
-        if scope is None or not scope.count(conn_id, msg_id, outcome, now, self._policy):
-            return False
-        if self.on_backoff is not None:
-            self.on_backoff(scope_key, scope.level, None if scope.wait_until is None else scope.wait_until - now)
-        return True
+        scope = self._scopes.get(self._scope_key(key))
+        changed = scope is not None and scope.count(conn_id, msg_id, outcome, now, self._policy)
+        if changed and self.on_backoff is not None:
+            self.on_backoff(self._scope_key(key), scope.level, scope.wait_left(now))  # type: ignore[union-attr]
+        return changed
 
     def _scope_key(self, key: Hashable) -> Hashable:
         return key if self._per_key else None

@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from ._sync_publish import CALL, FORKS, PUBLISH, SEND, Bridge, close_producer, settle_future
 from ._thread_publish import NOT_TAKEN, ThreadPublisher
-from .config import check_range
 from .codec import Message, TracedResponse
+from .config import check_range
 from .consumer import Batch as AsyncBatch
-from .consumer import StopReport
 from .consumer import Consumer as AsyncConsumer
+from .consumer import StopReport
 from .errors import ConnectionClosedError, InvalidValueError
 from .loop import new_event_loop
 from .producer import Producer as AsyncProducer
@@ -166,13 +166,11 @@ class Producer:
         self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
         partition: int | None = None, sharding_key: Any = None, trace_id: None = None, ext: None = None,
     ) -> bytes: ...
-
     @overload
     def publish(
         self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
         partition: int | None = None, sharding_key: Any = None, trace_id: int, ext: None = None,
     ) -> TracedResponse: ...
-
     @overload
     def publish(
         self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
@@ -226,13 +224,11 @@ class Producer:
         self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
         sharding_key: Any = None, trace_ids: None = None, exts: None = None,
     ) -> bytes: ...
-
     @overload
     def mpublish(
         self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
         sharding_key: Any = None, trace_ids: Sequence[int], exts: None = None,
     ) -> TracedResponse: ...
-
     @overload
     def mpublish(
         self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
@@ -360,7 +356,6 @@ class Batch(Sequence[Message]):
 
     @overload
     def __getitem__(self, index: int) -> Message: ...
-
     @overload
     def __getitem__(self, index: slice) -> list[Message]: ...
 

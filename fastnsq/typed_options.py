@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypedDict, Union
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from .backoff import BackoffStrategy
 from .codec import Message
@@ -26,7 +26,7 @@ __all__ = ["AsyncHandler", "BackoffStrategy", "Body", "ConsumerOptions", "Handle
            "SyncHandler", "SyncProducerOptions"]
 
 #: What a publish takes as a message body (a str goes out as UTF-8).
-Body = Union[bytes, bytearray, memoryview, str]
+Body = bytes | bytearray | memoryview | str
 
 #: A plain handler: returns to finish the message, raises to requeue it (with backoff); what it
 #: returns is not read, so it is typed None (pynsq's ``return False`` would finish the message).
@@ -34,7 +34,7 @@ SyncHandler = Callable[[Message], None]
 #: A coroutine handler: the same rules once it returns.
 AsyncHandler = Callable[[Message], Awaitable[None]]
 #: What ``Consumer(handler=...)`` takes.
-Handler = Union[SyncHandler, AsyncHandler]
+Handler = SyncHandler | AsyncHandler
 
 
 class ConnectionKeywords(TypedDict, total=False):

@@ -113,8 +113,8 @@ def test_unknown_options_are_all_named_at_once() -> None:
     ({"max_in_flight": "10"}, "max_in_flight must be an int, got '10'"),
     ({"msg_timeout": "30s"}, "msg_timeout must be seconds (a number), got '30s'"),
     ({"auto_touch": "false"}, "auto_touch must be True or False, got 'false'"),
-    ({"backoff_strategy": "pynsq"}, "backoff_strategy must be one of ('exponential', 'full_jitter', 'linear') or a "
-                                    "callable, got 'pynsq'"),
+    ({"backoff_strategy": "pynsq"}, ("backoff_strategy must be one of ('exponential', 'full_jitter', 'linear') "
+                                     "or a callable, got 'pynsq'")),
     ({"max_attempts": 70000}, "max_attempts=70000 is outside the accepted range 0..65535"),
 ])
 def test_run_time_checks_stay_for_untyped_callers(given: dict[str, typing.Any], error: str) -> None:

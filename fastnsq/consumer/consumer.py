@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import codec
+from ..codec import Message
 from ..config import (
     ConnectionOptions,
     Endpoint,
@@ -39,7 +40,6 @@ from ..config import (
     secret_text,
     split_options,
 )
-from ..codec import Message
 from ..conn import Connection
 from ..errors import InvalidValueError, NSQError, ServerError
 from ..optionspec import options_docstring, options_of

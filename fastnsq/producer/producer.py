@@ -76,9 +76,7 @@ __all__ = ["NOT_RETRYABLE", "PRODUCER_DEFAULTS", "Producer"]
 logger = logging.getLogger(__name__)
 
 #: The Producer's own options (not the connections') with their defaults (the table: fastnsq.optionspec).
-PRODUCER_DEFAULTS: dict[str, Any] = {
-    name: option.default for name, option in options_of("Producer").items() if option.client == "producer"
-}
+PRODUCER_DEFAULTS: dict[str, Any] = {n: o.default for n, o in options_of("Producer").items() if o.client == "producer"}
 
 #: Server errors a retry cannot fix: the same bytes would be refused again.
 NOT_RETRYABLE = (
@@ -110,10 +108,8 @@ class Producer:
     ...         await producer.publish("events", b"hello")
     ...         await producer.mpublish("events", [b"a", b"b"])
 
-    ``publish`` returns nsqd's answer (``b"OK"``; a :class:`~fastnsq.TracedResponse` with
-    ``trace_id``) once nsqd has the message, or raises. The keyword options are
-    :class:`fastnsq.typed_options.ProducerOptions`, listed below with their defaults and units
-    (and in docs/options.md).
+    ``publish`` returns nsqd's answer (``b"OK"``; a ``TracedResponse`` with ``trace_id``) or raises.
+    Options: :class:`fastnsq.typed_options.ProducerOptions`, listed below (and in docs/options.md).
     """
 
     def __init__(
@@ -342,13 +338,11 @@ class Producer:
         self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
         partition: int | None = None, sharding_key: Any = None, trace_id: None = None, ext: None = None,
     ) -> bytes: ...
-
     @overload
     async def publish(
         self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
         partition: int | None = None, sharding_key: Any = None, trace_id: int, ext: None = None,
     ) -> TracedResponse: ...
-
     @overload
     async def publish(
         self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
@@ -357,15 +351,8 @@ class Producer:
     ) -> bytes | TracedResponse: ...
 
     async def publish(
-        self,
-        topic: str,
-        body: Body,
-        *,
-        defer: float | None = None,
-        timeout: float | None = None,
-        partition: int | None = None,
-        sharding_key: Any = None,
-        trace_id: int | None = None,
+        self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
+        partition: int | None = None, sharding_key: Any = None, trace_id: int | None = None,
         ext: Mapping[str, Any] | None = None,
     ) -> Any:
         """Publish one message; returns nsqd's answer (``b"OK"``) once it has the message.
@@ -546,13 +533,11 @@ class Producer:
         self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
         sharding_key: Any = None, trace_ids: None = None, exts: None = None,
     ) -> bytes: ...
-
     @overload
     async def mpublish(
         self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
         sharding_key: Any = None, trace_ids: Sequence[int], exts: None = None,
     ) -> TracedResponse: ...
-
     @overload
     async def mpublish(
         self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
@@ -561,14 +546,8 @@ class Producer:
     ) -> bytes | TracedResponse: ...
 
     async def mpublish(
-        self,
-        topic: str,
-        bodies: Sequence[Body],
-        *,
-        timeout: float | None = None,
-        partition: int | None = None,
-        sharding_key: Any = None,
-        trace_ids: Sequence[int] | None = None,
+        self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
+        sharding_key: Any = None, trace_ids: Sequence[int] | None = None,
         exts: Sequence[Mapping[str, Any]] | None = None,
     ) -> Any:
         """Publish a batch with MPUB (split into several under nsqd's max body size); returns nsqd's
