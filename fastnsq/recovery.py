@@ -33,7 +33,6 @@ import contextlib
 import logging
 import random
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Container, Hashable, Iterable
 from typing import Generic, TypeVar
 
@@ -95,7 +94,7 @@ class Redial:
 
     ``delay`` / ``max_delay``: the wait between rounds is drawn from ``[d / 2, d]``, ``d``
     starting at ``delay`` and doubling per round that opened nothing up to ``max_delay``;
-    attempts to one address never start closer than ``1 / MAX_ATTEMPTS_PER_SECOND`` s.
+    attempts to one address never start closer than 0.21 s (``1.05 / MAX_ATTEMPTS_PER_SECOND``).
     ``on_round`` is called after each round (a publish waiting for nsqd looks again).
     """
 
@@ -115,8 +114,6 @@ class Redial:
         self._rng = rng if rng is not None else random.Random()
         self._addresses: dict[str, _Address] = {}
         self._closed = False
-        #: Connection attempts made by the rounds, per address (the first attempt of a caller not included).
-        self.attempts: Counter[str] = Counter()
 
     # ---- what is missing ----------------------------------------------------------------
 
@@ -155,11 +152,6 @@ class Redial:
 
     def has(self, key: Hashable) -> bool:
         return any(key in entry.keys for entry in self._addresses.values())
-
-    def trying(self, address: str) -> bool:
-        """Whether a round to ``address`` is under way (its outcome is news)."""
-        entry = self._addresses.get(address)
-        return entry is not None and entry.trying
 
     def error(self, address: str) -> BaseException | None:
         """Why the last attempt to ``address`` failed (None: none failed, or nothing is missing there)."""
@@ -245,7 +237,6 @@ class Redial:
 
     async def _attempt(self, entry: _Address, key: Hashable, attempt: Attempt) -> bool:
         entry.last_start = self._now()
-        self.attempts[entry.address] += 1
         try:
             await attempt()
         except asyncio.CancelledError:

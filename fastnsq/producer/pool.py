@@ -42,7 +42,8 @@ class ConnectionPool:
     """``pool_size`` connections to each nsqd added, and which of them are open.
 
     A lost connection is reconnected by the recovery rule (:class:`fastnsq.recovery.Redial`:
-    at once, then every 0.2-0.4 s by default, at most 5 attempts a second per nsqd).
+    every 0.2-0.4 s by default, at most 5 attempts a second per nsqd, sooner for a publish
+    waiting).
     Commands unanswered for ``publish_timeout`` fail with :class:`PublishTimeoutError` (a
     sweeper checks every connection's oldest command, so no publish needs a timer of its own).
     """
@@ -245,7 +246,7 @@ class ConnectionPool:
             self._missing(slot)
 
     def _missing(self, slot: _Slot, error: BaseException | None = None) -> None:
-        """The recovery rule reopens ``slot``: at once after a loss, its turn after a failed attempt."""
+        """The recovery rule reopens ``slot`` (``error``: why the attempt just made failed)."""
         if not self.closing:
             self._redial.missing(slot.address, slot, functools.partial(self._reopen, slot), error)
 
