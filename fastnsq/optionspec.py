@@ -188,8 +188,9 @@ _CONSUMER = [
     _o("default_requeue_delay", "consumer", "float", 90.0,
        "A requeue's delay, times the message's attempts (capped by max_requeue_delay).", low=0, high=3600,
        pynsq=("requeue_delay",), **_SECONDS),
-    _o("max_requeue_delay", "consumer", "float", 900.0, "The longest automatic requeue delay.", low=0, high=3600,
-       **_SECONDS),
+    _o("max_requeue_delay", "consumer", "float", 900.0,
+       "The longest automatic requeue delay (go-nsq's 15 min; both at most 3600, go-nsq's limit and nsqd's "
+       "default --max-req-timeout).", low=0, high=3600, **_SECONDS),
     _o("backoff_strategy", "consumer", "BackoffStrategy", "exponential",
        "How long a backoff level waits: 'exponential' (go-nsq: multiplier x 2^level), 'full_jitter' "
        "(a random part of that), 'linear' (multiplier x level: pynsq-like small steps) or a callable "

@@ -112,7 +112,7 @@ class ConsumerOptions(ConnectionKeywords, total=False):
     default_requeue_delay: float
     """A requeue's delay, times the message's attempts (capped by max_requeue_delay). Default 90.0 s; go-nsq: default_requeue_delay; pynsq: requeue_delay."""
     max_requeue_delay: float
-    """The longest automatic requeue delay. Default 900.0 s; go-nsq: max_requeue_delay."""
+    """The longest automatic requeue delay (go-nsq's 15 min; both at most 3600, go-nsq's limit and nsqd's default --max-req-timeout). Default 900.0 s; go-nsq: max_requeue_delay."""
     backoff_strategy: BackoffStrategy
     """How long a backoff level waits: 'exponential' (go-nsq: multiplier x 2^level), 'full_jitter' (a random part of that), 'linear' (multiplier x level: pynsq-like small steps) or a callable level -> seconds. Default 'exponential'; go-nsq: backoff_strategy."""
     max_backoff_duration: float
