@@ -24,10 +24,14 @@ import random
 from collections.abc import Callable, Hashable
 from typing import Any, Literal
 
-__all__ = ["MAX_BACKOFF_LEVEL", "BackoffPolicy", "BackoffState", "BackoffStrategy", "Outcome", "Phase"]
+__all__ = ["MAX_BACKOFF_LEVEL", "STRATEGIES", "BackoffPolicy", "BackoffState", "BackoffStrategy", "Outcome", "Phase"]
 
-#: ``"exponential"``, ``"full_jitter"`` or a callable mapping a backoff level (1, 2, ...) to seconds.
-BackoffStrategy = Literal["exponential", "full_jitter"] | Callable[[int], float]
+#: ``"exponential"`` (go-nsq: multiplier x 2^level), ``"full_jitter"`` (a random part of that),
+#: ``"linear"`` (multiplier x level: the small steps of pynsq's timer) or a callable mapping a
+#: backoff level (1, 2, ...) to seconds.
+BackoffStrategy = Literal["exponential", "full_jitter", "linear"] | Callable[[int], float]
+#: The strategies named by a string.
+STRATEGIES = ("exponential", "full_jitter", "linear")
 
 #: Absolute cap on the backoff level, for strategies that never reach max_backoff_duration.
 MAX_BACKOFF_LEVEL = 64
@@ -80,6 +84,8 @@ class BackoffPolicy:
             return min(self.multiplier * 2.0**level, self.max_backoff_duration)
         if self.strategy == "full_jitter":
             return self.rng.uniform(0.0, min(self.multiplier * 2.0**level, self.max_backoff_duration))
+        if self.strategy == "linear":
+            return min(self.multiplier * level, self.max_backoff_duration)
         return self._clamp(self.strategy(level))
 
     def can_deepen(self, level: int) -> bool:
@@ -89,6 +95,8 @@ class BackoffPolicy:
     def _ceiling(self, level: int) -> float:
         if callable(self.strategy):
             return self._clamp(self.strategy(level))
+        if self.strategy == "linear":
+            return self.multiplier * level
         return self.multiplier * 2.0**level
 
     def _clamp(self, seconds: float) -> float:
@@ -164,6 +172,10 @@ class BackoffState:
             self.level += 1
         self._start_wait(now, policy)
         return True
+
+    def wait_left(self, now: float) -> float | None:
+        """Seconds until the wait ends (None: not waiting)."""
+        return None if self.wait_until is None else self.wait_until - now
 
     def tick(self, now: float) -> None:
         """End the wait if it is over: probing starts."""

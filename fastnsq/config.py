@@ -20,10 +20,21 @@ from typing import Any, NamedTuple
 from ._protocol import DEFAULT_MAX_BODY_SIZE, DEFAULT_MAX_MSG_SIZE
 from ._version import __version__
 from .errors import InvalidValueError
+from .optionspec import OPTIONS, check_options
 
 __all__ = [
-    "ConnectionOptions", "Endpoint", "LoggerLike", "address_list", "check_callable", "check_choice", "check_logger", "check_range", "parse_address",
-    "secret_text", "split_options",
+    "ConnectionOptions",
+    "Endpoint",
+    "LoggerLike",
+    "address_list",
+    "check_callable",
+    "check_choice",
+    "check_logger",
+    "check_range",
+    "connection_options",
+    "parse_address",
+    "secret_text",
+    "split_options",
 ]
 
 #: What the ``logger`` option of a Consumer or Producer takes.
@@ -39,6 +50,7 @@ def check_logger(value: Any, default: logging.Logger) -> LoggerLike:
     return value
 
 _TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
+CONNECTION_OPTIONS = tuple(option for option in OPTIONS if option.client == "connection")
 
 
 def check_range(name: str, value: Any, low: float, high: float, *, integer: bool = False) -> Any:
@@ -173,41 +185,19 @@ class ConnectionOptions:
     ext_filter: Mapping[str, Any] | None = None  # HA: server-side filter on ext headers
 
     def __post_init__(self) -> None:
-        for name in ("client_id", "hostname", "user_agent", "topology_region", "topology_zone"):
-            if not isinstance(getattr(self, name), str):
-                raise InvalidValueError(f"{name} must be a string, got {getattr(self, name)!r}")
-        check_range("dial_timeout", self.dial_timeout, 0.001, 3600)
+        # Each field's type and range, from the option table (fastnsq.optionspec).
+        for option in CONNECTION_OPTIONS:
+            option.check(getattr(self, option.name))
         if self.heartbeat_interval == -1:
             object.__setattr__(self, "heartbeat_interval", None)
-        if self.heartbeat_interval is not None:
-            check_range("heartbeat_interval", self.heartbeat_interval, 1.0, 60.0)
-        if self.read_timeout is not None:
-            check_range("read_timeout", self.read_timeout, 0.1, 3600)
-            if self.heartbeat_interval is not None and self.read_timeout <= self.heartbeat_interval:
-                raise InvalidValueError(
-                    f"read_timeout={self.read_timeout!r} must be above heartbeat_interval={self.heartbeat_interval!r}"
-                    " (nsqd is silent between heartbeats)"
-                )
-        if self.write_timeout is not None:
-            check_range("write_timeout", self.write_timeout, 0.001, 3600)
+        heartbeat = self.heartbeat_interval
+        if self.read_timeout is not None and heartbeat is not None and self.read_timeout <= heartbeat:
+            raise InvalidValueError(f"read_timeout={self.read_timeout!r} must be above heartbeat_interval={heartbeat!r}"
+                                    " (nsqd is silent between heartbeats)")
         if self.local_addr is not None:
             parse_address(self.local_addr, default_port=0)
-        if self.output_buffer_size != -1:
-            check_range("output_buffer_size", self.output_buffer_size, 64, 65536, integer=True)
-        if self.output_buffer_timeout != -1:
-            check_range("output_buffer_timeout", self.output_buffer_timeout, 0.025, 30.0)
-        if self.msg_timeout is not None:
-            check_range("msg_timeout", self.msg_timeout, 1.0, 900.0)
-        check_range("sample_rate", self.sample_rate, 0, 99, integer=True)
-        check_range("deflate_level", self.deflate_level, 1, 9, integer=True)
-        check_range("max_msg_size", self.max_msg_size, 1, 2**31 - 1, integer=True)
-        check_range("max_body_size", self.max_body_size, 1, 2**31 - 1, integer=True)
         if self.snappy and self.deflate:
             raise InvalidValueError("snappy and deflate cannot both be enabled (nsqd refuses it)")
-        if self.tls_min_version not in _TLS_VERSIONS:
-            raise InvalidValueError(
-                f"tls_min_version={self.tls_min_version!r}: use one of {sorted(_TLS_VERSIONS)} (TLS 1.2 minimum)"
-            )
         if self.tls_context is not None and not isinstance(self.tls_context, ssl.SSLContext):
             raise InvalidValueError("tls_context must be an ssl.SSLContext")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -284,16 +274,21 @@ class ConnectionOptions:
         return dataclasses.replace(self, **changes)
 
 
-_CONNECTION_FIELDS = frozenset(f.name for f in dataclasses.fields(ConnectionOptions))
+def split_options(client_name: str, options: Mapping[str, Any]) -> tuple[ConnectionOptions, dict[str, Any]]:
+    """The checked options of ``client_name`` ("Consumer" or "Producer"): its connections' and its own
+    (every one, defaulted). An unknown name is refused with the name to use (:mod:`fastnsq.optionspec`).
 
-
-def split_options(options: Mapping[str, Any]) -> tuple[ConnectionOptions, dict[str, Any]]:
-    """Separate connection options from the rest (a Consumer's or Producer's own).
-
-    >>> conn, rest = split_options({"snappy": True, "max_in_flight": 10})
-    >>> conn.snappy, rest
-    (True, {'max_in_flight': 10})
+    >>> conn, rest = split_options("Consumer", {"snappy": True, "max_in_flight": 10})
+    >>> conn.snappy, rest["max_in_flight"], rest["max_attempts"]
+    (True, 10, 5)
     """
-    conn = {k: v for k, v in options.items() if k in _CONNECTION_FIELDS}
-    rest = {k: v for k, v in options.items() if k not in _CONNECTION_FIELDS}
-    return ConnectionOptions(**conn), rest
+    connection, own = check_options(client_name, options)
+    return ConnectionOptions(**connection), own
+
+
+def connection_options(options: Mapping[str, Any]) -> ConnectionOptions:
+    """The connection options among ``options`` (a client's), the others left aside."""
+    return ConnectionOptions(**{name: value for name, value in options.items() if name in _CONNECTION_NAMES})
+
+
+_CONNECTION_NAMES = frozenset(option.name for option in CONNECTION_OPTIONS)

@@ -15,21 +15,15 @@ what it takes.
 
 from __future__ import annotations
 
-import dataclasses
 import re
-import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
-from .config import ConnectionOptions
-from .consumer import CONSUMER_DEFAULTS
 from .errors import InvalidValueError
-from .producer import PRODUCER_DEFAULTS
+from .optionspec import check_options, options_of
 
 __all__ = ["parse_duration", "parse_options"]
 
-# Options that take a callable or an object: not settable from a string.
-_NOT_FROM_STRINGS = frozenset({"give_up_handler", "discovery_filter", "logger", "hasher", "tls_context", "ext_filter"})
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _TRUE = {"true", "1", "yes", "on", "t"}
@@ -68,11 +62,10 @@ def parse_options(
     options: dict[str, Any] = {}
     for raw_name, text in items:
         name = raw_name.strip()
-        if name in _NOT_FROM_STRINGS:
-            raise InvalidValueError(f"option {name!r} takes a Python object, not a string: pass it as a keyword")
         if name not in kinds:
-            known = ", ".join(sorted(kinds))
-            raise InvalidValueError(f"unknown {for_} option {raw_name!r} (known: {known})")
+            check_options(for_.capitalize(), {name: None})  # raises, with the name to use where there is one
+        if kinds[name] == "object":
+            raise InvalidValueError(f"option {name!r} takes a Python object, not a string: pass it as a keyword")
         options[name] = _convert(name, text, kinds[name])
     return options
 
@@ -86,38 +79,10 @@ def _split(pair: str) -> tuple[str, str]:
 
 
 def _kinds(for_: str) -> dict[str, str]:
-    """Option name -> its kind: "int", "float" (seconds or a number), "bool", "str"."""
+    """Option name -> the kind its string is parsed as (the table: :mod:`fastnsq.optionspec`)."""
     if for_ not in ("consumer", "producer"):
         raise InvalidValueError(f"for_ must be 'consumer' or 'producer', got {for_!r}")
-    defaults = CONSUMER_DEFAULTS if for_ == "consumer" else PRODUCER_DEFAULTS
-    kinds = {name: _kind_of(value) for name, value in defaults.items() if name not in _NOT_FROM_STRINGS}
-    hints = typing.get_type_hints(ConnectionOptions)
-    for field in dataclasses.fields(ConnectionOptions):
-        if field.name not in _NOT_FROM_STRINGS:
-            kinds[field.name] = _kind_of_hint(hints[field.name])
-    return {name: kind for name, kind in kinds.items() if kind}
-
-
-def _kind_of(default: Any) -> str:
-    if isinstance(default, bool):
-        return "bool"
-    if isinstance(default, int):
-        return "int"
-    if isinstance(default, float):
-        return "float"
-    if isinstance(default, str):
-        return "str"
-    return ""
-
-
-def _kind_of_hint(hint: Any) -> str:
-    args = set(typing.get_args(hint)) or {hint}
-    for kind, python_type in (("bool", bool), ("float", float), ("int", int), ("str", str)):
-        if python_type in args:
-            return kind
-    if bytes in args:
-        return "str"
-    return ""
+    return {name: option.kind for name, option in options_of(for_.capitalize()).items()}
 
 
 def _convert(name: str, text: str, kind: str) -> Any:
@@ -132,8 +97,10 @@ def _convert(name: str, text: str, kind: str) -> Any:
             if not re.fullmatch(r"[+-]?\d+", value):
                 raise ValueError("takes a whole number")
             return int(value)
-        if kind == "float":
+        if kind == "seconds":
             return parse_duration(value)
+        if kind == "number":
+            return float(value)
     except ValueError as exc:
         raise InvalidValueError(f"option {name}={text!r}: {exc}") from None
     return value

@@ -85,7 +85,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from fastnsq.backoff import BackoffPolicy, BackoffState, BackoffStrategy, Outcome, Phase
+from fastnsq.backoff import STRATEGIES, BackoffPolicy, BackoffState, BackoffStrategy, Outcome, Phase
 from fastnsq.codec import ConnRdy as _Conn
 from fastnsq.errors import InvalidValueError
 
@@ -197,11 +197,9 @@ class RdyController:
         max_backoff = _check_seconds("max_backoff_duration", max_backoff_duration)
         multiplier = _check_seconds("backoff_multiplier", backoff_multiplier)
         self._settle = _check_seconds("rdy_settle_time", rdy_settle_time)
-        if backoff_strategy not in ("exponential", "full_jitter") and not callable(backoff_strategy):
-            raise InvalidValueError(
-                "backoff_strategy must be 'exponential', 'full_jitter' or a callable level -> seconds, "
-                f"got {backoff_strategy!r}"
-            )
+        if backoff_strategy not in STRATEGIES and not callable(backoff_strategy):
+            raise InvalidValueError(f"backoff_strategy must be one of {STRATEGIES} or a callable level -> seconds, "
+                                    f"got {backoff_strategy!r}")
         self._clock = clock
         # The hot path stamps deliveries with CLOCK_MONOTONIC itself: only with the default clock.
         self._fast_lane = clock is time.monotonic
@@ -230,6 +228,7 @@ class RdyController:
         # None), the key of each connection (kept while messages of a removed connection are
         # in flight), the paused keys.
         self._per_key = bool(backoff_per_key)
+        self.on_backoff: Callable[[Hashable, int, float | None], None] | None = None  # (scope, level, wait)
         self._scopes: dict[Hashable, BackoffState] = {}
         self._key_of: dict[Hashable, Hashable] = {}
         self._paused: set[Hashable] = set()
@@ -533,7 +532,10 @@ class RdyController:
     ) -> bool:
         """Apply one result to the backoff state of its key; True if the RDY targets changed."""
         scope = self._scopes.get(self._scope_key(key))
-        return scope is not None and scope.count(conn_id, msg_id, outcome, now, self._policy)
+        changed = scope is not None and scope.count(conn_id, msg_id, outcome, now, self._policy)
+        if changed and self.on_backoff is not None:
+            self.on_backoff(self._scope_key(key), scope.level, scope.wait_left(now))  # type: ignore[union-attr]
+        return changed
 
     def _scope_key(self, key: Hashable) -> Hashable:
         return key if self._per_key else None

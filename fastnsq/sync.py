@@ -26,13 +26,15 @@ import functools
 import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from ._sync_publish import CALL, FORKS, PUBLISH, SEND, Bridge, close_producer, settle_future
 from ._thread_publish import NOT_TAKEN, ThreadPublisher
+from .codec import Message, TracedResponse
 from .config import check_range
-from .consumer import Batch, StopReport
+from .consumer import Batch as AsyncBatch
 from .consumer import Consumer as AsyncConsumer
+from .consumer import StopReport
 from .errors import ConnectionClosedError, InvalidValueError
 from .loop import new_event_loop
 from .producer import Producer as AsyncProducer
@@ -41,9 +43,11 @@ from .producer.load import NodeStats
 from .stats import ConsumerStats, ProducerStats, deprecated_spelling
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing_extensions import Self, Unpack
 
-__all__ = ["Consumer", "Producer"]
+    from .typed_options import Body, ConsumerOptions, SyncHandler, SyncProducerOptions
+
+__all__ = ["Batch", "Consumer", "Producer"]
 
 T = TypeVar("T")
 _RESULT_MARGIN = 5.0  # seconds added to a call's own timeout before the caller stops waiting
@@ -115,7 +119,7 @@ class Producer:
         lookupd_http_addresses: str | Sequence[str] | None = None,
         lazy_connect: bool = True,
         thread_connections: int = 64,
-        **options: Any,
+        **options: Unpack[SyncProducerOptions],
     ) -> None:
         self._thread_connections = check_range("thread_connections", thread_connections, 0, 1024, integer=True)
         self._arguments = (nsqd_tcp_addresses, lookupd_http_addresses, options)
@@ -158,10 +162,27 @@ class Producer:
             return timeout + _LATE
         return self._producer.publish_timeout * (1 + self._producer.max_retries) + _RESULT_MARGIN
 
+    @overload
+    def publish(
+        self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
+        partition: int | None = None, sharding_key: Any = None, trace_id: None = None, ext: None = None,
+    ) -> bytes: ...
+    @overload
+    def publish(
+        self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
+        partition: int | None = None, sharding_key: Any = None, trace_id: int, ext: None = None,
+    ) -> TracedResponse: ...
+    @overload
+    def publish(
+        self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
+        partition: int | None = None, sharding_key: Any = None, trace_id: int | None = None,
+        ext: Mapping[str, Any] | None = None,
+    ) -> bytes | TracedResponse: ...
+
     def publish(
         self,
         topic: str,
-        body: Any,
+        body: Body,
         *,
         defer: float | None = None,
         timeout: float | None = None,
@@ -186,10 +207,12 @@ class Producer:
                                  partition=partition, sharding_key=sharding_key, trace_id=trace_id, ext=ext)
         return bridge.run(SEND, send, self._wait(timeout))
 
-    def publish_async(self, topic: str, body: Any, **arguments: Any) -> concurrent.futures.Future[Any]:
+    def publish_async(
+        self, topic: str, body: Body, **arguments: Any
+    ) -> concurrent.futures.Future[bytes | TracedResponse]:
         """:meth:`publish` without waiting: a future of nsqd's answer (or of the error)."""
         bridge = self._current()
-        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        future: concurrent.futures.Future[bytes | TracedResponse] = concurrent.futures.Future()
         done = functools.partial(settle_future, future)
         if not arguments:
             bridge.put(PUBLISH, topic, body, done)
@@ -197,10 +220,27 @@ class Producer:
             bridge.put(SEND, functools.partial(self._producer.publish, topic, body, **arguments), None, done)
         return future
 
+    @overload
+    def mpublish(
+        self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
+        sharding_key: Any = None, trace_ids: None = None, exts: None = None,
+    ) -> bytes: ...
+    @overload
+    def mpublish(
+        self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
+        sharding_key: Any = None, trace_ids: Sequence[int], exts: None = None,
+    ) -> TracedResponse: ...
+    @overload
+    def mpublish(
+        self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
+        sharding_key: Any = None, trace_ids: Sequence[int] | None = None,
+        exts: Sequence[Mapping[str, Any]] | None = None,
+    ) -> bytes | TracedResponse: ...
+
     def mpublish(
         self,
         topic: str,
-        bodies: Sequence[Any],
+        bodies: Sequence[Body],
         *,
         timeout: float | None = None,
         partition: int | None = None,
@@ -215,7 +255,7 @@ class Producer:
                                  sharding_key=sharding_key, trace_ids=trace_ids, exts=exts)
         return bridge.run(SEND, send, self._wait(timeout))
 
-    def publish_and_retry_background(self, topic: str, body: Any, **arguments: Any) -> bool:
+    def publish_and_retry_background(self, topic: str, body: Body, **arguments: Any) -> bool:
         """:meth:`fastnsq.Producer.publish_and_retry_background`: True if nsqd has it, False if it
         waits for a background retry (the retries run on the facade's loop)."""
         bridge = self._current()
@@ -300,29 +340,36 @@ class _ThreadSafeMessage:
         _answer_on_loop(self._loop, self._message.disable_auto_response)
 
 
-class _ThreadSafeBatch(Sequence[Any]):
-    """A :class:`fastnsq.Batch` handed to a plain thread: its messages are thread-safe, and
-    ``finish``/``requeue`` are written by the loop thread (still one write per connection)."""
+class Batch(Sequence[Message]):
+    """A :class:`fastnsq.Batch` handed to a plain thread (what :meth:`Consumer.batches` yields): its
+    messages are thread-safe stand-ins of :class:`~fastnsq.Message` (the same attributes; their
+    answers are written by the loop thread), and so are ``finish``/``requeue`` (still one write
+    per connection)."""
 
     __slots__ = ("_batch", "_loop")
 
-    def __init__(self, batch: Batch, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, batch: AsyncBatch, loop: asyncio.AbstractEventLoop) -> None:
         self._batch = batch
         self._loop = loop
 
     def __len__(self) -> int:
         return len(self._batch)
 
-    def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice):
-            return [_ThreadSafeMessage(message, self._loop) for message in self._batch[index]]
-        return _ThreadSafeMessage(self._batch[index], self._loop)
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Message]: ...
 
-    def __iter__(self) -> Iterator[Any]:
-        return (_ThreadSafeMessage(message, self._loop) for message in self._batch.messages)
+    def __getitem__(self, index: int | slice) -> Message | list[Message]:
+        if isinstance(index, slice):
+            return [_thread_safe(message, self._loop) for message in self._batch.messages[index]]
+        return _thread_safe(self._batch[index], self._loop)
+
+    def __iter__(self) -> Iterator[Message]:
+        return (_thread_safe(message, self._loop) for message in self._batch.messages)
 
     @property
-    def messages(self) -> list[Any]:
+    def messages(self) -> list[Message]:
         return list(self)
 
     def finish(self) -> None:
@@ -332,6 +379,11 @@ class _ThreadSafeBatch(Sequence[Any]):
     def requeue(self, delay: float | None = None, backoff: bool = True) -> None:
         """REQ every message not answered yet (backoff counts once per batch)."""
         _answer_on_loop(self._loop, self._batch.requeue, delay, backoff)
+
+
+def _thread_safe(message: Message, loop: asyncio.AbstractEventLoop) -> Message:
+    """``message`` for a thread other than the loop's: typed as the Message it stands for."""
+    return cast(Message, _ThreadSafeMessage(message, loop))
 
 
 def _answer_on_loop(loop: asyncio.AbstractEventLoop, answer: Callable[..., None], *args: Any) -> None:
@@ -374,11 +426,11 @@ class Consumer:
         topic: str,
         channel: str,
         *,
-        handler: Callable[[Any], Any] | None = None,
+        handler: SyncHandler | None = None,
         workers: int = 1,
         nsqd_tcp_addresses: str | Sequence[str] | None = None,
         lookupd_http_addresses: str | Sequence[str] | None = None,
-        **options: Any,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
         if handler is not None and not callable(handler):
             raise InvalidValueError("handler must be a callable taking one message")
@@ -436,7 +488,7 @@ class Consumer:
         error: BaseException | None = None
         if ran:
             try:
-                self._user_handler(_ThreadSafeMessage(message, loop))  # type: ignore[misc]
+                self._user_handler(_thread_safe(message, loop))  # type: ignore[misc]
             except BaseException as exc:  # noqa: BLE001 - the dispatcher requeues it with backoff
                 # A SystemExit or StopIteration would break the loop's task: pass it on as an error.
                 plain = isinstance(exc, Exception) and not isinstance(exc, StopIteration)
@@ -538,7 +590,7 @@ class Consumer:
                 message.requeue(0, backoff=False)
                 self._abandoned += 1
 
-    def batches(self, max_size: int = 100, max_wait: float = 1.0) -> Iterator[_ThreadSafeBatch]:
+    def batches(self, max_size: int = 100, max_wait: float = 1.0) -> Iterator[Batch]:
         """Blocking :meth:`fastnsq.Consumer.batches`, for a consumer made without a handler.
 
         Starts the consumer if needed; each batch is a sequence of messages whose
@@ -551,14 +603,14 @@ class Consumer:
         check_range("max_wait", max_wait, 0.0, 86400)
         return self._iterate_batches(max_size, max_wait)
 
-    def _iterate_batches(self, max_size: int, max_wait: float) -> Iterator[_ThreadSafeBatch]:
+    def _iterate_batches(self, max_size: int, max_wait: float) -> Iterator[Batch]:
         self.start()
         thread = self._thread
         assert thread is not None
         batches = self._consumer.batches(max_size, max_wait)
         try:
             while (batch := self._next_batch(thread, batches)) is not None:
-                yield _ThreadSafeBatch(batch, thread.loop)
+                yield Batch(batch, thread.loop)
         finally:
             if not self._closed:
                 try:
@@ -566,7 +618,7 @@ class Consumer:
                 except RuntimeError:
                     pass  # the loop closed meanwhile, or the garbage collector closed us on the loop thread
 
-    def _next_batch(self, thread: _LoopThread, batches: AsyncIterator[Batch]) -> Batch | None:
+    def _next_batch(self, thread: _LoopThread, batches: AsyncIterator[AsyncBatch]) -> AsyncBatch | None:
         """The next batch, however long it takes to come; None once the consumer has stopped."""
         if self._closed:
             return None
@@ -660,14 +712,14 @@ async def _call_async(func: Callable[..., T], *args: Any) -> T:
     return func(*args)
 
 
-async def _next_or_none(batches: AsyncIterator[Batch]) -> Batch | None:
+async def _next_or_none(batches: AsyncIterator[AsyncBatch]) -> AsyncBatch | None:
     try:
         return await batches.__anext__()
     except StopAsyncIteration:
         return None
 
 
-async def _aclose(batches: AsyncIterator[Batch]) -> None:
+async def _aclose(batches: AsyncIterator[AsyncBatch]) -> None:
     await batches.aclose()  # type: ignore[attr-defined]
 
 

@@ -200,8 +200,10 @@ class Topology:
         self._entry(topic).listeners.append(listener)
 
     def watch(self, topic: str) -> None:
-        """Poll ``topic`` every ``poll_interval`` (after a random first delay, so that many
-        clients started together spread out; each wait jittered), more often while the
+        """Poll ``topic`` every ``poll_interval`` (the first of these polls after a random delay of up
+        to ``poll_jitter`` x ``poll_interval``, so that many clients started together spread out; a
+        caller that needs the route at once calls :meth:`refresh` first, as the consumer's ``start()``
+        does; each wait jittered), more often while the
         watcher is short of an nsqd (:meth:`set_short`), until :meth:`close`."""
         entry = self._entry(topic)
         if entry.watch_task is None:

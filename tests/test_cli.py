@@ -521,7 +521,7 @@ async def test_consumer_and_producer_options_pass_through(nsqd) -> None:
     [
         (["pub", "t", "x", "--producer-opt", "pool_size=two"], "--producer-opt: option pool_size='two': takes a whole number"),
         (["tail", "t", "--consumer-opt", "max_in_flight"], "--consumer-opt: an option is 'name=value'"),
-        (["tail", "t", "--consumer-opt", "pool_size=2"], "--consumer-opt: unknown consumer option 'pool_size'"),
+        (["tail", "t", "--consumer-opt", "pool_size=2"], "--consumer-opt: unknown Consumer option pool_size: a Producer option"),
     ],
 )
 async def test_bad_passthrough_options_are_named(args: list[str], message: str) -> None:

@@ -449,7 +449,7 @@ def test_bad_options_name_the_option():
     for kwargs, words in [
         ({"max_in_flight": -1}, "max_in_flight"),
         ({"max_attempts": 70000}, "max_attempts"),
-        ({"backoff_strategy": "linear"}, "backoff_strategy"),
+        ({"backoff_strategy": "pynsq"}, "backoff_strategy"),
         ({"low_rdy_idle_timeout": 0.1}, "low_rdy_idle_timeout"),
         ({"heartbeat_interval": None}, "heartbeat_interval"),
         ({"bogus_option": 1}, "unknown Consumer option"),
@@ -507,7 +507,7 @@ def test_max_requeue_delay_is_documented_as_its_default_and_its_limit() -> None:
         with pytest.raises(InvalidValueError, match=limit):
             Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], **{limit: 3601})
     doc = " ".join((Consumer.__doc__ or "").split())
-    assert "``max_requeue_delay`` (900, go-nsq's 15 min; both at most 3600" in doc
+    assert "``max_requeue_delay`` (900.0 s): The longest automatic requeue delay (go-nsq's 15 min; both at most 3600" in doc
     consuming = (Path(__file__).resolve().parents[1] / "docs" / "consuming.md").read_text()
     row = next(line for line in consuming.splitlines() if line.startswith("| `default_requeue_delay`"))
     assert "| 90, 900 |" in row and "at most 3600" in row and "`--max-req-timeout` (1 h" in row

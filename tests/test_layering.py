@@ -114,7 +114,7 @@ BELOW_THE_CLIENTS = ("fastnsq.codec", "fastnsq._frame_py", "fastnsq._delivery_py
                      "fastnsq.conn", "fastnsq.compression", "fastnsq.config", "fastnsq.errors",
                      "fastnsq.lookupd", "fastnsq.topology", "fastnsq.sharding", "fastnsq.rdy", "fastnsq.backoff",
                      "fastnsq.stats", "fastnsq.tracing", "fastnsq.loop", "fastnsq.bodies", "fastnsq.nsqd_http", "fastnsq.ext",
-                     "fastnsq.recovery")
+                     "fastnsq.recovery", "fastnsq.optionspec")
 #: Pure state machines: no sockets, no HTTP, no event loop objects of their own.
 PURE = ("fastnsq.rdy", "fastnsq.backoff", "fastnsq.sharding", "fastnsq.stats")
 #: The C extensions (and their twins) that consumers and producers hand their messages to.

@@ -1,12 +1,14 @@
-"""What the clients log says what happened (issue 36): no ``None`` where a reason belongs."""
+"""What the clients log says what happened: no ``None`` where a reason belongs (issue 36); a handler's
+failure in one line, backoff, and a connection back (issue 47)."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 
-from fastnsq import Producer
+from fastnsq import Consumer, Message, Producer
 from fastnsq.testing import NSQD
 from fastnsq.testing.proxy import FaultProxy
 
@@ -42,3 +44,87 @@ async def test_a_connection_reset_is_logged_with_its_reason(caplog: pytest.LogCa
                 await eventually(lambda: lost_lines(caplog), timeout=5, what="the lost connection's line")
     (line,) = lost_lines(caplog)
     assert line.startswith(f"connection to {address} lost (") and "None" not in line and "()" not in line, line
+
+
+# ---- issue 47: the story of a consumer in its log -------------------------------------------------
+
+
+def records(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if text in r.getMessage()]
+
+
+async def test_a_failing_handler_is_one_warning_line_with_its_traceback_at_debug(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A raising handler logged an ERROR with a full traceback per failure (75 tracebacks for 500
+    messages failing 10 %); now one WARNING line names the message, its attempts and the error."""
+    topic = unique("log")
+    async with NSQD() as nsqd:
+        async with Producer([nsqd.tcp_address]) as producer:
+            await producer.publish(topic, b"poison")
+
+        def handle(message: Message) -> None:
+            raise ValueError(f"cannot parse {message.body!r}")
+
+        with caplog.at_level(logging.DEBUG, logger="fastnsq"):
+            async with Consumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle,
+                                max_attempts=2, default_requeue_delay=0, max_backoff_duration=0) as consumer:
+                await eventually(lambda: consumer.snapshot().given_up == 1, what="the give-up")
+    failures = records(caplog, "handler failed on message")
+    assert [r.levelno for r in failures] == [logging.WARNING, logging.WARNING]
+    assert all(r.exc_info is None for r in failures)  # no traceback at WARNING
+    first, second = (r.getMessage() for r in failures)
+    assert re.fullmatch(r"handler failed on message [0-9a-f]{16} \(attempt 1 of 2\): "
+                        r"ValueError: cannot parse b'poison'; requeueing", first), first
+    assert "(attempt 2 of 2)" in second
+    tracebacks = records(caplog, "the handler's traceback for message")
+    assert [r.levelno for r in tracebacks] == [logging.DEBUG, logging.DEBUG]
+    assert all(r.exc_info is not None and r.exc_info[0] is ValueError for r in tracebacks)
+    assert records(caplog, "giving up on message")[0].levelno == logging.WARNING
+
+
+async def test_backoff_is_logged_at_info_with_its_duration(caplog: pytest.LogCaptureFixture) -> None:
+    """Backoff was never logged, at any level (pynsq logs "backing off for X seconds" at INFO)."""
+    topic = unique("log")
+    async with NSQD() as nsqd:
+        async with Producer([nsqd.tcp_address]) as producer:
+            await producer.mpublish(topic, [b"fail", b"ok", b"ok"])
+
+        def handle(message: Message) -> None:
+            if message.body == b"fail" and message.attempts == 1:
+                message.requeue(0)  # with backoff, without a traceback
+        with caplog.at_level(logging.INFO, logger="fastnsq"):
+            async with Consumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle,
+                                backoff_strategy="linear", backoff_multiplier=0.2, max_backoff_duration=8,
+                                max_in_flight=1) as consumer:
+                await eventually(lambda: consumer.snapshot().finished == 3, what="every message finished")
+                await eventually(lambda: records(caplog, "backoff over"), what="the end of the backoff")
+    (began,) = records(caplog, "backing off for")
+    assert began.levelno == logging.INFO
+    assert began.getMessage() == f"{topic}/c: backing off for 0.20 s (backoff level 1): a handler failed"
+    (over,) = records(caplog, "backoff over")
+    assert over.levelno == logging.INFO
+    seconds = float(re.search(r"after ([0-9.]+) s", over.getMessage()).group(1))  # type: ignore[union-attr]
+    assert 0.2 <= seconds < 5, over.getMessage()
+
+
+async def test_a_connection_back_is_logged_at_info(caplog: pytest.LogCaptureFixture) -> None:
+    """The producer logged a lost connection but never that it was back; the consumer neither."""
+    topic = unique("log")
+    async with NSQD() as nsqd, FaultProxy(nsqd.tcp_address) as proxy:
+        address = proxy.address
+        received: list[bytes] = []
+        async with Producer([address], reconnect_delay=0.05) as producer, \
+                Consumer(topic, "c", nsqd_tcp_addresses=[address], handler=lambda m: received.append(m.body),
+                         reconnect_delay=0.05) as consumer:
+            await producer.publish(topic, b"one")
+            with caplog.at_level(logging.INFO, logger="fastnsq"):
+                proxy.cut()
+                await eventually(lambda: len(records(caplog, "re-established")) == 2 and consumer.reconnects == 1,
+                                 what="both connections back")
+            await producer.publish(topic, b"two")
+            await eventually(lambda: len(received) == 2, what="the message published after the cut")
+    lines = sorted((r.getMessage() for r in records(caplog, "re-established")), key=lambda line: "consuming" in line)
+    assert all(r.levelno == logging.INFO for r in records(caplog, "re-established"))
+    assert re.fullmatch(rf"connection to {address} re-established after [0-9.]+ s", lines[0]), lines  # the producer
+    assert re.fullmatch(rf"connection to {address} re-established after [0-9.]+ s: consuming {topic}/c again",
+                        lines[1]), lines

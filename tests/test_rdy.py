@@ -268,7 +268,7 @@ class Sim:
         ),
         ("backoff_multiplier", "1s", "got '1s'"),
         ("rdy_settle_time", True, "rdy_settle_time must be a number of seconds in [0, 60], got True"),
-        ("backoff_strategy", "linear", "backoff_strategy must be 'exponential', 'full_jitter' or a callable"),
+        ("backoff_strategy", "pynsq", "backoff_strategy must be one of"),
         ("clock", 1.0, "clock must be a callable"),
         ("rng", 42, "rng must be a random.Random or None, got 42"),
     ],

@@ -276,10 +276,10 @@ def servers_of(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 async def check_nsqd(address: str, settings: dict[str, Any]) -> None:
     """Open and close one connection, so a wrong address, TLS or AUTH fails at once and clearly."""
-    from ..config import split_options
+    from ..config import connection_options
     from ..conn import Connection
 
-    conn = Connection(address, split_options(settings)[0])  # the connection's own options only
+    conn = Connection(address, connection_options(settings))  # the connection's own options only
     try:
         await conn.connect()
     except (OSError, asyncio.TimeoutError, NSQError) as exc:

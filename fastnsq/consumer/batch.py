@@ -3,28 +3,35 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import overload
 
 from .. import codec
+from ..codec import Message
 
 __all__ = ["Batch"]
 
 
-class Batch(Sequence[Any]):
+class Batch(Sequence[Message]):
     """Messages yielded together by ``Consumer.batches()``; answer them in one write."""
 
     __slots__ = ("messages",)
 
-    def __init__(self, messages: list[Any]) -> None:
+    def __init__(self, messages: list[Message]) -> None:
         self.messages = messages
 
     def __len__(self) -> int:
         return len(self.messages)
 
-    def __getitem__(self, index: Any) -> Any:
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Message]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | list[Message]:
         return self.messages[index]
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Message]:
         return iter(self.messages)
 
     def finish(self) -> None:

@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import codec
+from ..codec import Message
 from ..config import (
     ConnectionOptions,
     Endpoint,
     address_list,
     check_callable,
-    check_choice,
     check_logger,
     check_range,
     secret_text,
@@ -42,56 +42,32 @@ from ..config import (
 )
 from ..conn import Connection
 from ..errors import InvalidValueError, NSQError, ServerError
+from ..optionspec import options_docstring, options_of
 from ..rdy import RdyController, RdyUpdate
-from ..recovery import RETRY_DELAY
 from ..stats import ConnectionStats, ConsumerStats, deprecated_spelling
 from ..topology import TopicRoute, Topology
 from .batch import Batch
 from .dispatch import Dispatcher, DispatchSettings, Link
 from .express import ExpressLanes
-from .ha import HA_CONSUMER_DEFAULTS, HAConsumer, direct_endpoints
+from .ha import HAConsumer, direct_endpoints
 from .missing import REFRESH_ERRORS, Missing
 from .partitions import Partitions
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing_extensions import Self, Unpack
+
+    from ..typed_options import ConsumerOptions, Handler
 
 __all__ = ["CONSUMER_DEFAULTS", "ConnectionStats", "Consumer", "StopReport"]
 
 logger = logging.getLogger(__name__)
 
-#: go-nsq's names and defaults (go-nsq's ``config.go``), durations in seconds.
+#: The Consumer's own options (not the connections') with their defaults: go-nsq's names and
+#: defaults where go-nsq has the option, durations in seconds (the table: fastnsq.optionspec).
 CONSUMER_DEFAULTS: dict[str, Any] = {
-    "max_in_flight": 1,
-    "max_attempts": 5,
-    "default_requeue_delay": 90.0,
-    "max_requeue_delay": 900.0,
-    "backoff_strategy": "exponential",
-    "max_backoff_duration": 120.0,
-    "backoff_multiplier": 1.0,
-    "backoff_scope": "consumer",
-    "lookupd_poll_interval": 60.0,
-    "lookupd_poll_jitter": 0.3,
-    "low_rdy_idle_timeout": 10.0,
-    "low_rdy_timeout": 30.0,
-    "rdy_redistribute_interval": 5.0,
-    "reconnect_delay": RETRY_DELAY,
-    "max_reconnect_delay": RETRY_DELAY,
-    "connections_per_nsqd": 1,
-    "auto_touch": False,
-    "give_up_handler": None,
-    "ordered": False,
-    "ordered_give_up": "finish",
-    "lookupd_poll_timeout": 60.0,
-    "discovery_filter": None,
-    "logger": None,
-    "express_lane": True,
-    "express_max_rate": 20_000.0,
-    **HA_CONSUMER_DEFAULTS,
+    name: option.default for name, option in options_of("Consumer").items() if option.client == "consumer"
 }
 
-_ORDERED_GIVE_UP = ("finish", "requeue", "stop")
-_BACKOFF_SCOPES = ("consumer", "partition")
 # `async for` hands out queued messages without awaiting; after this many in a row the
 # loop gets a pass, or a fast iterator would hold back its own FINs (they are written at
 # the end of a pass) and nsqd's refills until the whole max_in_flight is drained.
@@ -119,24 +95,12 @@ class Consumer:
     ...                         handler=handle, max_in_flight=100):
     ...         await asyncio.sleep(60)
 
-    Options (go-nsq's names and defaults, durations in seconds): ``max_in_flight`` (1), ``max_attempts``
-    (5; 0 = unlimited), ``default_requeue_delay`` (90, times the attempts), ``max_requeue_delay`` (900,
-    go-nsq's 15 min; both at most 3600, go-nsq's limit and nsqd's default ``--max-req-timeout``),
-    ``backoff_strategy`` ("exponential", "full_jitter" or a callable level -> seconds),
-    ``max_backoff_duration`` (120; 0 disables backoff), ``backoff_multiplier`` (1),
-    ``backoff_scope`` ("consumer", as go-nsq: a failure slows every connection down;
-    "partition": only the failing partition's, as youzan's RequeueBackoffSingleConn),
-    ``lookupd_poll_interval`` (60), ``lookupd_poll_jitter`` (0.3),
-    ``low_rdy_idle_timeout`` (10), ``low_rdy_timeout`` (30),
-    ``rdy_redistribute_interval`` (5), ``reconnect_delay`` / ``max_reconnect_delay``
-    (0.4 / 0.4: a missing nsqd is tried every 0.2-0.4 s, at most 5 times a second, while it is
-    wanted; a larger maximum doubles the wait; :mod:`fastnsq.recovery`), ``connections_per_nsqd``
-    (1), ``auto_touch`` (False), ``give_up_handler`` (called with each message past
-    max_attempts after it is finished; the default logs), and every connection
-    option (``msg_timeout``, ``heartbeat_interval``, TLS, compression, AUTH...).
-    ``express_lane`` (True: an unbuffered connection per nsqd carries the messages while
-    they come slower than ``express_max_rate``, 20,000 msg/s; :mod:`.express`). HA nsqd:
-    ``ordered`` (SUB_ORDERED per partition) and ``ordered_give_up``.
+    ``handler``: a function of one :class:`~fastnsq.Message`, plain or ``async``: it returns to
+    finish the message and raises to requeue it with backoff (what it returns is not read:
+    pynsq's ``return False`` finishes); ``message.requeue()`` requeues without a traceback.
+    Without one, ``async for message in consumer`` or :meth:`batches`. The keyword options are
+    :class:`fastnsq.typed_options.ConsumerOptions` (go-nsq's names and defaults, durations in
+    seconds), listed below with their defaults and units (and in docs/options.md).
     """
 
     def __init__(
@@ -146,40 +110,32 @@ class Consumer:
         *,
         nsqd_tcp_addresses: str | Sequence[str] | None = None,
         lookupd_http_addresses: str | Sequence[str] | None = None,
-        handler: Callable[[Any], Any] | None = None,
-        **options: Any,
+        handler: Handler | None = None,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
         if not codec.valid_topic_name(topic):
             raise InvalidValueError(f"invalid topic name {topic!r}: 1-64 characters of [.a-zA-Z0-9_-]")
         if not codec.valid_channel_name(channel):
             raise InvalidValueError(f"invalid channel name {channel!r}: 1-64 characters of [.a-zA-Z0-9_-]")
-        connection_options, own = split_options(options)
-        unknown = set(own) - set(CONSUMER_DEFAULTS)
-        if unknown:
-            raise InvalidValueError(f"unknown Consumer option(s): {', '.join(sorted(unknown))}")
+        connection_options, s = split_options("Consumer", options)
         if connection_options.heartbeat_interval is None:
             raise InvalidValueError("heartbeat_interval cannot be disabled for a consumer: nsqd refuses SUB")
-        s = {**CONSUMER_DEFAULTS, **own}
         self.topic = topic
         self.channel = channel
         self.options: ConnectionOptions = connection_options
-        self.max_attempts = check_range("max_attempts", s["max_attempts"], 0, 65535, integer=True)
-        self.default_requeue_delay = check_range("default_requeue_delay", s["default_requeue_delay"], 0, 3600)
-        self.max_requeue_delay = check_range("max_requeue_delay", s["max_requeue_delay"], 0, 3600)
-        self.lookupd_poll_interval = check_range("lookupd_poll_interval", s["lookupd_poll_interval"], 0.01, 300)
-        self.lookupd_poll_jitter = check_range("lookupd_poll_jitter", s["lookupd_poll_jitter"], 0, 1)
-        self.reconnect_delay = check_range("reconnect_delay", s["reconnect_delay"], 0.001, 60)
-        self.max_reconnect_delay = check_range("max_reconnect_delay", s["max_reconnect_delay"], 0.001, 3600)
-        self.connections_per_nsqd = check_range(
-            "connections_per_nsqd", s["connections_per_nsqd"], 1, 64, integer=True
-        )
-        self.auto_touch = bool(s["auto_touch"])
-        self.ordered = bool(s["ordered"])
-        self.ordered_give_up = check_choice("ordered_give_up", s["ordered_give_up"], _ORDERED_GIVE_UP)
-        self.backoff_scope = check_choice("backoff_scope", s["backoff_scope"], _BACKOFF_SCOPES)
-        check_callable("give_up_handler", s["give_up_handler"])
-        self.lookupd_poll_timeout = check_range("lookupd_poll_timeout", s["lookupd_poll_timeout"], 0.001, 3600)
-        check_callable("discovery_filter", s["discovery_filter"], ": nsqd addresses in, those to use out")
+        self.max_attempts: int = s["max_attempts"]
+        self.default_requeue_delay: float = s["default_requeue_delay"]
+        self.max_requeue_delay: float = s["max_requeue_delay"]
+        self.lookupd_poll_interval: float = s["lookupd_poll_interval"]
+        self.lookupd_poll_jitter: float = s["lookupd_poll_jitter"]
+        self.reconnect_delay: float = s["reconnect_delay"]
+        self.max_reconnect_delay: float = s["max_reconnect_delay"]
+        self.connections_per_nsqd: int = s["connections_per_nsqd"]
+        self.auto_touch: bool = s["auto_touch"]
+        self.ordered: bool = s["ordered"]
+        self.ordered_give_up: str = s["ordered_give_up"]
+        self.backoff_scope: str = s["backoff_scope"]
+        self.lookupd_poll_timeout: float = s["lookupd_poll_timeout"]
         self._discovery_filter: Callable[[list[str]], Any] | None = s["discovery_filter"]
         self._log = check_logger(s["logger"], logger)
         self._rdy = RdyController(
@@ -197,7 +153,7 @@ class Consumer:
         if nsqd_tcp_addresses is None and not self._lookupd_addresses:  # [] given: connect_to_nsqd later
             raise InvalidValueError("give nsqd_tcp_addresses ([]: connect_to_nsqd later) or lookupd_http_addresses")
         check_callable("handler", handler)
-        self._handler = handler
+        self._handler: Handler | None = handler
         self._inbox = codec.Inbox()  # messages for `async for` / batches() (no handler)
         self._queue: deque[Any] = self._inbox.queue
         #: What the consumer knows of each partition subscribed (None: an upstream topic's connections).
@@ -217,6 +173,7 @@ class Consumer:
             partitions=self.partitions, fast_allowed=lambda: not self.ordered and not self._stopping,
         )
         self._dispatch.ha_check = self._ha.inspect
+        self._rdy.on_backoff = self._dispatch.backoff_changed
         self._loop: asyncio.AbstractEventLoop | None = None
         self._links: dict[Endpoint, list[Link]] = {}
         self._missing = Missing(topic, self._fill, self._direct, delay=self.reconnect_delay,
@@ -231,13 +188,14 @@ class Consumer:
         self._stopping = False
         self._drained: asyncio.Event | None = None
         self._ever_connected: set[Endpoint] = set()
+        self._lost_at: dict[Endpoint, float] = {}  # endpoint -> when its connection was lost (not yet back)
         self._retiring: set[Link] = set()
         #: Connections opened again to an endpoint connected before (after a loss, a leader move...).
         self.reconnects = 0
         self._errors: Counter[str] = Counter()  # nsqd's error frames, by code
         self._express = ExpressLanes(
             self._rdy, self.options, enabled=bool(s["express_lane"]), apply=self._apply, log=self._log,
-            max_rate=check_range("express_max_rate", s["express_max_rate"], 1, 10**8),
+            max_rate=s["express_max_rate"],
             open_express=lambda endpoint: self._connect(endpoint, express=True),
         )
 
@@ -344,13 +302,13 @@ class Consumer:
 
     # ---- consuming without a handler ----------------------------------------------------
 
-    def __aiter__(self) -> AsyncIterator[Any]:
+    def __aiter__(self) -> AsyncIterator[Message]:
         if self._handler is not None:
             raise RuntimeError("this consumer has a handler; `async for` is for consumers without one")
         # In C, a queued message is handed out without a coroutine; _next_message does the waiting.
         return codec.MessageIterator(self._inbox, self._next_message, _YIELD_EVERY)
 
-    async def _next_message(self, pass_first: bool) -> Any:
+    async def _next_message(self, pass_first: bool) -> Message:
         """The next message for `async for`, after a loop pass if asked; StopAsyncIteration once stopped."""
         if pass_first:
             await asyncio.sleep(0)  # a pass for the loop
@@ -555,6 +513,7 @@ class Consumer:
         if express:
             return self._express.express_added(link)  # closed by the consumer if refused
         self._links.setdefault(endpoint, []).append(link)
+        lost_at = self._lost_at.pop(endpoint, None)
         if endpoint in self._ever_connected:
             self.reconnects += 1
         self._ever_connected.add(endpoint)
@@ -567,8 +526,12 @@ class Consumer:
         self._apply(updates)
         if self._express.wants(link, is_ha=conn.is_ha, ordered=self.ordered):
             self._express.bulk_added(link)
-        self._log.info("consuming %s/%s from %s%s", self.topic, self.channel, endpoint.address,
-                    "" if endpoint.partition is None else f" partition {endpoint.partition}")
+        where = "" if endpoint.partition is None else f" partition {endpoint.partition}"
+        if lost_at is None:
+            self._log.info("consuming %s/%s from %s%s", self.topic, self.channel, endpoint.address, where)
+        else:
+            self._log.info("connection to %s%s re-established after %.2f s: consuming %s/%s again", endpoint.address,
+                           where, time.monotonic() - lost_at, self.topic, self.channel)
         return link
 
     def _on_close(self, link: Link, error: BaseException | None) -> None:
@@ -592,6 +555,7 @@ class Consumer:
         if self._stopping or not self._running:
             return
         self._log.warning("connection to %s closed%s", link.endpoint.address, f": {error}" if error else "")
+        self._lost_at.setdefault(link.endpoint, time.monotonic())
         self._missing.add(link.endpoint, error if isinstance(error, REFRESH_ERRORS) else None)
 
     def _on_server_error(self, link: Link, error: ServerError) -> None:
@@ -753,6 +717,9 @@ class Consumer:
             if timer is not None:
                 timer.cancel()
         self._rdy_timer = self._touch_timer = None
+
+
+Consumer.__doc__ = (Consumer.__doc__ or "") + options_docstring("Consumer")
 
 
 def _resolve_none(waiter: asyncio.Future[None]) -> None:

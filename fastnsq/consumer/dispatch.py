@@ -15,6 +15,7 @@ import inspect
 import logging
 import re
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,8 @@ class Dispatcher:
         self.on_answer_while_stopping: Callable[[], None] | None = None
         #: HA (``consumer.ha``): checks a message before the handler; False when it answered it.
         self.ha_check: Callable[[Link, Any], bool] | None = None
+        self._backoff_since: dict[Any, float] = {}  # backoff scope -> when its backoff began
+        self._clock: Callable[[], float] = time.monotonic
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -182,9 +185,36 @@ class Dispatcher:
             return await self._handler(message)
 
     def on_handler_failed(self, message: Any) -> None:
-        """A sync handler raised (call it in the except block: the traceback is logged)."""
-        self._log.exception("handler failed for message %r; requeueing", message)
+        """A sync handler raised (call it in the except block: the error is read from there)."""
+        error = sys.exc_info()[1]
+        self.log_failure(message, error if error is not None else RuntimeError("the handler failed"))
         self._auto_answer(message, failed=True)
+
+    def log_failure(self, message: Any, error: BaseException) -> None:
+        """A handler's failure: one WARNING line (the message, its attempts, the error's type and
+        text), and the traceback at DEBUG. A requeue is what a failing handler asks for: a traceback
+        per message at WARNING drowned the rest (75 of them for 500 messages failing 10 %)."""
+        limit = self.settings.max_attempts
+        attempts = f"attempt {message.attempts} of {limit}" if limit else f"attempt {message.attempts}"
+        answer = "requeueing" if message.auto_response and not message.has_responded else "answered by the handler"
+        self._log.warning("handler failed on message %s (%s): %s: %s; %s", _id_text(message), attempts,
+                          type(error).__name__, error, answer)
+        if self._log.isEnabledFor(logging.DEBUG):
+            self._log.debug("the handler's traceback for message %s", _id_text(message), exc_info=error)
+
+    def backoff_changed(self, scope: Any, level: int, wait: float | None) -> None:
+        """Backoff at INFO (the RDY controller's ``on_backoff``): each wait begun, with its length,
+        and the return to normal consumption, with how long the backoff lasted."""
+        where = "" if scope is None else f" (partition {scope})"
+        topic = f"{self.settings.topic}/{self.settings.channel}"
+        if wait is not None:
+            self._backoff_since.setdefault(scope, self._clock())
+            self._log.info("%s%s: backing off for %.2f s (backoff level %d): a handler failed", topic, where, wait,
+                           level)
+        elif level == 0 and scope in self._backoff_since:
+            lasted = self._clock() - self._backoff_since.pop(scope)
+            self._log.info("%s%s: backoff over after %.2f s: consuming at full max_in_flight again", topic, where,
+                           lasted)
 
     def on_finish(self, link: Link, message: Any) -> None:
         """``message.finish()``: FIN, and tell the RDY controller."""
@@ -304,8 +334,8 @@ class Dispatcher:
         except StopIteration:
             self._auto_answer(message, failed=False)
             return
-        except Exception:  # noqa: BLE001 - a user handler: logged with its traceback, the message requeued
-            self._log.exception("handler failed for message %r; requeueing", message)
+        except Exception as exc:  # noqa: BLE001 - a user handler: logged, the message requeued
+            self.log_failure(message, exc)
             self._auto_answer(message, failed=True)
             return
         assert self._loop is not None
@@ -326,7 +356,7 @@ class Dispatcher:
             return
         error = task.exception()
         if error is not None:
-            self._log.error("handler failed for message %r; requeueing", message, exc_info=error)
+            self.log_failure(message, error)
         self._auto_answer(message, failed=error is not None)
 
     def cancel_tasks(self) -> None:
@@ -410,6 +440,12 @@ def _fin_failed_id(description: str) -> bytes | None:
         return bytes(int(b) for b in match.group(1).split())
     except ValueError:  # a number above 255: not a byte array
         return None
+
+
+def _id_text(message: Any) -> str:
+    """A message id for a log line: nsqd's 16 ASCII characters, or the hex of a binary (HA) id."""
+    raw = bytes(message.id)
+    return raw.decode("ascii") if raw.isascii() and raw.isalnum() else raw.hex()
 
 
 def _no_loop_time() -> float:

@@ -42,20 +42,9 @@ if TYPE_CHECKING:
     from .dispatch import Link
     from .partitions import Partitions
 
-__all__ = ["HA_CONSUMER_DEFAULTS", "HAConsumer", "direct_endpoints"]
+__all__ = ["HAConsumer", "direct_endpoints"]
 
 logger = logging.getLogger(__name__)
-
-#: youzan/go-nsq's consumer options (snake_case), with their defaults.
-HA_CONSUMER_DEFAULTS: dict[str, Any] = {
-    "partition": None,
-    "consume_ext": None,
-    "enable_trace": False,
-    "consume_offset": None,
-    "disable_message_decompress": False,
-    "fins_newest_first": True,
-}
-
 
 def direct_endpoints(addresses: str | Sequence[Any] | None, partition: int | None) -> list[Endpoint]:
     """``nsqd_tcp_addresses`` as endpoints: ``"host:port"`` (with ``partition``, if given) or

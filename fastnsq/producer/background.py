@@ -27,16 +27,10 @@ from typing import Any
 from ..config import check_range
 from ..errors import InvalidValueError, NSQError
 
-__all__ = ["BACKGROUND_DEFAULTS", "BackgroundBufferFullError", "BackgroundRetry", "Unsent"]
+__all__ = ["BackgroundBufferFullError", "BackgroundRetry", "Unsent"]
 
 logger = logging.getLogger(__name__)
 
-#: youzan/go-nsq's names and defaults.
-BACKGROUND_DEFAULTS: dict[str, Any] = {
-    "pub_max_background_retry": 15,
-    "pub_background_buffer": 1000,
-    "background_failure_handler": None,
-}
 _FIRST_PAUSE = 0.05
 _MAX_PAUSE = 2.0
 

@@ -22,22 +22,12 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..bodies import DEFAULT_MESSAGE_SIZE_FOR_COMPRESS, BodyCompressor
-from .background import BACKGROUND_DEFAULTS, BackgroundRetry, Unsent
+from ..bodies import BodyCompressor
+from .background import BackgroundRetry, Unsent
 from .load import NodeLoads, NodeStats, pub_strategy
 from .pool import ConnectionPool
 
-__all__ = ["HA_PRODUCER_DEFAULTS", "CloseReport", "HAProducer"]
-
-#: youzan/go-nsq's producer options (snake_case), with their defaults (pub_strategy: fastnsq's).
-HA_PRODUCER_DEFAULTS: dict[str, Any] = {
-    "topics_for_compress": (),
-    "message_size_for_compress": DEFAULT_MESSAGE_SIZE_FOR_COMPRESS,
-    "client_compress_decodec": "not_specified",
-    "pub_strategy": "round_robin",
-    **BACKGROUND_DEFAULTS,
-}
-
+__all__ = ["CloseReport", "HAProducer"]
 
 @dataclass(frozen=True)
 class CloseReport:

@@ -26,11 +26,13 @@ class NsqdDown(NoConnectionError):
 class _Slot:
     """One pooled connection to one nsqd, reconnecting in the background."""
 
-    __slots__ = ("address", "conn", "error")
+    __slots__ = ("address", "conn", "error", "lost_at")
 
     def __init__(self, address: str) -> None:
         self.address = address
         self.conn: Connection | None = None
+        #: When its connection was lost (time.monotonic()), until it is back: None otherwise.
+        self.lost_at: float | None = None
         #: Why the last attempt failed or the connection was lost; None while open or before
         #: the first attempt ended (what :meth:`ConnectionPool.down_error` reports).
         self.error: BaseException | None = None
@@ -240,6 +242,7 @@ class ConnectionPool:
             # connection_lost(None): nsqd closed it (an EOF); our own closes do not come here.
             why = "closed by the server" if error is None else (str(error) or type(error).__name__)
             self._log.info("connection to %s lost (%s); reconnecting", slot.address, why)
+            slot.lost_at = time.monotonic()
             self._missing(slot)
 
     def _missing(self, slot: _Slot, error: BaseException | None = None) -> None:
@@ -256,6 +259,9 @@ class ConnectionPool:
                     other.error = exc  # the probe speaks for the address: its cause is the current one
             raise
         self.reconnects += 1
+        if slot.lost_at is not None:
+            self._log.info("connection to %s re-established after %.2f s", slot.address, time.monotonic() - slot.lost_at)
+            slot.lost_at = None
 
     # ---- while no connection is open ------------------------------------------------------
 

@@ -21,7 +21,7 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from .. import codec, tracing
 from ..config import (
@@ -54,41 +54,29 @@ from ..errors import (
     ServerError,
     TopicNotExistError,
 )
-from ..recovery import RETRY_DELAY
+from ..optionspec import options_docstring, options_of
 from ..sharding import murmur3_32
 from ..stats import ProducerStats, deprecated_spelling
 from ..topology import Topology
 from .direct import DirectPublisher, Done
-from .ha import HA_PRODUCER_DEFAULTS, CloseReport, HAProducer
+from .ha import CloseReport, HAProducer
 from .load import NodeStats
 from .messages import MPUB_FRAMING, body_size, check_message_size, ext_json, mpub_chunks, second
 from .pool import ConnectionPool, NsqdDown, describe
 from .routing import ANY_NSQD, Router
 
 if TYPE_CHECKING:
-    from typing_extensions import Self
+    from typing_extensions import Self, Unpack
+
+    from ..codec import TracedResponse
+    from ..typed_options import Body, ProducerOptions
 
 __all__ = ["NOT_RETRYABLE", "PRODUCER_DEFAULTS", "Producer"]
 
 logger = logging.getLogger(__name__)
 
-PRODUCER_DEFAULTS: dict[str, Any] = {
-    "pool_size": 1,
-    "coalesce": True,
-    "publish_timeout": 10.0,
-    "max_retries": 3,
-    "retry_delay": 0.05,
-    "reconnect_delay": RETRY_DELAY,
-    "max_reconnect_delay": RETRY_DELAY,
-    "lazy_connect": True,
-    "fail_fast": True,
-    "lookupd_poll_interval": 60.0,
-    "lookupd_poll_jitter": 0.3,
-    "hasher": None,
-    "lookupd_poll_timeout": 60.0,
-    "logger": None,
-    **HA_PRODUCER_DEFAULTS,
-}
+#: The Producer's own options (not the connections') with their defaults (the table: fastnsq.optionspec).
+PRODUCER_DEFAULTS: dict[str, Any] = {n: o.default for n, o in options_of("Producer").items() if o.client == "producer"}
 
 #: Server errors a retry cannot fix: the same bytes would be refused again.
 NOT_RETRYABLE = (
@@ -120,14 +108,8 @@ class Producer:
     ...         await producer.publish("events", b"hello")
     ...         await producer.mpublish("events", [b"a", b"b"])
 
-    Options: ``pool_size`` (connections per nsqd, 1), ``coalesce`` (True),
-    ``publish_timeout`` (10 s; per call: ``timeout=``), ``max_retries`` (3; retries
-    after a lost connection, never after an error that cannot succeed),
-    ``retry_delay`` (0.05 s, doubled per retry), ``reconnect_delay`` / ``max_reconnect_delay``
-    (0.4 / 0.4 s: every 0.2-0.4 s, at most 5 a second per nsqd; a larger maximum doubles the wait),
-    ``lazy_connect`` and ``fail_fast`` (True; False: :meth:`start` raises when no nsqd answers, a
-    publish waits for a connection within its timeout, answered the moment one opens), the lookupd
-    poll options, ``hasher`` (murmur3 by default), and every connection option (TLS, AUTH, ...).
+    ``publish`` returns nsqd's answer (``b"OK"``; a ``TracedResponse`` with ``trace_id``) or raises.
+    Options: :class:`fastnsq.typed_options.ProducerOptions`, listed below (and in docs/options.md).
     """
 
     def __init__(
@@ -135,27 +117,21 @@ class Producer:
         nsqd_tcp_addresses: str | Sequence[str] | None = None,
         *,
         lookupd_http_addresses: str | Sequence[str] | None = None,
-        **options: Any,
+        **options: Unpack[ProducerOptions],
     ) -> None:
-        connection_options, own = split_options(options)
-        unknown = set(own) - set(PRODUCER_DEFAULTS)
-        if unknown:
-            raise InvalidValueError(f"unknown Producer option(s): {', '.join(sorted(unknown))}")
-        settings = {**PRODUCER_DEFAULTS, **own}
+        connection_options, settings = split_options("Producer", options)
         self.options: ConnectionOptions = connection_options
-        self.pool_size = check_range("pool_size", settings["pool_size"], 1, 64, integer=True)
-        self.coalesce = bool(settings["coalesce"])
-        self.publish_timeout = check_range("publish_timeout", settings["publish_timeout"], 0.001, 3600)
-        self.max_retries = check_range("max_retries", settings["max_retries"], 0, 100, integer=True)
-        self.retry_delay = check_range("retry_delay", settings["retry_delay"], 0, 60)
-        self.reconnect_delay = check_range("reconnect_delay", settings["reconnect_delay"], 0.001, 60)
-        self.max_reconnect_delay = check_range("max_reconnect_delay", settings["max_reconnect_delay"], 0.001, 3600)
-        self.lazy_connect = bool(settings["lazy_connect"])
-        self.fail_fast = bool(settings["fail_fast"])
-        self.lookupd_poll_interval = check_range(
-            "lookupd_poll_interval", settings["lookupd_poll_interval"], 0.01, 300
-        )
-        self.lookupd_poll_jitter = check_range("lookupd_poll_jitter", settings["lookupd_poll_jitter"], 0, 1)
+        self.pool_size: int = settings["pool_size"]
+        self.coalesce: bool = settings["coalesce"]
+        self.publish_timeout: float = settings["publish_timeout"]
+        self.max_retries: int = settings["max_retries"]
+        self.retry_delay: float = settings["retry_delay"]
+        self.reconnect_delay: float = settings["reconnect_delay"]
+        self.max_reconnect_delay: float = settings["max_reconnect_delay"]
+        self.lazy_connect: bool = settings["lazy_connect"]
+        self.fail_fast: bool = settings["fail_fast"]
+        self.lookupd_poll_interval: float = settings["lookupd_poll_interval"]
+        self.lookupd_poll_jitter: float = settings["lookupd_poll_jitter"]
         self._nsqd_addresses = address_list(nsqd_tcp_addresses)
         self._lookupd_addresses = address_list(lookupd_http_addresses)
         for address in self._nsqd_addresses:
@@ -163,9 +139,7 @@ class Producer:
         if not self._nsqd_addresses and not self._lookupd_addresses:
             raise InvalidValueError("give nsqd_tcp_addresses or lookupd_http_addresses")
         hasher = settings["hasher"]
-        if hasher is not None and not callable(hasher):
-            raise InvalidValueError("hasher must be a callable taking bytes and returning an int")
-        self.lookupd_poll_timeout = check_range("lookupd_poll_timeout", settings["lookupd_poll_timeout"], 0.001, 3600)
+        self.lookupd_poll_timeout: float = settings["lookupd_poll_timeout"]
         self._log = check_logger(settings["logger"], logger)
         self._pool = ConnectionPool(
             connection_options, pool_size=self.pool_size, publish_timeout=self.publish_timeout,
@@ -359,19 +333,29 @@ class Producer:
 
     # ---- publishing -------------------------------------------------------------------
 
+    @overload
     async def publish(
-        self,
-        topic: str,
-        body: Any,
-        *,
-        defer: float | None = None,
-        timeout: float | None = None,
-        partition: int | None = None,
-        sharding_key: Any = None,
-        trace_id: int | None = None,
+        self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
+        partition: int | None = None, sharding_key: Any = None, trace_id: None = None, ext: None = None,
+    ) -> bytes: ...
+    @overload
+    async def publish(
+        self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
+        partition: int | None = None, sharding_key: Any = None, trace_id: int, ext: None = None,
+    ) -> TracedResponse: ...
+    @overload
+    async def publish(
+        self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
+        partition: int | None = None, sharding_key: Any = None, trace_id: int | None = None,
+        ext: Mapping[str, Any] | None = None,
+    ) -> bytes | TracedResponse: ...
+
+    async def publish(
+        self, topic: str, body: Body, *, defer: float | None = None, timeout: float | None = None,
+        partition: int | None = None, sharding_key: Any = None, trace_id: int | None = None,
         ext: Mapping[str, Any] | None = None,
     ) -> Any:
-        """Publish one message; returns nsqd's answer once it has the message.
+        """Publish one message; returns nsqd's answer (``b"OK"``) once it has the message.
 
         ``defer`` (seconds) delays delivery (DPUB; upstream nsqd only). On an HA nsqd
         (found by itself, from lookupd or IDENTIFY): ``partition`` names the
@@ -544,18 +528,30 @@ class Producer:
         traced = trace_id is not None or ext is not None
         return await self._call(topic, send, timeout, partition, sharding_key, body=body, size=size, traced=traced)
 
+    @overload
     async def mpublish(
-        self,
-        topic: str,
-        bodies: Sequence[Any],
-        *,
-        timeout: float | None = None,
-        partition: int | None = None,
-        sharding_key: Any = None,
-        trace_ids: Sequence[int] | None = None,
+        self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
+        sharding_key: Any = None, trace_ids: None = None, exts: None = None,
+    ) -> bytes: ...
+    @overload
+    async def mpublish(
+        self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
+        sharding_key: Any = None, trace_ids: Sequence[int], exts: None = None,
+    ) -> TracedResponse: ...
+    @overload
+    async def mpublish(
+        self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
+        sharding_key: Any = None, trace_ids: Sequence[int] | None = None,
+        exts: Sequence[Mapping[str, Any]] | None = None,
+    ) -> bytes | TracedResponse: ...
+
+    async def mpublish(
+        self, topic: str, bodies: Sequence[Body], *, timeout: float | None = None, partition: int | None = None,
+        sharding_key: Any = None, trace_ids: Sequence[int] | None = None,
         exts: Sequence[Mapping[str, Any]] | None = None,
     ) -> Any:
-        """Publish a batch with MPUB (split into several under nsqd's max body size).
+        """Publish a batch with MPUB (split into several under nsqd's max body size); returns nsqd's
+        answer to the last MPUB (``b"OK"``; a ``TracedResponse`` with ``trace_ids``).
 
         On HA: ``partition`` / ``sharding_key`` as for :meth:`publish`; ``trace_ids``
         (one per body) uses MPUB_TRACE, ``exts`` (one JSON object per body) MPUB_EXT.
@@ -775,6 +771,9 @@ class Producer:
         """A failed publish: the next goes elsewhere; a moved leader, or one that is down: look
         the topic up again (at most two lookups a second)."""
         self._router.forget(topic, leader_moved=isinstance(exc, (*_REFRESH_ERRORS, NsqdDown)))
+
+
+Producer.__doc__ = (Producer.__doc__ or "") + options_docstring("Producer")
 
 
 def _retryable(exc: BaseException) -> bool:
