@@ -94,9 +94,10 @@ def gzip_member(level: int) -> tuple[Callable[[bytes], bytes], str]:
     try:
         import cramjam  # a dependency of fastnsq (snappy framing); its gzip is a newer addition
     except ImportError:  # pragma: no cover - a dependency
-        cramjam = None
-    if cramjam is not None and hasattr(cramjam, "gzip"):
-        return (lambda data: bytes(cramjam.gzip.compress(data, level=level))), "cramjam"
+        pass
+    else:
+        if hasattr(cramjam, "gzip"):
+            return (lambda data: bytes(cramjam.gzip.compress(data, level=level))), "cramjam"
 
     def zlib_member(data: bytes) -> bytes:
         packer = zlib.compressobj(level, zlib.DEFLATED, 31)
