@@ -24,6 +24,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..extras import require
 from .filenames import compute_format, with_datetime, with_rev
 
 logger = logging.getLogger("fastnsq.apps.to_file")
@@ -95,11 +96,9 @@ class Parquet:
     messages carry them (an HA topic)."""
 
     def __init__(self, compression: str, level: int) -> None:
-        try:
-            import pyarrow
-            import pyarrow.parquet
-        except ImportError:
-            raise ValueError("--format parquet needs pyarrow (pip install pyarrow)") from None
+        require("parquet", "--format parquet")  # names the extra (fastnsq-client[parquet]) when pyarrow is missing
+        import pyarrow
+        import pyarrow.parquet
         self.pa, self.pq = pyarrow, pyarrow.parquet
         self.compression = {"gzip": "gzip", "zstd": "zstd"}.get(compression, "snappy")
         self.level = level if compression else None

@@ -62,7 +62,8 @@ def _build_to_file(commands: Any, common: argparse.ArgumentParser, client: argpa
                        help="sync file to disk every duration (default 30s)")
     files.add_argument("--format", choices=("lines", "parquet"), default="lines",
                        help="lines: one body per line (nsq_to_file's); parquet: a Parquet file per sync "
-                            "(pyarrow; columns body, id, timestamp, attempts)")
+                            "(columns body, id, timestamp, attempts; needs the extra: pip install "
+                            "'fastnsq-client[parquet]')")
     files.add_argument("--status-every", type=int, default=0, metavar="N",
                        help="print a status line every N messages written (default 0: off; nsq_to_file "
                             "logs each sync instead)")
@@ -112,6 +113,7 @@ def _check(args: argparse.Namespace) -> None:
 def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..apps.filelog import FileLog, FileOptions, make_encoder
     from ..apps.filenames import FilenameError, host_identifier
+    from ..extras import MissingExtra
     _check(args)
     files = file_options(args)
     # Given topics are taken as they are, but those the pattern rejects (nsq_to_file's rule);
@@ -123,7 +125,7 @@ def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
         options = FileOptions(**files)
         FileLog(options, topics[0] if topics else "topic", host_identifier(options.host_identifier),
                 make_encoder(options))
-    except (FilenameError, ValueError) as exc:
+    except (FilenameError, ValueError, MissingExtra) as exc:
         raise UsageError(str(exc)) from None
     consumer = consumer_options(args)
     # The express lane trades RDY for latency at low rates; an archive holds its messages until

@@ -6,7 +6,8 @@ One job: answering them from :meth:`Supervisor.status` and :meth:`Supervisor.met
   none does (no nsqd reachable, or every worker down); a JSON body says which.
 * ``/readyz``: 200 when healthy, not draining and not stuck in backoff (every consuming
   worker in backoff for more than ``--backoff-grace`` seconds); 503 otherwise, with why.
-* ``/metrics``: the group's Prometheus text (:mod:`.gather`); 501 without prometheus_client.
+* ``/metrics``: the group's Prometheus text (:mod:`.gather`); prometheus_client is there, as
+  the settings check refuses ``--metrics-port`` without the extra ``metrics``.
 
 Bound to 127.0.0.1 unless ``--http-host`` says otherwise: metrics and health are for the
 machine's own agent or a probe, not for the internet.
@@ -14,7 +15,6 @@ machine's own agent or a probe, not for the internet.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -42,9 +42,6 @@ def build_app(supervisor: Supervisor) -> web.Application:
                                  status=503 if reasons else 200)
 
     async def metrics(request: web.Request) -> web.Response:
-        if importlib.util.find_spec("prometheus_client") is None:
-            return web.Response(status=501, text="/metrics needs prometheus_client: pip install "
-                                "'fastnsq-client[metrics]'\n")
         body = render(await supervisor.metrics_families())
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
