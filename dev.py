@@ -391,7 +391,7 @@ def build_sdist(tools: Path) -> Path:
     """A fresh sdist in dist/ (PyPA's build, in an isolated environment), its contents checked."""
     for old in DIST.glob("fastnsq_client-*.tar.gz"):
         old.unlink()
-    run(tools, "-m", "build", "--sdist", "--outdir", DIST, ROOT, env=clean_environment())
+    run(tools, "-m", "build", "--quiet", "--sdist", "--outdir", DIST, ROOT, env=clean_environment())
     (sdist,) = DIST.glob("fastnsq_client-*.tar.gz")
     check_sdist_contents(sdist)
     return sdist
