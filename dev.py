@@ -7,6 +7,8 @@
     python3 dev.py bench --real ~/nsq-real/bin   # the same against a real nsqd, with go-nsq's tools
     python3 dev.py docs     # venv + install + the documentation site, built strictly into docs/_build/html
     python3 dev.py docs --serve [PORT]      # ... then served on http://127.0.0.1:PORT/ (8000)
+    python3 dev.py dist     # the sdist, then a manylinux wheel per supported Python built from it, each
+                            # installed in a fresh virtualenv and smoke-tested (--python 3.X: only that one)
 
     python3 dev.py test --real BIN_DIR      # the suite against real nsqd/nsqlookupd from BIN_DIR
     python3 dev.py test --real-ha BIN_DIR   # the HA tests against a real youzan cluster (etcd from PATH)
@@ -18,7 +20,7 @@ FASTNSQ_REAL_BIN=BIN_DIR adds the real pass to a plain `dev.py test`. youzan's H
 FASTNSQ_REAL_HA_BIN=BIN_DIR; --base-port N puts the HA cluster on ports N, N+1, ...
 
 Idempotent: the virtualenv lives in .venv and is only reinstalled when the build inputs
-change (pyproject.toml, setup.py, the Cython sources).
+change (pyproject.toml, setup.py, the Cython sources); dist's tools live in .venv-dist.
 """
 
 from __future__ import annotations
@@ -152,6 +154,8 @@ def take_real(args: list[str], flag: str = "--real", env: str = REAL_BIN_ENV) ->
 #: cue) and the long fault scenarios run alone, after.
 PARALLEL = ["-n", "4", "--dist", "loadgroup"]
 SERIAL_MARKS = "spark or slow"
+#: The smoke pass's pytest arguments (after ``python``).
+SMOKE_PASS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *PARALLEL, *SMOKE_TESTS]
 
 
 def pytest_passes(python: Path, args: list[str], prefix: list[object]) -> None:
@@ -263,10 +267,12 @@ def smoke_one_python(version: str, base: str, args: list[str]) -> str:
     if version == WHEEL_CHECK_PYTHON:
         print(f"python {version}: the wheel check (sdist, wheel, fresh venv, smoke pass) with {base}", flush=True)
         tools = dist_tools()
-        return "wheel check passed: " + wheel_check(version, base, build_sdist(tools), tools, args)
+        sdist = build_sdist(tools)
+        check_build_identifiers(tools)
+        return "wheel check passed: " + wheel_check(version, base, sdist, tools, args)
     print(f"python {version}: smoke pass with {base}", flush=True)
     python = setup(ROOT / f".venv-{version}", base, SMOKE_EXTRAS)
-    run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *PARALLEL, *SMOKE_TESTS, *args)
+    run(python, *SMOKE_PASS, *args)
     return "smoke pass passed"
 
 
@@ -487,8 +493,7 @@ def smoke_installed(python: Path, source: Path, args: list[str], env: dict[str, 
                 shutil.copytree(source / name, copy / name, ignore=shutil.ignore_patterns("__pycache__", "_build"))
             elif (source / name).exists():
                 shutil.copy2(source / name, copy / name)
-        output = run_and_keep(python, "-I", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow",
-                              *PARALLEL, *SMOKE_TESTS, *args, env=env, cwd=copy)
+        output = run_and_keep(python, "-I", *SMOKE_PASS, *args, env=env, cwd=copy)
     summary = re.findall(r"^\d+ (?:passed|failed).*$", output, re.MULTILINE)
     return summary[-1] if summary else "pytest printed no summary line"
 

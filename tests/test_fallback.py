@@ -9,7 +9,6 @@ virtualenvs with and without a compiler, is tests/test_install.py's.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,18 +17,10 @@ import pytest
 
 from fastnsq import _fallback
 
+from .helpers import build_environment as environment
+
 ROOT = Path(__file__).resolve().parents[1]
 CODEC_RESULTS = ROOT / "bench" / "results" / "codec.json"
-SWITCHES = (_fallback.NO_EXTENSIONS, _fallback.REQUIRE_EXTENSIONS, "FASTNSQ_DEBUG")
-
-
-def environment(**extra: str) -> dict[str, str]:
-    """This environment without fastnsq's build switches (the twin pass sets one), plus ``extra``."""
-    env = {name: value for name, value in os.environ.items() if name not in SWITCHES}
-    env.update(extra)
-    return env
-
-
 def build_ext(tmp_path: Path, *setup_prefix: str, **env: str) -> subprocess.CompletedProcess[str]:
     """setup.py build_ext into ``tmp_path`` (the checkout's in-place build untouched)."""
     command = [sys.executable, *(setup_prefix or ["setup.py"]), "--quiet", "build_ext", "--force",

