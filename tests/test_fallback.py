@@ -42,6 +42,13 @@ def test_the_speed_figures_are_the_benchmarks() -> None:
     assert (round(min(ratios.values())), round(max(ratios.values()))) == _fallback.SPEEDUP_RANGE
 
 
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_the_install_pages_quote_the_same_figures(page: str) -> None:
+    low, high = _fallback.SPEEDUP_RANGE
+    text = " ".join((ROOT / page).read_text().split())
+    assert f"decodes messages {_fallback.DECODE_SPEEDUP}x as fast ({low}x to {high}x" in text
+
+
 def test_the_message_names_the_cause_the_switches_and_the_cost() -> None:
     text = _fallback.explain("no C compiler: 'cc' is not on PATH")
     assert "(no C compiler: 'cc' is not on PATH)" in text
