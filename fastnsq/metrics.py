@@ -3,8 +3,8 @@
 One job: turn :meth:`Consumer.snapshot` and :meth:`Producer.snapshot` into Prometheus
 metric families when a scraper asks. Nothing is counted for it on the message path; the
 only thing measured as it happens is the publish round trip (one observation per write to
-nsqd, not per message). Needs the optional extra ``metrics`` (prometheus_client), imported
-only by this module.
+nsqd, not per message). Needs the optional extra ``metrics`` (``pip install "fastnsq-client[metrics]"``:
+prometheus_client), imported only by this module; without it the import names the extra.
 
 Labels stay bounded: a consumer's ``topic`` and ``channel``, the ``nsqd`` address it
 connects to, an error ``code``, an HA ``partition``; a producer's ``producer`` name (given to
@@ -37,9 +37,15 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
-from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from .extras import require
+
+try:
+    from prometheus_client import CollectorRegistry, Histogram
+    from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+except ImportError:
+    require("metrics", "fastnsq.metrics")  # names the extra when prometheus_client is missing
+    raise
 
 from .consumer import Consumer
 from .consumer.progress import progress_reader

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans for publishes and handled messages (optional extra ``otel``).
+"""OpenTelemetry spans for publishes and handled messages (extra ``otel``: ``pip install "fastnsq-client[otel]"``).
 
 One job: adapt :mod:`fastnsq.tracing`'s hooks to the OpenTelemetry API. Off until
 :func:`instrument` is called; then
@@ -33,9 +33,15 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from opentelemetry import propagate, trace
-from opentelemetry.context import Context
-from opentelemetry.trace import SpanKind
+from .extras import require
+
+try:
+    from opentelemetry import propagate, trace
+    from opentelemetry.context import Context
+    from opentelemetry.trace import SpanKind
+except ImportError:
+    require("otel", "fastnsq.otel")  # names the extra when the OpenTelemetry API is missing
+    raise
 
 from . import tracing
 from ._version import __version__

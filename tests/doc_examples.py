@@ -36,6 +36,7 @@ _SHELL = re.compile(r"^```(?:sh|bash|shell)\n(.*?)^```", re.DOTALL | re.MULTILIN
 
 #: What a shell example's output must show, by a command it runs.
 SHELL_EXPECTATIONS = {
+    "fastnsq --version": lambda out: out.startswith("fastnsq ") and "\ncodec: " in out and "\nevent loop: " in out,
     "tail events -n 3 --format json": lambda out: out.count('"body"') == 3,
     "fastnsq stats": lambda out: "events" in out,
     "fastnsq bench": lambda out: "WORKLOAD" in out,

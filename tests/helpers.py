@@ -20,6 +20,18 @@ from fastnsq.testing import is_external
 _counter = itertools.count()
 
 
+#: What steers fastnsq's build and import, and what would let a subprocess import another
+#: fastnsq than the one it should (the twin pass sets the first).
+BUILD_SWITCHES = ("FASTNSQ_NO_EXTENSIONS", "FASTNSQ_REQUIRE_EXTENSIONS", "FASTNSQ_DEBUG", "PYTHONPATH", "VIRTUAL_ENV")
+
+
+def build_environment(**extra: str) -> dict[str, str]:
+    """This environment without BUILD_SWITCHES, plus ``extra``: for a build or a fresh install."""
+    env = {name: value for name, value in os.environ.items() if name not in BUILD_SWITCHES}
+    env.update(extra)
+    return env
+
+
 def unique(prefix: str = "t") -> str:
     """A topic/channel name no other test (or earlier run against a real nsqd) uses."""
     return f"{prefix}_{os.getpid()}_{next(_counter)}_{os.urandom(3).hex()}"

@@ -26,8 +26,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from fastnsq import __version__ as fastnsq_version
 from fastnsq import cli
 from fastnsq.benchmark import SCENARIOS
+from fastnsq.cli.main import version_text
 from fastnsq.codec import Message
 from fastnsq.testing import EMBEDDED_HA_AVAILABLE, NSQD, AuthServer, authorization
 
@@ -123,9 +125,24 @@ def test_each_command_help_documents_its_options(command: str) -> None:
 
 
 def test_version_and_python_dash_m_entry_point() -> None:
+    """``python -m fastnsq --version``: the version, the codec in use (and why the Python one) and the loop."""
     outcome = fastnsq_blocking("--version")
     assert_ok(outcome)
-    assert outcome.stdout.startswith("fastnsq ")
+    lines = outcome.stdout.splitlines()
+    assert lines[0] == f"fastnsq {fastnsq_version}"
+    if os.environ.get("FASTNSQ_NO_EXTENSIONS", "") not in ("", "0"):
+        assert lines[1] == "codec: Python (chosen by FASTNSQ_NO_EXTENSIONS=1)"
+    else:
+        assert lines[1] == "codec: C"
+    assert re.fullmatch(r"event loop: (uvloop \d+\.\d+\.\d+|asyncio \(.+\))", lines[2])
+    assert lines[3].startswith(f"Python {sys.version.split()[0]} ")
+
+
+def test_version_names_the_loop_it_would_run_on() -> None:
+    assert version_text().splitlines()[2].startswith("event loop: uvloop ")
+    done = subprocess.run([*COMMAND, "--version"], check=False, capture_output=True, text=True, timeout=60,
+                          env=dict(ENV, FASTNSQ_NO_UVLOOP="1"), stdin=subprocess.DEVNULL)
+    assert done.stdout.splitlines()[2] == "event loop: asyncio (FASTNSQ_NO_UVLOOP=1)"
 
 
 # ---- bad input: one line, non-zero ----------------------------------------------------------

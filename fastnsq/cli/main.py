@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import platform
 import sys
 from collections.abc import Sequence
 
 from .. import codec
 from .._version import __version__
+from ..loop import loop_name
 from ._common import (
     Parser,
     UsageError,
@@ -31,6 +33,26 @@ from .to_nsq import _build_to_nsq
 from .worker import _build_worker
 
 
+def version_text() -> str:
+    """``fastnsq --version``: the version, the codec in use (and why the Python one) and the event loop."""
+    implementation = "C" if codec.IMPLEMENTATION == "c" else "Python"
+    why = f" ({codec.WHY_PYTHON})" if codec.WHY_PYTHON else ""
+    return (f"fastnsq {__version__}\ncodec: {implementation}{why}\nevent loop: {loop_name()}\n"
+            f"Python {platform.python_version()} ({platform.python_implementation()}, {sys.platform})")
+
+
+class VersionAction(argparse.Action):
+    """``--version``, told when asked (the loop's import is not paid by every command)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``fastnsq`` argument parser (every subcommand)."""
     parser = Parser(
@@ -40,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `fastnsq <command> --help` for a command's options. Errors exit with status 1, "
         "bad usage with 2.",
     )
-    parser.add_argument("--version", action="version", version=f"fastnsq {__version__} (codec: {codec.IMPLEMENTATION})")
+    parser.add_argument("--version", action=VersionAction, help="show the version, the codec in use and the event "
+                        "loop, and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
     common, client = common_options(), client_options()

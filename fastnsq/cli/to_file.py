@@ -67,7 +67,8 @@ def _build_to_file(commands: Any, common: argparse.ArgumentParser, client: argpa
                        help="sync file to disk every duration (default 30s)")
     files.add_argument("--format", choices=("lines", "parquet"), default="lines",
                        help="lines: one body per line (nsq_to_file's); parquet: a Parquet file per rotation "
-                            "(pyarrow; columns body, id, timestamp, attempts), each sync fsynced to its spool")
+                            "(pyarrow, the extra: pip install 'fastnsq-client[parquet]'; columns body, id, timestamp, "
+                            "attempts), each sync fsynced to its spool")
     files.add_argument("--partition-by", default="", metavar="SPEC",
                        help="Hive-style folders: KEY=VALUE parts joined by /, a VALUE of strftime codes (the "
                             "message's timestamp, UTC) and {FIELD}s (a JSON field of the body); hourly: "
@@ -131,6 +132,7 @@ def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     from ..apps.filelog import FileOptions
     from ..apps.filenames import FilenameError, compute_format, host_identifier
     from ..apps.partitioning import Partitioning
+    from ..extras import MissingExtra, require
     _check(args)
     files = file_options(args)
     # Given topics are taken as they are, but those the pattern rejects (nsq_to_file's rule);
@@ -144,7 +146,9 @@ def _run_to_file(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
                        identifier=host_identifier(options.host_identifier), rev_needed=options.rev_needed)
         if options.partition_by:
             Partitioning(options.partition_by)
-    except (FilenameError, ValueError) as exc:
+        if options.format == "parquet":
+            require("parquet", "--format parquet")
+    except (FilenameError, ValueError, MissingExtra) as exc:
         raise UsageError(str(exc)) from None
     if options.format == "parquet":
         try:

@@ -8,7 +8,8 @@ One job: answering them from :meth:`Supervisor.status` and :meth:`Supervisor.met
   worker in backoff for more than ``--backoff-grace`` seconds) and not failing every
   message (every consuming worker has requeued each message it answered, and finished none,
   for more than ``--backoff-grace`` seconds); 503 otherwise, with why.
-* ``/metrics``: the group's Prometheus text (:mod:`.gather`); 501 without prometheus_client.
+* ``/metrics``: the group's Prometheus text (:mod:`.gather`); prometheus_client is there, as
+  the settings check refuses ``--metrics-port`` without the extra ``metrics``.
 
 Bound to 127.0.0.1 unless ``--http-host`` says otherwise: metrics and health are for the
 machine's own agent or a probe, not for the internet.
@@ -16,7 +17,6 @@ machine's own agent or a probe, not for the internet.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import TYPE_CHECKING
 
 from aiohttp import web
@@ -45,9 +45,6 @@ def build_app(supervisor: Supervisor) -> web.Application:
                                  status=503 if reasons else 200)
 
     async def metrics(request: web.Request) -> web.Response:
-        if importlib.util.find_spec("prometheus_client") is None:
-            return web.Response(status=501, text="/metrics needs prometheus_client: pip install "
-                                "'fastnsq-client[metrics]'\n")
         body = render(await supervisor.metrics_families())
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import InvalidValueError
+from ..extras import MissingExtra, require
 from ..options import parse_duration, parse_options
 
 ENV_PREFIX = "FASTNSQ_WORKER_"
@@ -152,6 +153,11 @@ def check(settings: WorkerSettings) -> WorkerSettings:
         raise SettingsError(f"--drain-timeout {settings.drain_timeout}: must be more than 0 seconds")
     if settings.metrics_port is not None and not 0 <= settings.metrics_port <= 65535:
         raise SettingsError(f"--metrics-port {settings.metrics_port}: must be 0-65535 (0: any free port)")
+    if settings.metrics_port is not None:
+        try:  # /metrics would answer nothing useful: say so now, not at the first scrape
+            require("metrics", f"--metrics-port {settings.metrics_port} (its /metrics)")
+        except MissingExtra as exc:
+            raise SettingsError(str(exc)) from None
     if settings.max_restarts < 0:
         raise SettingsError(f"--max-restarts {settings.max_restarts}: must be 0 or more")
     if settings.split_nsqd and "express_lane" not in settings.consumer_options:

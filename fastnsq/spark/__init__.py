@@ -1,6 +1,6 @@
 """The `nsq` data source for PySpark (>= 4.0): stream a topic in, publish DataFrames out.
 
-Install with ``pip install fastnsq-client[spark]``, then register the source once per session::
+Install with ``pip install "fastnsq-client[spark]"``, then register the source once per session::
 
     from fastnsq.spark import register
     register(spark)                      # or spark.dataSource.register(NSQDataSource)
@@ -21,13 +21,9 @@ from __future__ import annotations
 
 from typing import Any
 
-try:
-    import pyarrow  # noqa: F401
-    import pyspark  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        f"fastnsq.spark needs PySpark >= 4.0 and pyarrow ({exc}); install them with: pip install 'fastnsq-client[spark]'"
-    ) from exc
+from ..extras import require
+
+require("spark", "fastnsq.spark")  # PySpark (>= 4.0) and pyarrow: names the extra when one is missing
 
 from ._options import KNOWN_OPTIONS
 from .datasource import NSQDataSource
