@@ -41,6 +41,7 @@ SHELL_EXPECTATIONS = {
     "fastnsq stats": lambda out: "events" in out,
     "fastnsq bench": lambda out: "WORKLOAD" in out,
     "fastnsq to-file -topic=events": lambda out: "\none\nthree\ntwo\n" in out,
+    "fastnsq to-file -topic=orders": lambda out: "country=DE\ncountry=FR\n" in out and "2 orders from FR" in out,
     "fastnsq to-nsq -topic=events": lambda out: {"one", "two", "three"} <= set(out.split()),
     "fastnsq to-http -topic=events": lambda out: "body=one\nbody=three\nbody=two\n" in out,
     "fastnsq worker tasks:handle": lambda out: sorted(line for line in out.splitlines() if line.startswith("handled"))
@@ -177,6 +178,9 @@ def _run_shell(example: Example, tmp_path: Path) -> None:
     bin_dir.mkdir()
     (bin_dir / "fastnsq").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m fastnsq "$@"\n')
     (bin_dir / "fastnsq").chmod(0o755)
+    # And `python3` is the Python fastnsq is installed in, as in the reader's environment.
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
     # If anything fails, take the background server down with the script.
     lines = ["set -e", "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT", f'export PATH="{bin_dir}:$PATH"']
     for line in example.code.splitlines():

@@ -283,7 +283,7 @@ def test_options_from_strings_build_a_consumer_and_a_producer() -> None:
         (["max_in_flight=lots"], "consumer", "max_in_flight='lots': takes a whole number"),
         (["msg_timeout=soon"], "consumer", "msg_timeout='soon': 'soon' is not a duration"),
         (["snappy=maybe"], "consumer", "snappy='maybe': use true or false"),
-        (["max_in_flight=1"], "producer", "unknown producer option 'max_in_flight'"),
+        (["max_in_flight=1"], "producer", "unknown Producer option max_in_flight: a Consumer option, not a Producer one"),
         (["logger=root"], "consumer", "'logger' takes a Python object"),
         (["max_in_flight"], "consumer", "'name=value'"),
     ],

@@ -20,13 +20,14 @@ tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard libr
 
 #: The distribution that brings each module of an extra.
 DISTRIBUTION_OF = {"pyarrow": "pyarrow", "prometheus_client": "prometheus_client", "opentelemetry": "opentelemetry-api",
-                   "pyspark": "pyspark"}
+                   "pyspark": "pyspark", "isal": "isal"}
 #: What on a page means its reader needs an extra.
 NEEDS = {
     "parquet": r"--format parquet",
     "metrics": r"--metrics-port|fastnsq\.metrics|NSQMetrics",
     "otel": r"fastnsq\.otel",
     "spark": r"fastnsq\.spark(?!\.\*)|pyspark",  # not the logger names fastnsq.spark.*
+    "gzip": r"ISA-L",
 }
 #: Pages about the code rather than for its users (the API pages render the modules' docstrings,
 #: checked below; the architecture page draws the modules).

@@ -120,7 +120,7 @@ async def test_trace_subscription_gives_offsets_without_ordering(nsq_cluster_ha:
 
 
 def test_bad_endpoint_options_name_the_option() -> None:
-    with pytest.raises(InvalidValueError, match="partition must be an int"):
+    with pytest.raises(InvalidValueError, match="partition=-1 is outside the accepted range 0..2147483647"):
         Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], partition=-1)
     with pytest.raises(InvalidValueError, match=r"\('host:port', partition\)"):
         Consumer("t", "c", nsqd_tcp_addresses=[("127.0.0.1:4150",)])

@@ -30,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..extras import require
 from .filenames import compute_format, with_datetime, with_rev
 
 logger = logging.getLogger("fastnsq.apps.to_file")
