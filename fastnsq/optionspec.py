@@ -92,7 +92,8 @@ class Option:
                 raise InvalidValueError(f"{self.name} must be {what}, got {value!r}")
         elif kind == "bool":
             if not isinstance(value, bool):
-                raise InvalidValueError(f"{self.name} must be True or False, got {value!r}")
+                also = ", or None" if None in self.off else ""
+                raise InvalidValueError(f"{self.name} must be True or False{also}, got {value!r}")
         elif kind == "str" and not self.choices and not isinstance(value, str):
             raise InvalidValueError(f"{self.name} must be a string, got {value!r}")
         if self.choices and value not in self.choices:

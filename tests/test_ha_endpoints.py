@@ -126,7 +126,7 @@ def test_bad_endpoint_options_name_the_option() -> None:
         Consumer("t", "c", nsqd_tcp_addresses=[("127.0.0.1:4150",)])
     with pytest.raises(InvalidValueError, match="names partition 2 but the consumer reads partition 1"):
         Consumer("t", "c", nsqd_tcp_addresses=[("127.0.0.1:4150", 2)], partition=1)
-    with pytest.raises(InvalidValueError, match="consume_ext must be True, False or None"):
+    with pytest.raises(InvalidValueError, match="consume_ext must be True or False, or None"):
         Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:4150"], consume_ext="yes")
 
 
