@@ -7,23 +7,58 @@
 >>> fastnsq.run(main())                                   # doctest: +SKIP
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .codec import IMPLEMENTATION as CODEC_IMPLEMENTATION
-from .codec import Message, TracedResponse
-from .config import ConnectionOptions
-from .conn import Connection
-from .consumer import Batch, ConsumeOffset, Consumer, StopReport
-from .errors import (
-    ConnectionClosedError,
-    InvalidValueError,
-    NoConnectionError,
-    NSQError,
-    ProtocolError,
-    PublishTimeoutError,
-    ServerError,
-)
-from .loop import run
-from .producer import Producer
+
+if TYPE_CHECKING:  # the names below, for type checkers and editors; imported when first used
+    from .codec import IMPLEMENTATION as CODEC_IMPLEMENTATION
+    from .codec import Message, TracedResponse
+    from .config import ConnectionOptions
+    from .conn import Connection
+    from .consumer import Batch, ConsumeOffset, Consumer, StopReport
+    from .errors import (
+        ConnectionClosedError,
+        InvalidValueError,
+        NoConnectionError,
+        NSQError,
+        ProtocolError,
+        PublishTimeoutError,
+        ServerError,
+    )
+    from .loop import run
+    from .producer import Producer
+
+#: Where each public name lives. They are imported on first use, so that ``fastnsq worker`` and
+#: the apps' supervisors, and any ``fastnsq.x`` import, do not pay for the whole client (the
+#: consumer, the producer, their codecs: most of a command's start-up) before they need it.
+_HOMES = {
+    "CODEC_IMPLEMENTATION": ("codec", "IMPLEMENTATION"), "Message": ("codec", "Message"),
+    "TracedResponse": ("codec", "TracedResponse"), "ConnectionOptions": ("config", "ConnectionOptions"),
+    "Connection": ("conn", "Connection"), "Batch": ("consumer", "Batch"), "ConsumeOffset": ("consumer", "ConsumeOffset"),
+    "Consumer": ("consumer", "Consumer"), "StopReport": ("consumer", "StopReport"),
+    "ConnectionClosedError": ("errors", "ConnectionClosedError"), "InvalidValueError": ("errors", "InvalidValueError"),
+    "NoConnectionError": ("errors", "NoConnectionError"), "NSQError": ("errors", "NSQError"),
+    "ProtocolError": ("errors", "ProtocolError"), "PublishTimeoutError": ("errors", "PublishTimeoutError"),
+    "ServerError": ("errors", "ServerError"), "run": ("loop", "run"), "Producer": ("producer", "Producer"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'fastnsq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home[0]}", __name__), home[1])
+    globals()[name] = value  # once: later lookups find it directly
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "CODEC_IMPLEMENTATION",

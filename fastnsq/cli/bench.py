@@ -23,9 +23,23 @@ from ._common import (
 from .console import ProgressLine, format_table
 
 
-def _build_bench(commands: Any, common: argparse.ArgumentParser) -> None:
-    from ..benchmark import SCENARIOS
+class _Workloads:
+    """The workload names, read from fastnsq.benchmark only when a --workload is checked: that
+    module imports the whole client, which every other command's start-up need not pay for."""
 
+    def _names(self) -> list[str]:
+        from ..benchmark import SCENARIOS
+
+        return list(SCENARIOS)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self) -> Any:
+        return iter(self._names())
+
+
+def _build_bench(commands: Any, common: argparse.ArgumentParser) -> None:
     sub = commands.add_parser(
         "bench", parents=[common], help="fastnsq's benchmark workloads, with a progress bar and a table",
         description="Run fastnsq's benchmark scenarios (fastnsq.benchmark, the harness of bench/) against "
@@ -40,7 +54,7 @@ def _build_bench(commands: Any, common: argparse.ArgumentParser) -> None:
     where.add_argument("--nsqd-http-address", type=nsqd_address_arg, metavar="HOST:PORT",
                        help="its HTTP address: consumers end when /stats shows the channel drained, "
                        "and each workload's topic is deleted afterwards")
-    sub.add_argument("--workload", action="append", choices=list(SCENARIOS), metavar="NAME",
+    sub.add_argument("--workload", action="append", choices=_Workloads(), metavar="NAME",
                      help="run only this workload (may be given multiple times; --list shows them)")
     sub.add_argument("--list", action="store_true", help="list the workloads and exit")
     sub.add_argument("--count", type=int_at_least(1), metavar="N",

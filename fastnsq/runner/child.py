@@ -149,8 +149,10 @@ class Child:
             lookupd_http_addresses=None if nsqd is not None else settings.lookupd_http_addresses,
             handler=None if settings.batch else self._message_handler(), **options,
         )
-        _track(self.consumer)
         await self.consumer.start()
+        # After the start: prometheus_client's import (~50 ms) no longer delays the subscription.
+        # It reads the consumer's snapshots when scraped, so nothing is missed.
+        _track(self.consumer)
         if self.handler.attach is not None:
             self.handler.attach(self.consumer)
         if settings.batch:
