@@ -8,7 +8,9 @@ once the output holds it). CPU seconds of the app (every process of it) and of n
 the destination nsqd for to-nsq) are read from /proc. Go and fastnsq alternate within each
 round, and the order flips every round; medians over ``--rounds``.
 
-The cases: ``file`` (plain), ``file-gzip`` (``--gzip --gzip-level 1`` for both),
+The cases: ``file`` (plain), ``file-gzip`` (``--gzip --gzip-level 1`` for both; the topic's
+bodies are distinct numbers and, once drained, the files are read back by ``gzip -dc`` and by
+Python's gzip, untimed: every body a line, or the run fails),
 ``file-parquet`` (ours only, ``--format parquet --rotate-size 32MiB``: files finished from their
 spools while it runs; its rate beside plain to-file's, and ``rate_to_exit`` counting the stop
 that finishes the last file; the topic's bodies are distinct numbers and, once drained, the
@@ -183,7 +185,7 @@ def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -
     folder = tempfile.mkdtemp(prefix="bench-apps-", dir=args.work_dir)
     try:
         source = f"127.0.0.1:{nsqd.tcp_port}"
-        fill(source, args.count, args.size, distinct=case == "file-parquet")
+        fill(source, args.count, args.size, distinct=case in ("file-parquet", "file-gzip"))
         extra = {"dir": folder, "url": f"http://127.0.0.1:{sink.port}/in" if sink else "",
                  "destination": f"127.0.0.1:{destination.tcp_port}" if destination else ""}
         channel = {"file": "nsq_to_file", "nsq": "nsq_to_nsq", "http": "nsq_to_http"}[kind]
@@ -215,7 +217,8 @@ def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -
         app.wait(60)
         stop_s = time.perf_counter() - stopping  # Parquet: the last file finished from its spool
         log.close()
-        checked = read_back_parquet(folder, args.count, args.size) if case == "file-parquet" else {}
+        checked = read_back_parquet(folder, args.count, args.size) if case == "file-parquet" else \
+            read_back_gzip(folder, args.count, args.size) if case == "file-gzip" else {}
         return {**checked,
             "case": case, "impl": impl, "count": args.count, "seconds": elapsed, "rate": args.count / elapsed,
             "app_cpu_s": app_cpu, "app_us_per_msg": app_cpu / args.count * 1e6,
@@ -228,6 +231,28 @@ def measure(case: str, impl: str, args: argparse.Namespace, sink: Sink | None) -
         if destination is not None:
             destination.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def read_back_gzip(folder: str, count: int, size: int) -> dict[str, Any]:
+    """The gzip files read back twice, untimed: by ``gzip -dc`` (the readers nsq_to_file's files
+    have) and by Python's :mod:`gzip`; each must give exactly the ``count`` distinct bodies fill()
+    published, a line each (or RuntimeError)."""
+    import gzip
+
+    names = sorted(name for name in os.listdir(folder) if name.endswith(".gz"))
+    expected = [str(i).zfill(size).encode() for i in range(count)]
+    by_tool: list[bytes] = []
+    by_python: list[bytes] = []
+    for name in names:
+        path = os.path.join(folder, name)
+        by_tool += subprocess.run(["gzip", "-dc", path], check=True, capture_output=True).stdout.splitlines()
+        with gzip.open(path, "rb") as file:
+            by_python += file.read().splitlines()
+    for reader, lines in (("gzip -dc", by_tool), ("Python's gzip", by_python)):
+        if sorted(lines) != expected:
+            raise RuntimeError(f"{reader} read {len(lines)} lines from {len(names)} file(s) in {folder}, "
+                               f"not the {count} bodies published")
+    return {"gzip_files": len(names), "gzip_d_lines": len(by_tool), "python_gzip_lines": len(by_python)}
 
 
 def read_back_parquet(folder: str, count: int, size: int) -> dict[str, Any]:
