@@ -166,8 +166,11 @@ def test_the_runner_sits_above_the_clients() -> None:
     graph = import_graph()
     assert "fastnsq.consumer" in graph["fastnsq.runner.child"]  # the rule is read from real edges
     users = {m for m, targets in graph.items() if any(in_room(t, ("fastnsq.runner",)) for t in targets)}
-    # The command line's worker, and the apps' bridge onto the runtime (rule 9).
-    assert {m for m in users if not in_room(m, ("fastnsq.runner",))} <= {"fastnsq.cli.worker", "fastnsq.apps.hosting"}
+    # The command line's worker, the apps' bridge onto the runtime (rule 9), and the entry point,
+    # which starts a group's first child before the command line is imported (spawning only).
+    assert {m for m in users if not in_room(m, ("fastnsq.runner",))} <= {
+        "fastnsq.cli.worker", "fastnsq.apps.hosting", "fastnsq.__main__"}
+    assert {t for t in graph["fastnsq.__main__"] if in_room(t, ("fastnsq.runner",))} == {"fastnsq.runner.spawning"}
     # The runner reaches the Consumer through its package, never its insides.
     assert offending_edges(("fastnsq.runner",), ("fastnsq.consumer.",)) == []
     assert not [t for m, ts in graph.items() if in_room(m, ("fastnsq.runner",))

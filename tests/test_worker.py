@@ -338,6 +338,61 @@ async def test_a_module_that_does_not_import_is_exit_status_2(tmp_path: Path) ->
     assert process.returncode == 2 and "max_in_flight 3 is below --processes 4" in err.decode(), err
 
 
+def _marked_processes(mark: str) -> dict[int, str]:
+    """The live processes whose environment carries ``FASTNSQ_TEST_MARK=mark``, with their command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if f"FASTNSQ_TEST_MARK={mark}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+async def test_the_child_started_at_the_commands_start_leaves_quietly_when_no_group_runs(tmp_path: Path) -> None:
+    """The entry point starts worker 0's process before the flags are checked; a command refused
+    after that (exit 2) leaves one error line, and its early child exits on its own, silent."""
+    mark = f"refused-{os.getpid()}-{time.monotonic_ns()}"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "fastnsq", "worker", "json:dumps", "--topic", "t", "--channel", "c",
+        "--nsqd-tcp-address", "127.0.0.1:1", "--processes", "4", "--max-in-flight", "3",
+        env={**os.environ, "FASTNSQ_TEST_MARK": mark}, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(process.communicate(), 30)  # EOF once the early child is gone too
+    assert process.returncode == 2
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and "max_in_flight 3 is below --processes 4" in lines[0], err
+    await eventually(lambda: not _marked_processes(mark), 10, "no process of the refused command left")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+async def test_worker_0_is_the_child_started_at_the_commands_start(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes asked, two children run: worker 0 is the one the entry point started
+    (adopted, not started a second time), worker 1 the supervisor's; FASTNSQ_EARLY_CHILD=0 turns it off."""
+    for early in ("1", "0"):
+        mark = f"adopted-{early}-{os.getpid()}-{time.monotonic_ns()}"
+        monkeypatch.setenv("FASTNSQ_TEST_MARK", mark)
+        monkeypatch.setenv("FASTNSQ_EARLY_CHILD", early)
+        worker = await start_worker(tmp_path, "wk_jobs:handle", *_consume_args(f"early{early}", nsqd.tcp_address),
+                                    "--processes", "2")
+        cleanup.append(worker)
+        await eventually(lambda w=worker: "worker 1 started" in w.log(), 20, "both workers started")
+        children = {pid for pid, command in _marked_processes(mark).items() if "fastnsq.runner.child" in command}
+        started = {int(pid) for pid in re.findall(r"worker \d started \(pid (\d+)", worker.log())}
+        assert children == started and len(children) == 2, (children, worker.log())
+        first, second = (re.search(rf"worker {index} started \(pid \d+(, at the command's start)?\)", worker.log())
+                         for index in (0, 1))
+        assert first is not None and second is not None, worker.log()
+        assert (first.group(1) is not None, second.group(1)) == (early == "1", None), worker.log()
+        assert await worker.stop() == 0
+
+
 async def test_two_processes_handle_every_message_once_with_hooks_and_group_metrics(
     nsqd: Any, tmp_path: Path, cleanup: list[Worker]
 ) -> None:

@@ -11,32 +11,24 @@ config file (:mod:`.settings`). It sits above the public Consumer, which never i
 
 from __future__ import annotations
 
-import asyncio
-import logging
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .settings import SettingsError, WorkerSettings
-from .supervisor import EXIT_CRASH_LOOP, Supervisor
+if TYPE_CHECKING:  # imported on first use: the entry point starts a child before paying for these
+    from .group import run_group
+    from .settings import SettingsError, WorkerSettings
+    from .supervisor import EXIT_CRASH_LOOP, Supervisor
 
 __all__ = ["EXIT_CRASH_LOOP", "SettingsError", "Supervisor", "WorkerSettings", "run_group"]
 
-logger = logging.getLogger("fastnsq.worker")
+_HOMES = {"EXIT_CRASH_LOOP": "supervisor", "Supervisor": "supervisor", "run_group": "group",
+          "SettingsError": "settings", "WorkerSettings": "settings"}
 
 
-async def _run(settings: WorkerSettings) -> int:
-    supervisor = Supervisor(settings)
-    runner = None
-    if settings.metrics_port is not None:
-        from .endpoints import serve
-
-        runner, port = await serve(supervisor, settings.http_host, settings.metrics_port)
-        logger.info("serving /metrics, /healthz and /readyz on http://%s:%d", settings.http_host, port)
-    try:
-        return await supervisor.run()
-    finally:
-        if runner is not None:
-            await runner.cleanup()
-
-
-def run_group(settings: WorkerSettings) -> int:
-    """Run the supervisor until the group stops; its exit status (0, 1, or 3 after a crash loop)."""
-    return asyncio.run(_run(settings))
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{home}", __name__), name)
+    globals()[name] = value
+    return value

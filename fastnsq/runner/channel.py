@@ -20,8 +20,6 @@ from typing import Any
 
 #: A report carries a child's whole Prometheus exposition: far more than asyncio's 64 KiB default.
 LINE_LIMIT = 64 * 1024 * 1024
-#: The environment variable that tells a child which inherited descriptor is its end of the pipe.
-FD_ENV = "FASTNSQ_WORKER_FD"
 
 
 class Channel:

@@ -25,9 +25,10 @@ from .._version import __version__
 from ..consumer import Consumer
 from ..loop import run
 from .activity import Activity
-from .channel import FD_ENV, Channel
+from .channel import Channel
 from .loading import Handler, LoadError, load, run_hook
 from .settings import WorkerSettings
+from .spawning import FD_ENV
 from .threads import HandlerThreads
 
 logger = logging.getLogger("fastnsq.worker")

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from .assign import pick_move, rebalance
 from .channel import Channel
+from .spawning import ChildProcess
 
 logger = logging.getLogger("fastnsq.worker")
 
@@ -38,7 +39,7 @@ class Holder(Protocol):
     """What the shares need of a supervisor's slot."""
 
     index: int
-    process: asyncio.subprocess.Process | None
+    process: ChildProcess | None
     channel: Channel | None
     activity: dict[str, Any]
     applied: int
@@ -99,7 +100,7 @@ class Shares:
                 waits.append(self._applied(slot, self._seq, slot.process))
         await asyncio.gather(*waits)
 
-    async def _applied(self, slot: Holder, seq: int, process: asyncio.subprocess.Process) -> None:
+    async def _applied(self, slot: Holder, seq: int, process: ChildProcess) -> None:
         """Until the child says it applied ``seq``, or the process it was sent to exits."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.drain_timeout + RELEASE_GRACE

@@ -19,19 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
-import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..recovery import KEEP_MISSING_POLLS, PollCadence, Recall
-from .channel import FD_ENV, Channel
+from .channel import Channel
 from .gather import Family, Gatherer, group_family
 from .settings import WorkerSettings
 from .shares import Shares
+from .spawning import ChildProcess, adopt_first_child, spawn_child
 
 logger = logging.getLogger("fastnsq.worker")
 
@@ -48,7 +46,7 @@ class Slot:
     """Child ``index``: its current process (if any) and what it last said."""
 
     index: int
-    process: asyncio.subprocess.Process | None = None
+    process: ChildProcess | None = None
     channel: Channel | None = None
     health: dict[str, Any] = field(default_factory=dict)
     metrics: str = ""
@@ -170,22 +168,17 @@ class Supervisor:
             return
         # A new process starts from its settings' share: no assignment sent or applied yet.
         slot.channel, slot.sent, slot.applied = None, 0, 0
-        ours, theirs = socket.socketpair()
-        try:
-            slot.process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "fastnsq.runner.child",
-                pass_fds=(theirs.fileno(),), env={**os.environ, FD_ENV: str(theirs.fileno())},
-                start_new_session=True,  # Ctrl-C reaches the supervisor only: one stop per child
-            )
-        finally:
-            theirs.close()
-        slot.channel = await Channel.open(ours)
+        # Worker 0's first process may have been started by the entry point already (spawning).
+        early = adopt_first_child() if slot.index == 0 else None
+        slot.process = early or spawn_child()
+        slot.channel = await Channel.open(slot.process.sock)
         slot.fatal, slot.health, slot.started_at = "", {}, time.monotonic()
         first: dict[str, Any] = {"type": "settings", "settings": self.settings.as_json(), "index": slot.index}
         if self.settings.split_nsqd:
             first["nsqd"] = self.shares.assignments.get(slot.index, [])
         slot.channel.send(first)
-        logger.info("worker %d started (pid %d)", slot.index, slot.process.pid)
+        logger.info("worker %d started (pid %d%s)", slot.index, slot.process.pid,
+                    ", at the command's start" if early else "")
         self._spawn_task(self._listen(slot, slot.channel))
         self._spawn_task(self._wait(slot, slot.process))
 
@@ -207,7 +200,7 @@ class Supervisor:
             elif kind == "started" and self.stopping:
                 channel.send({"type": "stop"})  # started while the group was being stopped
 
-    async def _wait(self, slot: Slot, process: asyncio.subprocess.Process) -> None:
+    async def _wait(self, slot: Slot, process: ChildProcess) -> None:
         status = await process.wait()
         if slot.channel is not None:
             slot.channel.close()
@@ -383,3 +376,4 @@ def describe_exit(status: int, fatal: str) -> str:
     else:
         text = f"exited with status {status}"
     return f"{text}: {fatal}" if fatal else text
+
