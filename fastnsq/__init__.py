@@ -12,7 +12,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _fallback
 from ._version import __version__
+
+if _fallback.flag(_fallback.REQUIRE_EXTENSIONS) or _fallback.flag(_fallback.NO_EXTENSIONS):
+    # The codec switches are judged at ``import fastnsq``, as documented: a missing C codec
+    # under FASTNSQ_REQUIRE_EXTENSIONS=1 (or both switches at once) fails here, not at first use.
+    from . import codec as _codec  # noqa: F401
 
 if TYPE_CHECKING:  # the names below, for type checkers and editors; imported when first used
     from .codec import IMPLEMENTATION as CODEC_IMPLEMENTATION
