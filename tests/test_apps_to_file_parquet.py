@@ -13,6 +13,8 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -148,6 +150,23 @@ def test_a_spool_that_cannot_be_finished_stays_and_is_named(tmp_path: Path) -> N
     assert len(failures) == 1 and isinstance(failures[0], parquetfile.FinishError)
     assert path in str(failures[0])
     assert os.path.exists(path) and parquet_files(tmp_path) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_spool_whose_maker_is_a_zombie_was_killed_as_it_was_made(tmp_path: Path) -> None:
+    """A SIGKILLed child not reaped yet (its supervisor killed too, init not there yet) still
+    answers kill(pid, 0): a restart that looks then must take its spool as cut, not as live."""
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    stat = Path(f"/proc/{zombie.pid}/stat")
+    while b") Z " not in stat.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)  # exited, not reaped: we do not wait() for it yet
+    try:
+        name = spool.spool_name("t-000001.parquet") + f".{zombie.pid}.new"
+        assert parquetfile._maker_gone(name)
+        assert not parquetfile._maker_gone(spool.spool_name("t-000002.parquet") + f".{os.getpid()}.new")
+    finally:
+        zombie.wait()
 
 
 def test_a_restart_finishes_the_spools_left_and_says_so_in_one_line(tmp_path: Path, caplog) -> None:

@@ -233,7 +233,19 @@ def _maker_gone(name: str) -> bool:
         return True
     except PermissionError:
         return False
-    return False
+    return _is_zombie(int(pid))
+
+
+def _is_zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped. A SIGKILLed child whose supervisor was
+    killed too stays a zombie until init reaps it, and a restart may look before that: its
+    spool will never be written again (Linux's /proc; elsewhere it waits ABANDONED_AGE)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            state = file.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"Z", b"X")
 
 
 def _sort(found: FoundSpools, path: str, name: str, topic: str) -> None:
