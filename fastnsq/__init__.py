@@ -9,10 +9,10 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import _fallback
+from ._lazy import attribute_loader
 from ._version import __version__
 
 if _fallback.flag(_fallback.REQUIRE_EXTENSIONS) or _fallback.flag(_fallback.NO_EXTENSIONS):
@@ -53,13 +53,8 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'fastnsq' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{home[0]}", __name__), home[1])
-    globals()[name] = value  # once: later lookups find it directly
-    return value
+if not TYPE_CHECKING:  # checkers see the imports above: a misspelt name stays an error, not Any
+    __getattr__ = attribute_loader(__name__, _HOMES)
 
 
 def __dir__() -> list[str]:

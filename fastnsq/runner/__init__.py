@@ -11,8 +11,9 @@ config file (:mod:`.settings`). It sits above the public Consumer, which never i
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import attribute_loader
 
 if TYPE_CHECKING:  # imported on first use: the entry point starts a child before paying for these
     from .group import run_group
@@ -21,14 +22,10 @@ if TYPE_CHECKING:  # imported on first use: the entry point starts a child befor
 
 __all__ = ["EXIT_CRASH_LOOP", "SettingsError", "Supervisor", "WorkerSettings", "run_group"]
 
-_HOMES = {"EXIT_CRASH_LOOP": "supervisor", "Supervisor": "supervisor", "run_group": "group",
-          "SettingsError": "settings", "WorkerSettings": "settings"}
+_HOMES = {name: (home, name) for name, home in (
+    ("EXIT_CRASH_LOOP", "supervisor"), ("Supervisor", "supervisor"), ("run_group", "group"),
+    ("SettingsError", "settings"), ("WorkerSettings", "settings"),
+)}
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{home}", __name__), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # checkers see the imports above: a misspelt name stays an error, not Any
+    __getattr__ = attribute_loader(__name__, _HOMES)

@@ -376,4 +376,3 @@ def describe_exit(status: int, fatal: str) -> str:
     else:
         text = f"exited with status {status}"
     return f"{text}: {fatal}" if fatal else text
-

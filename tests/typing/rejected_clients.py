@@ -4,6 +4,7 @@ that mypy --strict and pyright report an error on every marked line, and on no o
 from __future__ import annotations
 
 import fastnsq
+import fastnsq.runner
 import fastnsq.sync
 from fastnsq import Message
 
@@ -41,3 +42,10 @@ async def wrong() -> None:
         print(answer)
     async for message in fastnsq.Consumer("t", "c", nsqd_tcp_addresses=NSQD):
         takes_text(message)  # rejected: a Message, not a str
+
+
+def misspelt_names() -> None:
+    # The public names are imported on first use (a module __getattr__): a checker must still see
+    # exactly these names, not "anything goes".
+    fastnsq.Consumr("t", "c", nsqd_tcp_addresses=NSQD)  # rejected: no such name
+    print(fastnsq.runner.Supervisr)  # rejected: no such name
