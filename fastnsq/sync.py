@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import signal
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
 from ._sync_publish import CALL, FORKS, PUBLISH, SEND, Bridge, close_producer, settle_future
@@ -418,7 +419,7 @@ class Consumer:
 
     ``start()`` returns at once (the consumer runs in the background); ``stop()``
     drains as :meth:`fastnsq.Consumer.stop` does and returns its report. Without a
-    ``handler``, iterate :meth:`batches` instead, from any thread.
+    ``handler``, iterate the consumer (``for message in consumer``) or :meth:`batches`, from any thread.
     """
 
     def __init__(
@@ -590,6 +591,32 @@ class Consumer:
                 message.requeue(0, backoff=False)
                 self._abandoned += 1
 
+    def __iter__(self) -> Iterator[Message]:
+        """The messages one by one, blocking (the async consumer's ``async for``), for a consumer
+        made without a handler: answer each with ``finish()`` / ``requeue()``, from any thread.
+
+        Starts the consumer if needed; ends when it stops (``stop()``, from another thread).
+        Messages are taken from the loop up to ``max_in_flight`` at a time; those taken and not
+        handed out yet when the iteration is left (``break``, an exception) are requeued at once,
+        without backoff, as ``stop()`` does with what it still holds.
+        """
+        if self._user_handler is not None:
+            raise RuntimeError("this consumer has a handler; iterating it is for consumers without one")
+        return self._iterate_messages()
+
+    def _iterate_messages(self) -> Iterator[Message]:
+        batches = self._iterate_batches(max(1, self._consumer.max_in_flight), 0.0)
+        with contextlib.closing(batches):  # left early: the async iteration is closed at once, too
+            for batch in batches:
+                messages = list(batch)
+                handed = 0
+                try:
+                    for message in messages:
+                        handed += 1
+                        yield message
+                finally:
+                    _requeue_unhanded(messages[handed:])
+
     def batches(self, max_size: int = 100, max_wait: float = 1.0) -> Iterator[Batch]:
         """Blocking :meth:`fastnsq.Consumer.batches`, for a consumer made without a handler.
 
@@ -603,7 +630,7 @@ class Consumer:
         check_range("max_wait", max_wait, 0.0, 86400)
         return self._iterate_batches(max_size, max_wait)
 
-    def _iterate_batches(self, max_size: int, max_wait: float) -> Iterator[Batch]:
+    def _iterate_batches(self, max_size: int, max_wait: float) -> Generator[Batch, None, None]:
         self.start()
         thread = self._thread
         assert thread is not None
@@ -706,6 +733,14 @@ class Consumer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+def _requeue_unhanded(messages: list[Message]) -> None:
+    """Messages taken for an iteration that was left before it handed them out: back to nsqd now."""
+    for message in messages:
+        if not message.has_responded:
+            with contextlib.suppress(RuntimeError):  # stop() requeued it meanwhile
+                message.requeue(0, backoff=False)
 
 
 async def _call_async(func: Callable[..., T], *args: Any) -> T:

@@ -293,3 +293,44 @@ async def test_an_async_batch_held_at_the_stop_deadline_is_requeued(nsqd):
     assert report.timed_out and report.abandoned == len(batch) and report.requeued == 10
     assert consumer.snapshot().finished == 0
     assert await _left_in_channel(nsqd, topic) == {"in_flight": 0, "queued": 10}
+
+
+async def test_iterating_gives_every_message_and_requeues_what_a_break_left(nsqd):
+    """``for message in consumer``: every message once; a break gives back what was taken and not handed out."""
+    topic = unique("synciter")
+    bodies = set(await publish_spread([nsqd.tcp_address], topic, 300))
+
+    def blocking() -> tuple[set[bytes], set[bytes], Any]:
+        seen: set[bytes] = set()
+        with Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], max_in_flight=50) as consumer:
+            deadline = time.monotonic() + 10
+            while consumer.snapshot().in_flight < 50 and time.monotonic() < deadline:
+                time.sleep(0.01)  # 50 delivered and queued: the first take is all of them
+            for message in consumer:  # the first run leaves after 10, with 40 more taken
+                seen.add(message.body)
+                message.finish()
+                if len(seen) == 10:
+                    break
+            first = set(seen)
+            for message in consumer:  # the rest, the requeued ones included, from a thread pool's worker
+                seen.add(message.body)
+                message.finish()
+                if seen >= bodies:
+                    break
+        return first, seen, consumer.snapshot()
+
+    first, seen, final = await asyncio.get_running_loop().run_in_executor(None, blocking)
+    assert len(first) == 10
+    assert seen == bodies
+    assert final.finished == 300 and final.in_flight == 0
+    assert final.requeued == 40  # the first break gave back what it had taken and not handed out
+    assert await _left_in_channel(nsqd, topic) == {"in_flight": 0, "queued": 0}
+
+
+def test_iterating_a_consumer_with_a_handler_is_refused() -> None:
+    consumer = Consumer("t", "c", nsqd_tcp_addresses=["127.0.0.1:1"], handler=print)
+    try:
+        iter(consumer)
+        raise AssertionError("iterating a consumer with a handler was accepted")
+    except RuntimeError as exc:
+        assert "has a handler" in str(exc)
