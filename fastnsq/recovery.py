@@ -15,7 +15,9 @@ the worker's supervisor all use:
 * :class:`PollCadence`: while what a client wants from nsqlookupd is not whole (an nsqd it
   had is missing, a worker child holds none), lookupd is asked again every
   :data:`FAST_POLL` seconds for :data:`FAST_PHASE` seconds, then the wait doubles back to the
-  regular ``lookupd_poll_interval``; regular waits are jittered so clients spread out.
+  regular ``lookupd_poll_interval``, or to :data:`EMPTY_POLL` at most while the client holds no
+  nsqd of the topic at all (a consumer started while every nsqd was down); regular waits are
+  jittered so clients spread out.
   :data:`MIN_POLL_GAP` keeps any one poller at two polls a second at most.
 * :class:`Recall`: an nsqd that lookupd listed and then stopped listing (a restart
   unregisters it) is still wanted for :data:`KEEP_MISSING_POLLS` poll intervals (10 minutes
@@ -39,6 +41,7 @@ from typing import Generic, TypeVar
 from .config import LoggerLike
 
 __all__ = [
+    "EMPTY_POLL",
     "FAST_PHASE",
     "FAST_POLL",
     "KEEP_MISSING_POLLS",
@@ -60,6 +63,10 @@ MAX_ATTEMPTS_PER_SECOND = 5.0
 FAST_POLL = (0.5, 0.75)
 #: How long lookupd is polled at FAST_POLL before the wait doubles back to the regular interval.
 FAST_PHASE = 60.0
+#: The longest wait between two lookupd polls, after FAST_PHASE, while the client holds no nsqd of
+#: the topic at all (started while every nsqd was down, or before any had the topic): lookupd is
+#: then its only way to find one, however long that takes (0.2 queries a second per client).
+EMPTY_POLL = 5.0
 #: Two polls of one poller never start closer than this (at most two lookupd queries a second).
 MIN_POLL_GAP = 0.5
 #: How long an nsqd lookupd stopped listing is still tried (its restart unregistered it), in
@@ -302,13 +309,16 @@ class PollCadence:
         self._rng = rng if rng is not None else random.Random()
         self._short_since: float | None = None
         self._slow_steps = 0
+        self._empty = False
 
     @property
     def short(self) -> bool:
         return self._short_since is not None
 
-    def set_short(self, short: bool) -> bool:
-        """Whether the client lacks an nsqd it wants; True when it just became short (poll now)."""
+    def set_short(self, short: bool, *, empty: bool = False) -> bool:
+        """Whether the client lacks an nsqd it wants (``empty``: it holds none at all, and is short
+        however long that lasts); True when it just became short (poll now)."""
+        self._empty = short and empty
         if short == self.short:
             return False
         self._short_since = self._clock() if short else None
@@ -322,7 +332,8 @@ class PollCadence:
         if self._clock() - self._short_since < FAST_PHASE:
             return min(regular, self._rng.uniform(*FAST_POLL))
         self._slow_steps += 1
-        return min(regular, FAST_POLL[1] * 2.0 ** min(self._slow_steps, 30))
+        longest = min(regular, EMPTY_POLL) if self._empty else regular
+        return min(longest, FAST_POLL[1] * 2.0 ** min(self._slow_steps, 30))
 
 
 class Recall(Generic[K]):

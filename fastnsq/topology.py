@@ -214,11 +214,12 @@ class Topology:
                 entry.poller.run(arrived, entry.cadence.next_wait)
             )
 
-    def set_short(self, topic: str, short: bool) -> None:
-        """Whether the watcher of ``topic`` lacks an nsqd it wants (the recovery rule,
-        :class:`fastnsq.recovery.PollCadence`): while it does, lookupd is asked again often."""
+    def set_short(self, topic: str, short: bool, *, empty: bool = False) -> None:
+        """Whether the watcher of ``topic`` lacks an nsqd it wants (``empty``: it holds none at all;
+        the recovery rule, :class:`fastnsq.recovery.PollCadence`): while it does, lookupd is asked
+        again often."""
         entry = self._topics.get(topic)
-        if entry is not None and entry.cadence.set_short(short) and not self._closed:
+        if entry is not None and entry.cadence.set_short(short, empty=empty) and not self._closed:
             entry.poller.trigger()
 
     def refresh_soon(self, topic: str) -> None:

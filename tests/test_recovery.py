@@ -26,6 +26,7 @@ from fastnsq import Consumer, Producer
 from fastnsq import sync as blocking_api
 from fastnsq.errors import NoConnectionError
 from fastnsq.recovery import (
+    EMPTY_POLL,
     FAST_PHASE,
     FAST_POLL,
     MAX_ATTEMPTS_PER_SECOND,
@@ -192,6 +193,20 @@ async def start_lookupd() -> Any:
     return lookupd
 
 
+def test_cadence_of_a_client_holding_no_nsqd_never_waits_longer_than_empty_poll() -> None:
+    """A consumer started while every nsqd was down has only lookupd to find one: after the fast
+    phase its polls stay EMPTY_POLL apart at most, however long that lasts, not the 60 s interval."""
+    now = [0.0]
+    cadence = PollCadence(60.0, 0.3, clock=lambda: now[0], rng=random.Random(5))
+    assert cadence.set_short(True, empty=True) is True
+    assert all(FAST_POLL[0] <= cadence.next_wait() <= FAST_POLL[1] for _ in range(20))
+    now[0] = 10 * FAST_PHASE
+    waits = [cadence.next_wait() for _ in range(40)]
+    assert waits[0] < waits[2] and max(waits) == EMPTY_POLL
+    cadence.set_short(True)  # a connection now: short of another nsqd only, so back towards the interval
+    assert 51.0 <= [cadence.next_wait() for _ in range(12)][-1] <= 69.0
+
+
 async def start_server(lookupd: Any) -> Server:
     server = Server(lookupd_tcp_addresses=[lookupd.tcp_address])
     await server.start()
@@ -236,6 +251,34 @@ async def test_a_consumer_consumes_again_within_a_second_of_nsqd_answering(via: 
         await publish_one(server.tcp_address, topic, b"after")
         await eventually(lambda: b"after" in handled, 15, "the message after the outage")
         assert handled[b"after"] - back <= WITHIN
+    finally:
+        await consumer.stop()
+        await stop_all(server, lookupd)
+
+
+@pytest.mark.parametrize("topic_kind", ["known", "new"])
+async def test_a_consumer_started_while_nsqd_is_down_consumes_within_a_second_of_its_first_publish(
+        topic_kind: str) -> None:
+    """Through lookupd, started while its nsqd is down: "known", a topic nsqd had before (it
+    registers it again as it starts), "new", one no nsqd has until the publish. The old code
+    asked lookupd again after a random 0-18 s, then every 51-69 s: 11 s and 50 s on a real nsqd."""
+    lookupd = await start_lookupd()
+    server = await start_server(lookupd)
+    topic = unique(f"down_at_start_{topic_kind}")
+    handled: dict[bytes, float] = {}
+    if topic_kind == "known":
+        await publish_one(server.tcp_address, topic, b"before")
+    await server.down(kill=False)
+    consumer = Consumer(topic, "ch", lookupd_http_addresses=[lookupd.http_address],
+                        handler=lambda m: handled.setdefault(m.body, time.monotonic()))
+    try:
+        await consumer.start()
+        await asyncio.sleep(OUTAGE)
+        await server.start()
+        await publish_one(server.tcp_address, topic, b"after")
+        published = time.monotonic()
+        await eventually(lambda: b"after" in handled, 15, "the message published after nsqd started")
+        assert handled[b"after"] - published <= WITHIN
     finally:
         await consumer.stop()
         await stop_all(server, lookupd)

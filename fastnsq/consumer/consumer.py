@@ -178,7 +178,8 @@ class Consumer:
         self._links: dict[Endpoint, list[Link]] = {}
         self._missing = Missing(topic, self._fill, self._direct, delay=self.reconnect_delay,
                                 max_delay=self.max_reconnect_delay,
-                                lookupd_poll_interval=self.lookupd_poll_interval, log=self._log)
+                                lookupd_poll_interval=self.lookupd_poll_interval,
+                                holds_none=lambda: not self._all_links(), log=self._log)
         self._topology: Topology | None = None
         self._meta_ext = False
         self._rdy_timer: asyncio.TimerHandle | None = None
@@ -227,6 +228,7 @@ class Consumer:
             await self._topology.refresh(self.topic)
         except NSQError as exc:
             self._log.warning("first lookupd poll failed: %s", exc)
+        self._missing.tell()  # nothing found (every nsqd down, or the topic on none yet): poll often
         self._topology.watch(self.topic)
 
     async def __aenter__(self) -> Self:
@@ -513,6 +515,7 @@ class Consumer:
         if express:
             return self._express.express_added(link)  # closed by the consumer if refused
         self._links.setdefault(endpoint, []).append(link)
+        self._missing.tell()  # the first connection ends the polling a consumer holding none does
         lost_at = self._lost_at.pop(endpoint, None)
         if endpoint in self._ever_connected:
             self.reconnects += 1

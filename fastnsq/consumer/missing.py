@@ -2,7 +2,8 @@
 
 One job: for each endpoint (an nsqd, or an HA partition on one) the consumer wants and lacks,
 :class:`fastnsq.recovery.Redial` tries it again quickly; while one that lookupd found is
-missing, the topology is told the consumer is short of it (lookupd is then polled often);
+missing, or while the consumer holds no connection at all, the topology is told the consumer
+is short (lookupd is then polled often);
 one lookupd found stays wanted while lookupd lists it and for ``KEEP_MISSING_POLLS`` polls
 after (a restarted nsqd unregisters until it is back), unless its partition is led elsewhere
 now. An HA node that answers "not the leader here" is left to lookupd's routes (a refresh
@@ -40,15 +41,17 @@ class Missing:
         delay: float,
         max_delay: float,
         lookupd_poll_interval: float,
+        holds_none: Callable[[], bool] = lambda: False,
         log: LoggerLike = logger,
     ) -> None:
         self.topic = topic
         self._fill = fill
+        self._holds_none = holds_none  # the consumer has no connection at all
         self._direct = direct  # the consumer's own list: given endpoints are wanted for as long as given
         self._log = log
         self.topology: Topology | None = None  # set once the consumer asks lookupd
         self.active = True
-        self._redial = Redial(delay=delay, max_delay=max_delay, on_round=lambda _address: self._tell(), log=log)
+        self._redial = Redial(delay=delay, max_delay=max_delay, on_round=lambda _address: self.tell(), log=log)
         self._recall: Recall[Endpoint] = Recall(KEEP_MISSING_POLLS * lookupd_poll_interval)
 
     def add(self, endpoint: Endpoint, error: BaseException | None = None) -> None:
@@ -60,7 +63,7 @@ class Missing:
             self.topology.refresh_soon(self.topic)
         else:
             self._redial.missing(endpoint.address, endpoint, lambda: self._attempt(endpoint), error)
-        self._tell()
+        self.tell()
 
     def has(self, endpoint: Endpoint) -> bool:
         return self._redial.has(endpoint)
@@ -73,12 +76,12 @@ class Missing:
             self._log.info("no longer trying %s: led elsewhere, or not listed by lookupd for %.0f s", key,
                            self._recall.keep)
             self._redial.drop(key)
-        self._tell()
+        self.tell()
 
     def drop_address(self, address: str) -> None:
         """Nothing at ``address`` is wanted any more (``disconnect_from_nsqd``)."""
         self._redial.drop_address(address)
-        self._tell()
+        self.tell()
 
     async def close(self) -> None:
         self.active = False
@@ -91,7 +94,12 @@ class Missing:
             self.add(endpoint, exc)
             raise
 
-    def _tell(self) -> None:
-        """The topology polls often while an endpoint lookupd found is missing."""
+    def tell(self) -> None:
+        """The topology polls often while an endpoint lookupd found is missing, or while the
+        consumer holds no connection at all (started while every nsqd was down, or before any
+        had the topic: only lookupd can say where to go, and it is asked every few seconds)."""
         if self.topology is not None and self.active:
-            self.topology.set_short(self.topic, any(key not in self._direct for key in self._redial.pending()))
+            empty = self._holds_none()
+            lacking = any(key not in self._direct for key in self._redial.pending())
+            self.topology.set_short(self.topic, lacking or empty, empty=empty)
+
