@@ -3,6 +3,7 @@
     python bench/recovery.py --real ~/nsq-real/bin --outages 3,15,45,300   # real nsqd + nsqlookupd
     python bench/recovery.py --outages 3,15                                 # the embedded servers
     python bench/recovery.py --real ~/nsq-real/bin --rates                  # attempts a second while down
+    python bench/recovery.py --real ~/nsq-real/bin --down-at-start 5,90     # every face started while nsqd is down
     python bench/recovery.py --real ~/nsq-real/bin --rolling                # 3 nsqd restarted in turn
     python bench/recovery.py --ha ~/nsq-real/ha/bin                         # an HA partition leader killed
 
@@ -24,6 +25,11 @@ face, at its first success: for a consumer, the first FIN nsqd counts for its ch
 ``/stats`` polled every 25 ms: nsqd's counters start at 0 at each start); for a producer, its
 first acknowledged publish. A publish that fails later than 1 s after nsqd answered is listed
 with its error (none may: "no publish fails with an old cause").
+
+**Down at start** (``--down-at-start D,...``): the same faces, each started while nsqd is down
+(its topic created before, so nsqd registers it with lookupd again as it starts), nsqd started D
+seconds later; the same clock. A face that exits meanwhile is marked so (go-nsq's direct
+consumer: ``ConnectToNSQD`` refuses to start without its nsqd).
 
 **Rates** (``--rates``): the same faces, one outage of ``--rates-outage`` seconds during which a
 counting listener holds nsqd's TCP port (it reads each connection's IDENTIFY for the client's
@@ -227,6 +233,7 @@ class Faces:
         self._tasks: list[asyncio.Task[None]] = []
         self._threads: list[threading.Thread] = []
         self._processes: list[asyncio.subprocess.Process] = []
+        self.process_names: list[str] = []  # the face of each process, in order
         self._closers: list[Any] = []
 
     def lookupd(self, face: str) -> str:
@@ -292,6 +299,7 @@ class Faces:
         (self.out / "files").mkdir()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         for face, command in commands.items():
+            self.process_names.append(face)
             log = _log_file(self.out / f"{face}.log")
             stdout = asyncio.subprocess.PIPE if face == "go_producer" else log
             process = await asyncio.create_subprocess_exec(*command, cwd=HERE, env=env, stdout=stdout, stderr=log,
@@ -299,6 +307,10 @@ class Faces:
             self._processes.append(process)
             if face == "go_producer":
                 self._tasks.append(asyncio.create_task(self._read_go_publishes(process)))
+
+    @property
+    def processes(self) -> list[asyncio.subprocess.Process]:
+        return self._processes
 
     async def _publish_async(self, producer: Any) -> None:
         record = self.publishes["async_producer"].outcomes
@@ -414,6 +426,59 @@ async def table(args: argparse.Namespace, go_binary: Path | None) -> dict[str, A
         await faces.close()
         await servers.close()
     return {"rows": rows, "faces": wanted, "servers": servers.describe()}
+
+
+async def down_at_start(args: argparse.Namespace, go_binary: Path | None) -> dict[str, Any]:
+    """Every face started while its nsqd is down (the topic known from before: nsqd registers it
+    again as it starts), nsqd started D s later; seconds from its first /ping to each face's first
+    success. A face that exits meanwhile (go-nsq's ConnectToNSQD refuses to start) has none."""
+    import aiohttp
+
+    servers = Servers(args.real, 1)
+    await servers.start()
+    nsqd = servers.nsqd[0]
+    wanted = tuple(f for f in (*CONSUMERS, *PRODUCERS) if go_binary is not None or not f.startswith("go_"))
+    rows: list[dict[str, Any]] = []
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"http://{nsqd.http_address}/topic/create", params={"topic": TOPIC}) as resp:
+                resp.raise_for_status()
+            for down in args.down_at_start:
+                await asyncio.to_thread(nsqd.stop)
+                faces = Faces(servers, args)
+                try:
+                    await faces.start(go_binary)
+                    _, back = await restart(nsqd, down, session, during=None)
+                    feeder = asyncio.create_task(feed(session, nsqd.http_address))
+                    try:
+                        took = await first_successes(faces, session, back, back + max(GIVE_UP, down), wanted)
+                    finally:
+                        feeder.cancel()
+                    exited = [face for face, process in zip(faces.process_names, faces.processes, strict=True)
+                              if process.returncode is not None]
+                finally:
+                    await faces.close()
+                row = {"down_at_start_s": down, "seconds_to_first_success":
+                       {f: None if t is None else round(t, 3) for f, t in took.items()}, "exited_while_down": exited}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        await servers.close()
+    return {"rows": rows, "faces": wanted, "servers": servers.describe()}
+
+
+def down_at_start_markdown(result: dict[str, Any]) -> str:
+    downs = [row["down_at_start_s"] for row in result["rows"]]
+    lines = ["Seconds from nsqd's first /ping to each face's first success, every face started while nsqd "
+             "was down (its topic known from before), nsqd started D s later.", "",
+             "| face | " + " | ".join(f"D = {d:g} s" for d in downs) + " |", "|---|" + "---:|" * len(downs)]
+    for face in result["faces"]:
+        cells = []
+        for row in result["rows"]:
+            took = row["seconds_to_first_success"][face]
+            cells.append("exited" if face in row["exited_while_down"] else "none" if took is None else f"{took:.2f}")
+        lines.append(f"| {face} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 async def feed(session: Any, http_address: str) -> None:
@@ -715,6 +780,8 @@ def main() -> int:
     parser.add_argument("--settle", type=float, default=5.0, help="seconds between two outages")
     parser.add_argument("--rates", action="store_true", help="count connection attempts and lookupd queries")
     parser.add_argument("--rates-outage", type=float, default=10.0)
+    parser.add_argument("--down-at-start", default="",
+                        help="seconds nsqd stays down after every face started, comma-separated (that mode)")
     parser.add_argument("--rolling", action="store_true", help="3 nsqd restarted in turn under a worker")
     parser.add_argument("--rolling-down", type=float, default=10.0)
     parser.add_argument("--rolling-processes", type=int, default=3)
@@ -724,6 +791,7 @@ def main() -> int:
     args.real = args.real.expanduser() if args.real else None
     args.ha = args.ha.expanduser() if args.ha else None
     args.outages = [float(x) for x in args.outages.split(",") if x]
+    args.down_at_start = [float(x) for x in args.down_at_start.split(",") if x]
     go_binary = None
     if not args.no_go and not args.rolling and not args.ha:
         if args.go_bin is not None:
@@ -737,12 +805,14 @@ def main() -> int:
         import uvloop
 
         uvloop.install()
-    mode = "ha" if args.ha else "rolling" if args.rolling else "rates" if args.rates else "table"
+    mode = ("ha" if args.ha else "rolling" if args.rolling else "rates" if args.rates
+            else "down-at-start" if args.down_at_start else "table")
     runner = {"rolling": lambda: rolling(args), "rates": lambda: rates(args, go_binary),
-              "table": lambda: table(args, go_binary), "ha": lambda: ha(args)}[mode]
+              "table": lambda: table(args, go_binary), "ha": lambda: ha(args),
+              "down-at-start": lambda: down_at_start(args, go_binary)}[mode]
     result = asyncio.run(runner())
     text = {"rolling": rolling_markdown, "rates": rates_markdown, "table": table_markdown,
-            "ha": ha_markdown}[mode](result)
+            "ha": ha_markdown, "down-at-start": down_at_start_markdown}[mode](result)
     stamp = datetime.now()
     server = "youzan" if args.ha else "real" if args.real else "embedded"
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "python": platform.python_version(),
