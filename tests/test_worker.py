@@ -218,6 +218,16 @@ def test_settings_flags_beat_environment_beat_file_beat_defaults() -> None:
     assert merge({"target": "m:f"}, {}, file_values).topic == "from_file"
 
 
+def test_log_level_takes_any_case_from_every_source_and_names_a_wrong_one() -> None:
+    """nsq's apps take debug/warn, the worker DEBUG/WARNING: each source takes either (a lower-case
+    FASTNSQ_WORKER_LOG_LEVEL once reached logging as "Unknown level: 'debug'")."""
+    base = {"target": "m:f", "topic": "t", "channel": "c", "nsqd_tcp_address": ["127.0.0.1:1"]}
+    assert merge(base, {"FASTNSQ_WORKER_LOG_LEVEL": "warn"}, {}).log_level == "WARNING"
+    assert merge(base, {}, {"log_level": "Error"}).log_level == "ERROR"
+    with pytest.raises(SettingsError, match=r"FASTNSQ_WORKER_LOG_LEVEL='loud'.*DEBUG, INFO, WARNING, ERROR"):
+        merge(base, {"FASTNSQ_WORKER_LOG_LEVEL": "loud"}, {})
+
+
 def test_max_in_flight_is_split_and_adds_up() -> None:
     base = {"target": "m:f", "topic": "t", "channel": "c", "nsqd_tcp_address": ["127.0.0.1:1"]}
     settings = merge({**base, "max_in_flight": 7, "processes": 3}, {}, {})

@@ -39,8 +39,8 @@ def add_consume_flags(parser: argparse.ArgumentParser, *, app: str, several_topi
                       help="max number of messages to allow in flight (default 200)")
     what.add_argument("--consumer-opt", action="append", default=[], metavar="NAME,VALUE",
                       help="option to pass through to the Consumer (go-nsq's names; may be given multiple times)")
-    what.add_argument("--log-level", choices=sorted(LOG_LEVELS), default="info",
-                      help="log verbosity: debug, info, warn, error, or fatal (default info)")
+    what.add_argument("--log-level", type=str.lower, choices=sorted(LOG_LEVELS), default="info",
+                      help="log verbosity: debug, info, warn, error, or fatal, any case (default info)")
     what.add_argument("--log-prefix", default=None, help="accepted for nsq_to_file's command lines; "
                       "our lines carry the app's name and pid instead")
     runtime = parser.add_argument_group("runtime (fastnsq's own)")

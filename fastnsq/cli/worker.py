@@ -65,9 +65,19 @@ def _build_worker(commands: Any, common: argparse.ArgumentParser, client: argpar
                       help="/readyz fails once every consuming process has been in backoff, or has failed every "
                            "message it answered, this long (default 60)")
     sub.add_argument("--config", metavar="FILE", help="a TOML file of settings (and a [consumer] table)")
-    sub.add_argument("--log-level", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-                     help="the group's log level (default INFO; --debug: DEBUG)")
+    sub.add_argument("--log-level", type=_log_level, metavar="LEVEL",
+                     help="the group's log level: DEBUG, INFO, WARNING or ERROR, any case (default INFO; "
+                          "--debug: DEBUG)")
     sub.set_defaults(run=_run_worker)
+
+
+def _log_level(text: str) -> str:
+    from ..runner.settings import log_level
+
+    try:
+        return log_level(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _typed(name: str) -> Any:

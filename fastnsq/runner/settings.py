@@ -93,7 +93,7 @@ _SCALARS: dict[str, Any] = {
     "processes": lambda text: _processes(text), "threads": int,
     "max_in_flight": int, "drain_timeout": parse_duration, "split_nsqd": lambda t: _boolean("split_nsqd", t),
     "http_host": str, "metrics_port": int, "max_restarts": int, "restart_window": parse_duration,
-    "backoff_grace": parse_duration, "log_level": str, "batch": lambda text: _batch(text),
+    "backoff_grace": parse_duration, "log_level": lambda text: log_level(text), "batch": lambda text: _batch(text),
 }
 _LISTS = {"nsqd_tcp_addresses": "nsqd_tcp_address", "lookupd_http_addresses": "lookupd_http_address"}
 
@@ -262,6 +262,19 @@ def available_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1  # pragma: no cover - platforms without affinity
+
+
+#: The group's log levels, as the flag, the environment and the file may spell them (any case).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def log_level(text: str) -> str:
+    """``text`` as a logging level name: any case, ``warn`` for WARNING (nsq's apps spell it so)."""
+    name = text.strip().upper()
+    name = "WARNING" if name == "WARN" else name
+    if name not in LOG_LEVELS:
+        raise ValueError(f"log_level takes one of {', '.join(LOG_LEVELS)} (any case), not {text!r}")
+    return name
 
 
 def _boolean(name: str, text: str) -> bool:
