@@ -469,8 +469,8 @@ async def down_at_start(args: argparse.Namespace, go_binary: Path | None) -> dic
 
 def down_at_start_markdown(result: dict[str, Any]) -> str:
     downs = [row["down_at_start_s"] for row in result["rows"]]
-    lines = ["Seconds from nsqd's first /ping to each face's first success, every face started while nsqd "
-             "was down (its topic known from before), nsqd started D s later.", "",
+    lines = [("Seconds from nsqd's first /ping to each face's first success, every face started while nsqd "
+              "was down (its topic known from before), nsqd started D s later."), "",
              "| face | " + " | ".join(f"D = {d:g} s" for d in downs) + " |", "|---|" + "---:|" * len(downs)]
     for face in result["faces"]:
         cells = []

@@ -65,8 +65,8 @@ FAST_POLL = (0.5, 0.75)
 FAST_PHASE = 60.0
 #: The longest wait between two lookupd polls, after FAST_PHASE, while the client holds no nsqd of
 #: the topic at all (started while every nsqd was down, or before any had the topic): lookupd is
-#: then its only way to find one, however long that takes (0.2 queries a second per client).
-EMPTY_POLL = 5.0
+#: then its only way to find one, however long that takes (half a query a second per client).
+EMPTY_POLL = 2.0
 #: Two polls of one poller never start closer than this (at most two lookupd queries a second).
 MIN_POLL_GAP = 0.5
 #: How long an nsqd lookupd stopped listing is still tried (its restart unregistered it), in

@@ -250,7 +250,8 @@ class Supervisor:
         The recovery rule (:mod:`fastnsq.recovery`): an nsqd lookupd stops listing (a restart
         unregisters it) stays with its child for ``KEEP_MISSING_POLLS`` poll intervals, whose consumer tries it
         every 0.2-0.4 s; while a child holds no nsqd or one is unlisted, lookupd is asked
-        again every 0.5-0.75 s, backing off to ``lookupd_poll_interval``; every wait is jittered.
+        again every 0.5-0.75 s, backing off to ``lookupd_poll_interval`` (to ``EMPTY_POLL`` while
+        lookupd lists none at all); every wait is jittered.
         """
         from ..lookupd import LookupdClient
 
@@ -266,7 +267,10 @@ class Supervisor:
                 if found is not None:
                     wanted = recall.wanted(found)
                     await self.shares.found(wanted)
-                    cadence.set_short(wanted != found or any(not held for held in self.shares.assignments.values()))
+                    # Nothing found at all (every nsqd down, or none has the topic yet): short for as
+                    # long as that lasts, lookupd being the only way to learn of one.
+                    cadence.set_short(wanted != found or any(not held for held in self.shares.assignments.values()),
+                                      empty=not wanted)
                 await asyncio.sleep(cadence.next_wait())
 
     async def _discover(self, client: Any) -> set[str] | None:
