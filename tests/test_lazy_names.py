@@ -7,6 +7,7 @@ there, the same object as in its home module, and a misspelt one is an Attribute
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -15,10 +16,17 @@ import pytest
 import fastnsq
 import fastnsq.runner
 
+#: The codec switches make ``import fastnsq`` import the codec at once (they are judged there, as
+#: documented), and the twins import asyncio: the start-up path these tests pin is the default one.
+_SWITCHES = ("FASTNSQ_NO_EXTENSIONS", "FASTNSQ_REQUIRE_EXTENSIONS")
+
 
 def _fresh(code: str) -> str:
-    """``code`` run in a new interpreter (the modules already imported here would hide an eager import)."""
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    """``code`` run in a new interpreter (the modules already imported here would hide an eager import),
+    without the codec switches."""
+    env = {name: value for name, value in os.environ.items() if name not in _SWITCHES}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                          env=env)
     return done.stdout.strip()
 
 
