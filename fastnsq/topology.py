@@ -219,8 +219,12 @@ class Topology:
         the recovery rule, :class:`fastnsq.recovery.PollCadence`): while it does, lookupd is asked
         again often."""
         entry = self._topics.get(topic)
-        if entry is not None and entry.cadence.set_short(short, empty=empty) and not self._closed:
-            entry.poller.trigger()
+        if entry is None or self._closed:
+            return
+        changed = entry.cadence.short != short
+        entry.cadence.set_short(short, empty=empty)
+        if changed:  # the wait under way was planned for the other cadence
+            entry.poller.replan()
 
     def refresh_soon(self, topic: str) -> None:
         """One poll of a watched topic within :data:`REFRESH_DELAY`; requests while one is

@@ -74,7 +74,9 @@ class LookupdPoller:
       ``poll_jitter * poll_interval`` (so many clients started together spread
       out, as go-nsq), then one poll every ``poll_interval`` seconds (or as its
       ``next_wait`` says: :class:`fastnsq.recovery.PollCadence`), or sooner after
-      :meth:`trigger`.
+      :meth:`trigger`. When a poll began less than the cap's gap before the first
+      would (the caller's own, as a consumer's ``start()`` makes), that poll counts
+      as the first, and the regular wait follows it.
     * Two polls never start closer than :data:`fastnsq.recovery.MIN_POLL_GAP`
       (0.5 s): at most two queries a second to each lookupd, however many
       triggers and refreshes come.
@@ -138,6 +140,7 @@ class LookupdPoller:
         self._no_listlookup: set[str] = set()
         self._lock = asyncio.Lock()
         self._wakeup = asyncio.Event()
+        self._woken_to: str | None = None  # what the wake-up is for: "poll" now, or "replan" the wait
         self._last = Discovery()
         self._last_started = float("-inf")  # loop time the last poll began
 
@@ -190,6 +193,15 @@ class LookupdPoller:
 
     def trigger(self) -> None:
         """Make :meth:`run` poll now instead of waiting out the interval (e.g. after a lost connection)."""
+        self._woken_to = "poll"
+        self._wakeup.set()
+
+    def replan(self) -> None:
+        """Make :meth:`run` work out its wait again with ``next_wait()``, counted from the start of
+        the last poll: the cadence changed (its client became short of an nsqd, or no longer is).
+        A poll already asked for by :meth:`trigger` stays asked for."""
+        if self._woken_to is None:
+            self._woken_to = "replan"
         self._wakeup.set()
 
     async def poll_once(self) -> Discovery:
@@ -213,7 +225,13 @@ class LookupdPoller:
 
         An exception from ``callback`` is logged and polling goes on.
         """
-        await self._pause(self._rng.random() * self.poll_jitter * self.poll_interval)
+        regular_wait = (lambda: self.poll_interval) if next_wait is None else next_wait
+        first = self._rng.random() * self.poll_jitter * self.poll_interval
+        if self._polled_within(MIN_POLL_GAP - first):
+            # The caller has just polled (a consumer's start() does): that poll stands for the
+            # first, which the cap would only push back, shifting every later poll with it.
+            first = regular_wait()
+        await self._wait(first, regular_wait)
         while True:
             found = await self.poll_once()
             try:
@@ -224,21 +242,33 @@ class LookupdPoller:
                 raise
             except Exception:
                 logger.exception("lookupd discovery callback failed for topic %r", self._topic)
-            await self._pause(self.poll_interval if next_wait is None else next_wait())
+            await self._wait(regular_wait(), regular_wait)
 
-    async def _pause(self, delay: float) -> None:
-        """Sleep ``delay`` seconds, or less if :meth:`trigger` is called."""
-        if self._wakeup.is_set():
-            self._wakeup.clear()
-            return
-        sleeper = asyncio.ensure_future(self._sleep(delay))
-        waker = asyncio.ensure_future(self._wakeup.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            sleeper.cancel()
-            waker.cancel()
-            self._wakeup.clear()
+    async def _wait(self, delay: float, next_wait: Callable[[], float]) -> None:
+        """``delay`` seconds until the next poll; after :meth:`replan`, ``next_wait()`` from the
+        last poll's start instead (a cadence that changed within a loop pass and back, as a
+        consumer's does while its first connections open, costs no poll)."""
+        while await self._pause(delay) == "replan":
+            delay = self._last_started + next_wait() - asyncio.get_running_loop().time()
+
+    def _polled_within(self, seconds: float) -> bool:
+        """Whether the last poll began less than ``seconds`` ago."""
+        return seconds > 0 and asyncio.get_running_loop().time() - self._last_started < seconds
+
+    async def _pause(self, delay: float) -> str | None:
+        """Sleep ``delay`` seconds, or less if :meth:`trigger` or :meth:`replan` is called;
+        returns what woke it ("poll", "replan"), None when the time was up."""
+        if not self._wakeup.is_set() and delay > 0:
+            sleeper = asyncio.ensure_future(self._sleep(delay))
+            waker = asyncio.ensure_future(self._wakeup.wait())
+            try:
+                await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waker.cancel()
+        woken_to, self._woken_to = (self._woken_to if self._wakeup.is_set() else None), None
+        self._wakeup.clear()
+        return woken_to
 
     # -- one poll
 

@@ -77,11 +77,13 @@ class AttemptCounter:
 
 class QueryCounter:
     """An HTTP proxy in front of the nsqlookupd at ``target`` (``host:port``): ``address`` to give
-    a client instead, ``requests`` the time of each request it made."""
+    a client instead, ``requests`` the time of each request it made, ``paths`` each one's path
+    (``/lookup``, ``/listlookup``, ...) in the same order."""
 
     def __init__(self, target: str) -> None:
         self.target = target
         self.requests: list[float] = []
+        self.paths: list[str] = []
         self.address = ""
         self._runner: Any = None
         self._session: Any = None
@@ -103,6 +105,7 @@ class QueryCounter:
 
         async def forward(request: web.Request) -> web.Response:
             self.requests.append(time.monotonic())
+            self.paths.append(request.path)
             async with self._session.get(f"http://{self.target}{request.path_qs}") as resp:
                 return web.Response(body=await resp.read(), status=resp.status, content_type=resp.content_type)
 
@@ -113,6 +116,10 @@ class QueryCounter:
         port = free_port()
         await web.TCPSite(self._runner, "127.0.0.1", port).start()
         self.address = f"127.0.0.1:{port}"
+
+    def times(self, path: str) -> list[float]:
+        """When the requests for ``path`` were made."""
+        return [at for at, asked in zip(self.requests, self.paths) if asked == path]
 
     async def close(self) -> None:
         if self._runner is not None:
