@@ -132,7 +132,7 @@ async def test_an_nsqd_added_at_run_time_is_consumed_within_one_poll_interval(ns
         polls = lookupd.times("/lookup")
         connected = len(consumer.connections)
         await consumer.stop()
-    gaps = [later - earlier for earlier, later in zip(polls, polls[1:])]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(polls)]
     assert gaps and min(gaps) >= interval * 0.99, f"polls closer than the interval: {gaps}"
     made_after_listing = [at for at in polls if listed_at <= at <= handled[b"from the new node"]]
     assert 1 <= len(made_after_listing) <= 2, (listed_at, polls, handled)
