@@ -16,7 +16,8 @@ does not work gets its reason recorded instead of a number.
 
 ``--real BIN`` starts the real nsqd of ``BIN`` (docs/testing.md, "Getting the binaries")
 on loopback with ``--mem-queue-size`` big enough for every pre-filled topic, and adds the
-Go side: the go-nsq library (``gonsq_bench`` in ``BIN``) and nsq's raw ``bench_reader`` /
+Go side: the go-nsq library (``gonsq_bench`` in ``BIN``, built there from bench/go/src/gonsq_bench
+by bench/go_build.py when missing or older than its source) and nsq's raw ``bench_reader`` /
 ``bench_writer``. A real run measures every client the same way: no warm-up, the clock
 from connect (a consumer) or the first publish (connections made before) to the
 count-th message handled or acknowledged, on a topic pre-filled with more than any
@@ -55,6 +56,7 @@ RESULTS = BENCH / "results"
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT))  # fastnsq itself, for pre-filling topics
 
+import go_build
 import report
 
 WORKLOADS = ("pub", "pub16", "mpub", "consume")
@@ -468,6 +470,15 @@ def peer_rows(peer: Peer, peer_loop: str, mpub_concurrency: int) -> list[Row]:
     ]
 
 
+def build_gonsq_bench(bin_dir: Path, log: Any) -> None:
+    """gonsq_bench into ``bin_dir`` from bench/go/src/gonsq_bench, when missing or older than its source."""
+    try:
+        log(f"go-nsq: {go_build.build(bin_dir, program='gonsq_bench')}")
+    except (SystemExit, OSError, subprocess.CalledProcessError) as exc:
+        # No Go, no GOPATH with go-nsq, or a failed build: the go-nsq rows use what bin_dir holds, if anything.
+        log(f"go-nsq: gonsq_bench not built ({exc}); bench/go_build.py, docs/testing.md 'Getting the binaries'")
+
+
 def go_rows(info: dict[str, Any], bin_dir: str | None, mpub_concurrency: int) -> list[Row]:
     """go-nsq's library (gonsq_bench) and nsq's raw tools, where the driver found them."""
     base = [sys.executable, str(PEERS_DIR / "gonsq_driver.py"), *(["--bin", bin_dir] if bin_dir else [])]
@@ -651,6 +662,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{peer.name} {record['version']} on Python {record['python']}")
         rows += peer_rows(peer, args.peer_loop, mpub_concurrency)
     if "go-nsq" in clients:
+        if real:
+            build_gonsq_bench(Path(args.real).expanduser(), log)
         bin_args = ["--bin", args.real] if real else []
         go = run_driver([sys.executable, str(PEERS_DIR / "gonsq_driver.py"), "--workload", "info", *bin_args],
                         {}, 60)
