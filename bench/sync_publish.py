@@ -39,7 +39,7 @@ from fastnsq.benchmark import process_cpu_seconds
 from fastnsq.testing.process import NSQDProcess
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import go_build  # noqa: E402  (bench/go_build.py)
+import go_build  # bench/go_build.py
 
 REAL_NSQD_FLAGS = ("--mem-queue-size=10000000",)
 
