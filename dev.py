@@ -21,6 +21,7 @@ FASTNSQ_REAL_HA_BIN=BIN_DIR; --base-port N puts the HA cluster on ports N, N+1, 
 
 Idempotent: the virtualenv lives in .venv and is only reinstalled when the build inputs
 change (pyproject.toml, setup.py, the Cython sources); dist's tools live in .venv-dist.
+`python3 dev.py COMMAND --help` (or -h) answers at once: it sets nothing up.
 """
 
 from __future__ import annotations
@@ -565,7 +566,63 @@ COMMANDS = {"demo": demo, "test": test, "bench": bench, "captures": captures, "d
 STANDALONE_COMMANDS = {"dist": dist, "smoke-installed": smoke_installed_command}
 
 
+#: What ``dev.py COMMAND --help`` says, without setting anything up (no .venv, no install).
+COMMAND_HELP = {
+    "demo": """python3 dev.py demo [ARGS]
+    Sets up .venv, then runs `python -m fastnsq.demo ARGS`: an embedded nsqd and a real
+    publish/consume run. Its own options: .venv/bin/python -m fastnsq.demo --help, once set up.""",
+    "test": """python3 dev.py test [--real BIN_DIR] [--real-ha BIN_DIR [--base-port N]] [PYTEST ARGS]
+    Sets up .venv, then the suite with the C codec, then again on the Python twins (4-wide on
+    the embedded servers), then the smoke pass on the other supported Pythons; test files or
+    names in PYTEST ARGS run only those (and no other Python).
+      --real BIN_DIR      only the real pass: nsqd and nsqlookupd from BIN_DIR
+                          (FASTNSQ_REAL_BIN=BIN_DIR adds it to the embedded pass)
+      --real-ha BIN_DIR   only the HA pass against a real youzan cluster (etcd from PATH)
+                          (FASTNSQ_REAL_HA_BIN=BIN_DIR adds it)
+      --base-port N       the HA cluster's ports start at N
+    Other arguments go to pytest (.venv/bin/python -m pytest --help, once set up).""",
+    "bench": """python3 dev.py bench [RUN_ALL ARGS]
+    Sets up .venv, then runs bench/run_all.py with RUN_ALL ARGS (bench/README.md). Its options:""",
+    "captures": """python3 dev.py captures --real BIN_DIR [ARGS]
+    Sets up .venv, starts real servers from BIN_DIR and records nsqd's answers into
+    tests/captures (ARGS go to tests/captures/record.py).""",
+    "docs": """python3 dev.py docs [--serve [PORT]] [SPHINX ARGS]
+    Sets up .venv, then builds the documentation site strictly (-W) into docs/_build/html.
+      --serve [PORT]   then serves it on http://127.0.0.1:PORT/ (8000) until Ctrl-C
+    Other arguments go to sphinx-build.""",
+    "dist": """python3 dev.py dist [--python 3.X ...] [PYTEST ARGS]
+    The sdist, then a manylinux wheel per supported Python built from it, each installed in a
+    fresh virtualenv and smoke-tested; --python (repeatable) builds only those. Its tools live
+    in .venv-dist.""",
+    "smoke-installed": """python3 dev.py smoke-installed [PYTEST ARGS]
+    The smoke pass against the fastnsq this python has installed (cibuildwheel's test command).""",
+}
+HELP_FLAGS = ("-h", "--help")
+
+
+def wants_help(args: list[str]) -> bool:
+    """``-h`` or ``--help`` among ``args`` (before a ``--``, after which arguments belong to others)."""
+    head = args[: args.index("--")] if "--" in args else args
+    return any(arg in HELP_FLAGS for arg in head)
+
+
+def command_help(command: str) -> int:
+    """Print ``command``'s help; no virtualenv is created or touched. bench adds run_all.py's
+    own (its argument parser needs only the standard library, so this interpreter runs it)."""
+    print(COMMAND_HELP[command], flush=True)
+    if command == "bench":
+        print(flush=True)
+        done = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all.py"), "--help"], check=False)
+        return done.returncode
+    return 0
+
+
 def main() -> int:
+    if len(sys.argv) >= 2 and sys.argv[1] in HELP_FLAGS + ("help",):
+        print(__doc__)
+        return 0
+    if len(sys.argv) >= 2 and sys.argv[1] in COMMAND_HELP and wants_help(sys.argv[2:]):
+        return command_help(sys.argv[1])
     if len(sys.argv) >= 2 and sys.argv[1] in STANDALONE_COMMANDS:
         return STANDALONE_COMMANDS[sys.argv[1]](sys.argv[2:])
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:

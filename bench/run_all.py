@@ -9,21 +9,26 @@ The peers are installed from PyPI on first use; one that cannot be installed or
 does not work gets its reason recorded instead of a number.
 
     python3 dev.py bench                              # the full run (3 rounds; 140-290 s on 2 shared cores)
-    python3 dev.py bench --real ~/nsq-real/bin --repeat 5 --readme   # the README's headline: a real nsqd
+    python3 dev.py bench --real ~/nsq-real/bin --repeat 5   # the README's headline: a real nsqd
+    python3 dev.py bench --real ~/nsq-real/bin --repeat 5 --write-readme   # ... and put its table in README.md
     python3 dev.py bench --repeat 5                   # the embedded nsqd (bench/README.md's numbers)
     .venv/bin/python bench/run_all.py --quick         # CI-sized
     .venv/bin/python bench/run_all.py --count 100000 --clients fastnsq,ansq --workloads consume
 
 ``--real BIN`` starts the real nsqd of ``BIN`` (docs/testing.md, "Getting the binaries")
 on loopback with ``--mem-queue-size`` big enough for every pre-filled topic, and adds the
-Go side: the go-nsq library (``gonsq_bench`` in ``BIN``) and nsq's raw ``bench_reader`` /
+Go side: the go-nsq library (``gonsq_bench`` in ``BIN``, built there from bench/go/src/gonsq_bench
+by bench/go_build.py when missing or older than its source) and nsq's raw ``bench_reader`` /
 ``bench_writer``. A real run measures every client the same way: no warm-up, the clock
 from connect (a consumer) or the first publish (connections made before) to the
 count-th message handled or acknowledged, on a topic pre-filled with more than any
 client reads (see bench/README.md, Method).
 
-Writes ``bench/results/<date>-<host>.json`` and renders ``bench/results/report.md``
-and ``bench/results/chart.png`` from it (``bench/report.py``).
+Writes ``bench/results/<date>-<host>.json`` and renders ``bench/results/report.md``,
+``bench/results/chart.png`` and ``bench/results/readme-summary.md`` (the README's summary table)
+from it (``bench/report.py``; ``bench/results/embedded/`` for the embedded nsqd). Only
+``--write-readme`` touches a README: it replaces the summary table in README.md (``--real``) or
+bench/README.md (the embedded nsqd).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ RESULTS = BENCH / "results"
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT))  # fastnsq itself, for pre-filling topics
 
+import go_build
 import report
 
 WORKLOADS = ("pub", "pub16", "mpub", "consume")
@@ -468,6 +474,15 @@ def peer_rows(peer: Peer, peer_loop: str, mpub_concurrency: int) -> list[Row]:
     ]
 
 
+def build_gonsq_bench(bin_dir: Path, log: Any) -> None:
+    """gonsq_bench into ``bin_dir`` from bench/go/src/gonsq_bench, when missing or older than its source."""
+    try:
+        log(f"go-nsq: {go_build.build(bin_dir, program='gonsq_bench')}")
+    except (SystemExit, OSError, subprocess.CalledProcessError) as exc:
+        # No Go, no GOPATH with go-nsq, or a failed build: the go-nsq rows use what bin_dir holds, if anything.
+        log(f"go-nsq: gonsq_bench not built ({exc}); bench/go_build.py, docs/testing.md 'Getting the binaries'")
+
+
 def go_rows(info: dict[str, Any], bin_dir: str | None, mpub_concurrency: int) -> list[Row]:
     """go-nsq's library (gonsq_bench) and nsq's raw tools, where the driver found them."""
     base = [sys.executable, str(PEERS_DIR / "gonsq_driver.py"), *(["--bin", bin_dir] if bin_dir else [])]
@@ -590,14 +605,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", default=None,
                         help="JSON path (default bench/results/<date>-<host>.json, <date>-<host>-nsqd.json with --real)")
     parser.add_argument("--no-report", action="store_true", help="write the JSON only")
-    parser.add_argument("--readme", action="store_true",
-                        help="also put the summary table in README.md (--real) or bench/README.md (the embedded "
-                        "server); for a full run")
+    parser.add_argument("--write-readme", action="store_true",
+                        help="also replace the summary table in README.md (--real) or bench/README.md (the embedded "
+                        "server); for a full run. Without it the table goes to readme-summary.md beside report.md")
+    parser.add_argument("--readme", action="store_true", help=argparse.SUPPRESS)  # the old name: refused
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.readme:
+        parser.error(report.README_RENAMED)
+    if args.write_readme and args.no_report:
+        parser.error("--write-readme needs the report: drop --no-report")
     if (args.nsqd_tcp_address is None) != (args.nsqd_http_address is None):
         raise SystemExit("give both --nsqd-tcp-address and --nsqd-http-address, or neither")
     if args.real is not None and args.nsqd_tcp_address is not None:
@@ -651,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{peer.name} {record['version']} on Python {record['python']}")
         rows += peer_rows(peer, args.peer_loop, mpub_concurrency)
     if "go-nsq" in clients:
+        if real:
+            build_gonsq_bench(Path(args.real).expanduser(), log)
         bin_args = ["--bin", args.real] if real else []
         go = run_driver([sys.executable, str(PEERS_DIR / "gonsq_driver.py"), "--workload", "info", *bin_args],
                         {}, 60)
@@ -705,9 +728,12 @@ def main(argv: list[str] | None = None) -> int:
     log(f"wrote {output}")
     if not args.no_report:
         # The real nsqd is the README's headline; the embedded server's numbers are bench/README.md's.
-        readme = (ROOT / "README.md" if real else BENCH / "README.md") if args.readme else None
+        readme = (ROOT / "README.md" if real else BENCH / "README.md") if args.write_readme else None
         md, png = report.render(output, out_dir=RESULTS if real else RESULTS / "embedded", readme=readme)
-        log(f"wrote {md} and {png}" + (f" and {readme.relative_to(ROOT)}'s summary" if readme else ""))
+        summary = md.parent / report.SUMMARY_NAME
+        log(f"wrote {md}, {png} and {summary}" + (f" and {readme.relative_to(ROOT)}'s summary table" if readme else
+                                                  f" ({'README.md' if real else 'bench/README.md'} untouched: "
+                                                  "--write-readme puts the table there)"))
         print()
         print(md.read_text())
     return 0

@@ -38,6 +38,9 @@ if CODE not in sys.path:
 from fastnsq.benchmark import process_cpu_seconds
 from fastnsq.testing.process import NSQDProcess
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import go_build  # bench/go_build.py
+
 REAL_NSQD_FLAGS = ("--mem-queue-size=10000000",)
 
 
@@ -115,6 +118,18 @@ def run_child(address: str, mode: str, threads: int, count: int, size: int, code
     return result
 
 
+def gonsq_binary(given: str) -> str:
+    """``--gonsq``: a folder or a path ending in ``gonsq_bench`` is (re)built there from
+    bench/go/src/gonsq_bench when missing or older than its source (bench/go_build.py); any other
+    path is run as it is."""
+    path = Path(given).expanduser()
+    if path.is_dir():
+        path = path / "gonsq_bench"
+    if path.name != go_build.PROGRAMS["gonsq_bench"]:
+        return str(path)
+    return str(go_build.build(path.parent, program="gonsq_bench"))
+
+
 def run_gonsq(binary: str, address: str, threads: int, count: int, size: int) -> dict[str, Any]:
     topic = f"gonsq{uuid.uuid4().hex[:10]}"
     command = [binary, "-mode=pub", f"-nsqd-tcp-address={address}", f"-topic={topic}", f"-count={count}",
@@ -149,7 +164,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--nsqd", metavar="HOST:PORT", help="a running nsqd (else one is started)")
     parser.add_argument("--nsqd-bin", metavar="PATH", help="start this real nsqd (else the embedded one)")
-    parser.add_argument("--gonsq", metavar="PATH", help="gonsq_bench: alternate its rounds with fastnsq's")
+    parser.add_argument("--gonsq", metavar="PATH", help="gonsq_bench (or the folder for it): alternate its rounds "
+                        "with fastnsq's; built there by bench/go_build.py when missing or older than its source")
     parser.add_argument("--before", metavar="DIR", help="also measure the facade of the code in DIR")
     parser.add_argument("--pin", metavar="CPUS", help="a diagnosis: fastnsq's process on these CPUs only "
                         "(e.g. 1; os.sched_setaffinity), nsqd and go-nsq left free")
@@ -160,6 +176,8 @@ def main() -> None:
             os.sched_setaffinity(0, {int(cpu) for cpu in args.pin.split(",")})
         print(json.dumps(measure(args.child, args.mode, int(args.threads), args.count, args.size)))
         return
+    if args.gonsq:
+        args.gonsq = gonsq_binary(args.gonsq)
     server = None
     if args.nsqd:
         address = args.nsqd

@@ -83,6 +83,27 @@ def test_render_writes_report_chart_and_readme_section(tmp_path: Path) -> None:
     assert "| consume, sync handler | **" in text
 
 
+def test_render_without_readme_writes_the_table_beside_the_report_only(tmp_path: Path) -> None:
+    """Issue 62: the table a run would put in README.md goes to readme-summary.md; no README changes."""
+    summary, json_path = summary_and_json(README)
+    pytest.importorskip("matplotlib")
+    before = {path: path.read_bytes() for path in (README, BENCH_README)}
+    md, _ = report.render(json_path, out_dir=tmp_path)
+    beside = (md.parent / report.SUMMARY_NAME).read_text()
+    assert beside == f"{report.README_START}\n{summary}\n{report.README_END}\n"
+    assert {path: path.read_bytes() for path in before} == before
+
+
+@pytest.mark.parametrize("script", ["report", "run_all"])
+def test_the_old_readme_flag_is_refused_at_once(script: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--readme`` used to rewrite README.md; it now stops before anything runs, naming --write-readme."""
+    module = pytest.importorskip(script)
+    with pytest.raises(SystemExit) as stopped:
+        module.main(["--readme"])
+    assert stopped.value.code == 2
+    assert "--write-readme" in capsys.readouterr().err
+
+
 def test_update_readme_without_markers_names_them(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text("no markers here\n")
@@ -108,3 +129,15 @@ def test_pattern_tables_are_generated_from_the_committed_results(name: str, cons
     assert f"Consumer of every row: {consumer}" in text
     tables = text.split(latency_report.KEPT_MARKER)[0].rstrip("\n")
     assert tables == latency_report.patterns_markdown(data, json_name).rstrip("\n")
+
+
+def test_fastnsq_bench_mpub_runs_as_many_in_flight_as_the_readmes_row() -> None:
+    """Issue 62: ``fastnsq bench``'s mpub ran 16 MPUBs in flight where the README's row (run_all.py
+    --real, every client alike) says 4."""
+    from fastnsq import benchmark
+
+    run_all = pytest.importorskip("run_all")
+    in_flight = benchmark.SCENARIOS["mpub"].settings["concurrency"]
+    assert in_flight == run_all.REAL_MPUB_CONCURRENCY == 4
+    assert f"| MPUB ×{run_all.MPUB_BATCH}, {in_flight} in flight |" in README.read_text()
+    assert f"{in_flight} MPUBs in flight" in benchmark.SCENARIOS["mpub"].description

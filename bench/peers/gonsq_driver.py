@@ -2,7 +2,7 @@
 
 Two clients, one driver (standard library only, like the other drivers):
 
-* ``--tool library``: ``gonsq_bench`` (a Go program of ours on go-nsq v1.1.0's
+* ``--tool library``: ``gonsq_bench`` (bench/go/src/gonsq_bench, on go-nsq v1.1.0's
   ``Consumer`` and ``Producer``: what a go-nsq user runs). Modes consume, pub
   (synchronous ``Publish`` from ``--concurrency`` goroutines, ``--shared`` for one
   Producer, else one each) and mpub. It counts: the clock runs from connect (consume)
@@ -18,8 +18,8 @@ Two clients, one driver (standard library only, like the other drivers):
   ``/stats``, that messages were left (``ran_dry`` in the result otherwise). Their CPU
   is the child's rusage (process start included: a few ms).
 
-``--bin DIR`` is where the binaries are (``build-nsq.sh`` puts them in
-``~/nsq-real/bin``); without it, PATH. The server's CPU is read from ``/proc`` before
+``--bin DIR`` is where the binaries are (e.g. ``~/nsq-real/bin``: docs/testing.md, "Getting the
+binaries"; bench/go_build.py builds gonsq_bench there); without it, PATH. The server's CPU is read from ``/proc`` before
 and after the child. ``--workload info`` says what is available.
 """
 
@@ -53,7 +53,14 @@ def find(tool: str, bin_dir: str | None) -> str | None:
 
 
 def go_nsq_version(binary: str) -> str:
-    """go-nsq's version from the VERSIONS.txt build-nsq.sh writes next to bin/ (else a generic name)."""
+    """go-nsq's version: ``gonsq_bench -version`` says it; an older build does not, then a VERSIONS.txt
+    next to bin/ (``github.com/nsqio/go-nsq <dir> <version>`` lines) may, else a generic name."""
+    try:
+        said = subprocess.run([binary, "-version"], check=False, capture_output=True, text=True, timeout=10)
+        if said.returncode == 0 and said.stdout.startswith("go-nsq "):
+            return said.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
     versions = Path(binary).resolve().parent.parent / "VERSIONS.txt"
     try:
         for line in versions.read_text().splitlines():
