@@ -27,6 +27,7 @@ class Coalescer:
     published: int
     flush_at: int
     flush_bytes: int
+    lone_at_once: bool
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
@@ -34,5 +35,6 @@ class Coalescer:
         max_msg_size: int,
         flush_at: int = 0,
         flush_bytes: int = 0,
+        lone_at_once: bool = False,
     ) -> None: ...
     def add(self, key: Any, body: Any) -> asyncio.Future[Any]: ...

@@ -5,6 +5,8 @@ Publishes for the same key (a topic, or a topic on one nsqd partition) made duri
 one pass of the event loop are gathered into one :class:`Batch`; at the end of the
 pass the producer's flush callback turns each batch into one PUB or MPUB, and the
 command's answer resolves every publish of the batch at once (the Batch is that command's answer).
+With ``lone_at_once``, a publish made while no other is unanswered goes out at once instead
+(Nagle's rule: a lone publisher pays no loop pass; the rest of that pass still coalesces behind it).
 
 It holds futures and calls their methods; it knows nothing of sockets or NSQ.
 ``_coalesce_py.py`` is the pure-Python twin with the same API.
@@ -127,7 +129,8 @@ cdef class Coalescer:
     """Gathers publishes per key during one loop pass; ``flush(batches)`` runs once per pass.
 
     ``add`` checks the body (type, empty, ``max_msg_size``) before accepting it and
-    returns the future the caller awaits. ``pending`` counts publishes not resolved
+    returns the future the caller awaits. With ``lone_at_once``, a publish made while no other
+    is unanswered is flushed at once, alone (the producer's choice). ``pending`` counts publishes not resolved
     yet, ``published`` those acknowledged.
     """
 
@@ -141,8 +144,10 @@ cdef class Coalescer:
     cdef public Py_ssize_t published
     cdef public Py_ssize_t flush_at
     cdef public Py_ssize_t flush_bytes
+    cdef public bint lone_at_once
 
-    def __init__(self, loop, flush, Py_ssize_t max_msg_size, Py_ssize_t flush_at=0, Py_ssize_t flush_bytes=0):
+    def __init__(self, loop, flush, Py_ssize_t max_msg_size, Py_ssize_t flush_at=0, Py_ssize_t flush_bytes=0,
+                 bint lone_at_once=False):
         self._create_future = loop.create_future
         self._call_soon = loop.call_soon
         self._flush = flush
@@ -153,6 +158,7 @@ cdef class Coalescer:
         self.published = 0
         self.flush_at = flush_at
         self.flush_bytes = flush_bytes
+        self.lone_at_once = lone_at_once
 
     cpdef object add(self, object key, object body):
         cdef Py_ssize_t size = body_size(body)
@@ -169,11 +175,14 @@ cdef class Coalescer:
         batch.futures.append(future)
         batch.nbytes += 4 + size
         self.pending += 1
-        if (self.flush_at and len(batch.bodies) >= self.flush_at) or (
+        if (self.lone_at_once and self.pending == 1) or (self.flush_at and len(batch.bodies) >= self.flush_at) or (
             self.flush_bytes and batch.nbytes >= self.flush_bytes
         ):
-            # A full batch goes out now, not at the end of the pass: nsqd starts on it while
-            # this pass goes on (the waiters of the previous answer are still being woken).
+            # Out now, not at the end of the pass: a publish with nothing else unanswered (as
+            # Nagle's rule sends when nothing is unacknowledged: one task publishing in a loop
+            # saves a loop pass per message, and what comes later in this pass still coalesces
+            # behind it), or a full batch (nsqd starts on it while this pass goes on, the
+            # waiters of the previous answer still being woken).
             del self._batches[key]
             self._flush({key: batch})
             return future

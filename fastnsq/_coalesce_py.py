@@ -114,13 +114,14 @@ class Coalescer:
         "_scheduled",
         "flush_at",
         "flush_bytes",
+        "lone_at_once",
         "max_msg_size",
         "pending",
         "published",
     )
 
     def __init__(self, loop: asyncio.AbstractEventLoop, flush: Callable[[dict[Any, Batch]], Any],
-                 max_msg_size: int, flush_at: int = 0, flush_bytes: int = 0) -> None:
+                 max_msg_size: int, flush_at: int = 0, flush_bytes: int = 0, lone_at_once: bool = False) -> None:
         self._create_future = loop.create_future
         self._call_soon = loop.call_soon
         self._flush = flush
@@ -131,6 +132,7 @@ class Coalescer:
         self.published = 0
         self.flush_at = flush_at
         self.flush_bytes = flush_bytes
+        self.lone_at_once = lone_at_once
 
     def add(self, key: Any, body: Any) -> asyncio.Future[Any]:
         size = body_size(body)
@@ -146,10 +148,10 @@ class Coalescer:
         batch.futures.append(future)
         batch.nbytes += 4 + size
         self.pending += 1
-        if (self.flush_at and len(batch.bodies) >= self.flush_at) or (
+        if (self.lone_at_once and self.pending == 1) or (self.flush_at and len(batch.bodies) >= self.flush_at) or (
             self.flush_bytes and batch.nbytes >= self.flush_bytes
         ):
-            # A full batch goes out now, not at the end of the pass (see _coalesce.pyx).
+            # Out now: the only publish unanswered, or a full batch (see _coalesce.pyx).
             del self._batches[key]
             self._flush({key: batch})
             return future

@@ -30,7 +30,7 @@ def test_default_coalescer_is_the_c_extension():
 async def test_one_flush_per_loop_pass_one_batch_per_key(impl):
     loop = asyncio.get_running_loop()
     flushed: list[dict] = []
-    coalescer = impl.Coalescer(loop, flushed.append, 100)
+    coalescer = impl.Coalescer(loop, flushed.append, 100)  # lone_at_once off: the pass decides alone
     a = [coalescer.add("t", b"x%d" % i) for i in range(3)]
     b = coalescer.add(("t", "nsqd:4150", 2), "é")
     assert coalescer.pending == 4 and not flushed
@@ -49,6 +49,26 @@ async def test_one_flush_per_loop_pass_one_batch_per_key(impl):
     with pytest.raises(ConnectionClosedError):
         await b
     assert coalescer.pending == 0 and coalescer.published == 3
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_a_lone_publish_goes_out_at_once_and_the_rest_of_the_pass_behind_it(impl):
+    loop = asyncio.get_running_loop()
+    flushed: list[dict] = []
+    coalescer = impl.Coalescer(loop, flushed.append, 100, lone_at_once=True)
+    first = coalescer.add("t", b"a")
+    assert len(flushed) == 1 and flushed[0]["t"].bodies == [b"a"]  # nothing else unanswered: at once
+    rest = [coalescer.add("t", b"b%d" % i) for i in range(3)]
+    assert len(flushed) == 1  # the first is unanswered: these wait for the end of the pass
+    await asyncio.sleep(0)
+    assert len(flushed) == 2 and flushed[1]["t"].bodies == [b"b0", b"b1", b"b2"]
+    flushed[0]["t"].set_result(b"OK")
+    flushed[1]["t"].set_result(b"OK")
+    assert await asyncio.gather(first, *rest) == [b"OK"] * 4 and coalescer.pending == 0
+    again = coalescer.add("t", b"c")  # all answered again: at once
+    assert len(flushed) == 3 and flushed[2]["t"].bodies == [b"c"]
+    flushed[2]["t"].set_result(b"OK")
+    assert await again == b"OK"
 
 
 @pytest.mark.parametrize("impl", IMPLS)
