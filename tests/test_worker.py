@@ -431,6 +431,135 @@ async def test_two_processes_handle_every_message_once_with_hooks_and_group_metr
     assert len(list(tmp_path.glob("handled-*"))) == 2, "both processes handled messages"
 
 
+#: A handler's own metrics, one of each kind a handler may register: a counter, a histogram with
+#: the issue's buckets, a summary, and a gauge in each of prometheus_client's multiprocess modes
+#: (the group adds gauges up whatever the mode: the children's registries are their own).
+USER_METRICS = r"""
+import prometheus_client
+
+MODES = sorted(getattr(prometheus_client.Gauge, "_MULTIPROC_MODES", ("all", "liveall", "livesum", "max", "min", "sum")))
+
+def make(registry):
+    return (
+        prometheus_client.Counter("demo_handled", "messages handled", ["kind"], registry=registry),
+        prometheus_client.Histogram("demo_batch_size", "batch sizes", buckets=(1, 10, 50, 100, 400),
+                                    registry=registry),
+        prometheus_client.Summary("demo_seconds", "handling time", registry=registry),
+        [prometheus_client.Gauge(f"demo_{mode}_level", f"a level, multiprocess_mode={mode}",
+                                 multiprocess_mode=mode, registry=registry) for mode in MODES],
+    )
+
+def observe(metrics, size):
+    handled, batch_size, seconds, gauges = metrics
+    for kind in ("a", "b"):
+        handled.labels(kind).inc()
+    for value in (size, 5, 70, 500):
+        batch_size.observe(value)
+    seconds.observe(0.001)
+    for gauge in gauges:
+        gauge.set(size)
+"""
+
+USER_HANDLER = """
+import os, prometheus_client
+from wk_metrics import make, observe
+
+METRICS = make(prometheus_client.REGISTRY)
+
+def handle(message):
+    observe(METRICS, len(message.body))
+    with open(os.path.join(os.environ["WK_OUT"], f"handled-{os.getpid()}"), "a") as f:
+        f.write(message.body.decode() + "\\n")
+"""
+
+
+async def _group_metrics_with_user_metrics(nsqd: Any, folder: Path, cleanup: list[Worker]) -> str:
+    """The group's /metrics text once both processes handled messages with USER_METRICS."""
+    (folder / "wk_metrics.py").write_text(USER_METRICS)
+    (folder / "wk_user.py").write_text(USER_HANDLER)
+    topic, total = unique("wk"), 400
+    worker = await start_worker(folder, "wk_user:handle", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2", "--max-in-flight", "2")
+    cleanup.append(worker)
+
+    async def both_subscribed() -> bool:
+        return all(child.get("connections") for child in (await worker.health())["workers"])
+
+    await eventually(both_subscribed, 30, "both processes subscribed")  # then nsqd gives each its part
+    await publish_spread([nsqd.tcp_address], topic, total)
+    await eventually(lambda: len(worker.lines("handled")) == total, 60, "every message handled")
+    assert len(list(folder.glob("handled-*"))) == 2, "both processes handled messages"
+    await eventually(lambda: _at_least(lambda: worker.metric("demo_handled_total"), 2 * total), 20,
+                     "both processes' reports")
+    _, text = await worker.get("/metrics")
+    assert await worker.stop() == 0
+    return text
+
+
+def _single_process_text() -> str:
+    """What one process's prometheus_client serves for USER_METRICS (a registry of its own)."""
+    import prometheus_client
+
+    names: dict[str, Any] = {}
+    exec(USER_METRICS, names)  # noqa: S102 - the test's own text
+    registry = prometheus_client.CollectorRegistry()
+    names["observe"](names["make"](registry), 9)
+    return prometheus_client.generate_latest(registry).decode()
+
+
+def _shape(text: str) -> list[tuple[str, str, list[tuple[str, dict[str, str]]]]]:
+    """The demo_* families as prometheus_client's parser reads them: name, type, samples in order."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(family.name, family.type, [(sample.name, sample.labels) for sample in family.samples])
+            for family in text_string_to_metric_families(text) if family.name.startswith("demo_")]
+
+
+async def test_group_metrics_order_buckets_as_one_process_does_and_leave_no_empty_family(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """Two processes, a handler registering each kind of metric: the group's /metrics, read by
+    prometheus_client's parser, holds the families and samples one process serves, in its order
+    (buckets by increasing le, +Inf last; sorted as text, "+Inf" came first and "100.0" before
+    "50.0"), but the *_created stamps, whose families used to be left with no sample."""
+    pytest.importorskip("prometheus_client", reason="/metrics needs the 'metrics' extra")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = await _group_metrics_with_user_metrics(nsqd, tmp_path, cleanup)
+    families = list(text_string_to_metric_families(text))
+    buckets = [sample.labels["le"] for family in families if family.name == "demo_batch_size"
+               for sample in family.samples if sample.name == "demo_batch_size_bucket"]
+    assert buckets == ["1.0", "10.0", "50.0", "100.0", "400.0", "+Inf"]
+    one = [family for family in _shape(_single_process_text()) if not family[0].endswith("_created")]
+    assert _shape(text) == one, text
+    stamps = [family.name for family in families if family.name.endswith("_created")]
+    assert not stamps, f"*_created families (with no sample under them before): {stamps}\n{text}"
+    for family in families:  # fastnsq's own histograms too
+        if family.type == "histogram":
+            bounds = [float(sample.labels["le"]) for sample in family.samples if sample.name.endswith("_bucket")]
+            assert bounds == sorted(bounds) and (not bounds or bounds[-1] == float("inf")), family.name
+    values = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+              for family in families for sample in family.samples}
+    assert values[("demo_batch_size_count", ())] == 4 * 400
+    assert values[("demo_batch_size_bucket", (("le", "50.0"),))] == 400  # of 100 (the body's size), 5, 70, 500
+    assert values[("demo_handled_total", (("kind", "a"),))] == 400
+
+
+async def test_group_metrics_pass_promtool_check_metrics(nsqd: Any, tmp_path: Path, cleanup: list[Worker]) -> None:
+    """Prometheus's own parser and linter (promtool, Debian's package ``prometheus``) on the same text."""
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found (Debian's package 'prometheus', or Prometheus's release tarball)")
+    pytest.importorskip("prometheus_client", reason="/metrics needs the 'metrics' extra")
+    text = await _group_metrics_with_user_metrics(nsqd, tmp_path, cleanup)
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, f"{checked.stdout}{checked.stderr}\n{text}"
+    assert "demo_batch_size_bucket" in text
+
+
 async def test_sigterm_mid_run_drains_and_loses_nothing(nsqd: Any, tmp_path: Path, cleanup: list[Worker]) -> None:
     """SIGTERM twice while handlers run: the drain is not turned into a kill; exit 0 within the
     drain timeout; every message is handled or back in nsqd's queue, none in flight, none lost."""
