@@ -272,6 +272,20 @@ def test_gathering_adds_counters_keeps_exited_ones_and_takes_the_highest_backoff
     assert "process_start_time_seconds" not in text
 
 
+def test_gathering_drops_the_created_stamps_but_not_a_gauge_named_so() -> None:
+    """A counter's NAME_created family goes whole (its HELP and TYPE used to stay, with no sample);
+    a gauge of the user's whose name ends in _created is no stamp: its samples stay."""
+    text = (
+        "# TYPE jobs_total counter\njobs_total 3\n"
+        "# TYPE jobs_created gauge\njobs_created 1.7e9\n"
+        "# TYPE batch_created gauge\nbatch_created 4\n"
+    )
+    merged = render(Gatherer().merge([text, text])).decode()
+    assert "jobs_created" not in merged
+    assert "jobs_total 6.0" in merged
+    assert "batch_created 8.0" in merged
+
+
 async def test_handler_threads_set_up_and_tear_down_each_thread() -> None:
     """Each thread runs setup_thread() before its first call and teardown_thread() after its
     last; a setup that raises fails start() (the others tear down); close() cancels calls not
