@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -284,6 +285,88 @@ def test_gathering_drops_the_created_stamps_but_not_a_gauge_named_so() -> None:
     assert "jobs_created" not in merged
     assert "jobs_total 6.0" in merged
     assert "batch_created 8.0" in merged
+
+
+class _FakeChild:
+    """A child process as the supervisor sees it: its pipe (what it was sent, what it says) and its exit."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.returncode = pid, None
+        self.sent: list[dict[str, Any]] = []
+        self.says: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    async def receive(self) -> dict[str, Any] | None:
+        return await self.says.get()
+
+    def close(self) -> None:
+        self.says.put_nowait(None)
+
+    async def wait(self) -> int:
+        self.returncode = await self.exited
+        return self.returncode
+
+
+async def test_a_scrape_waits_for_no_child_that_has_exited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/metrics asks every live child for a fresh report and waits for them: a child that exits
+    instead (the group's drain) ends its part of the wait, its counters kept. The wait lasted
+    REPORT_WAIT (2 s) after such a child had gone, and the group's exit waited for the scrape
+    (aiohttp's cleanup lets a request finish): the supervisor exited 1.4-2 s after its children."""
+    from fastnsq.runner import supervisor as supervising
+    from fastnsq.runner.supervisor import Supervisor
+    from fastnsq.runner.settings import WorkerSettings
+
+    monkeypatch.setattr(supervising, "REPORT_WAIT", 3600.0)  # the scrape ends by events, or not at all
+    group = Supervisor(WorkerSettings(target="m:h", topic="t", channel="c", processes=2))
+    children = [_FakeChild(100), _FakeChild(101)]
+    for slot, child in zip(group.slots, children):
+        slot.process, slot.channel = child, child  # type: ignore[assignment]
+        group._spawn_task(group._listen(slot, child))  # type: ignore[arg-type]
+        group._spawn_task(group._wait(slot, child))  # type: ignore[arg-type]
+    counted = "# TYPE jobs_total counter\njobs_total {}\n"
+    group.slots[1].metrics = counted.format(7)  # the exiting child's last report
+    group.stopping = True  # draining: an exit is no crash
+    scrape = asyncio.create_task(group.metrics_families())
+    await eventually(lambda: all(c.sent and c.sent[-1]["type"] == "report" for c in children), 10, "two asks")
+    children[0].says.put_nowait({"type": "report", "id": children[0].sent[-1]["id"], "metrics": counted.format(5)})
+    children[1].exited.set_result(0)  # exits without answering
+    families = await asyncio.wait_for(scrape, 60)  # before: REPORT_WAIT
+    [jobs] = [family for family in families if family.name == "jobs"]
+    assert jobs.samples == {("jobs_total", ()): 12.0}
+    children[0].exited.set_result(0)
+    await asyncio.wait_for(group._done.wait(), 60)
+    for task in list(group._tasks):
+        task.cancel()
+
+
+async def test_a_failed_batch_of_one_is_logged_in_the_singular(caplog: pytest.LogCaptureFixture) -> None:
+    """The worker's log said "requeueing 1 messages"."""
+    from fastnsq.runner.child import Child
+    from fastnsq.runner.loading import Handler
+    from fastnsq.runner.settings import WorkerSettings
+
+    class Batch(list):  # type: ignore[type-arg]
+        requeued = 0
+
+        def requeue(self) -> None:
+            self.requeued += 1
+
+    def fail(batch: Any) -> None:
+        raise RuntimeError("the batch failed")
+
+    child = Child(WorkerSettings(target="m:fail", topic="t", channel="c"), 0, Handler("m:fail", fail, False),
+                  None, None)  # type: ignore[arg-type]
+    lines = []
+    for size in (1, 2):
+        batch, running = Batch(range(size)), asyncio.Semaphore(0)
+        with caplog.at_level(logging.WARNING, logger="fastnsq.worker"):
+            await child._answer_batch(batch, running)
+        assert batch.requeued == 1 and not running.locked()
+        lines.append(caplog.records[-1].getMessage())
+    assert lines == ["batch handler raised; requeueing 1 message", "batch handler raised; requeueing 2 messages"]
 
 
 async def test_handler_threads_set_up_and_tear_down_each_thread() -> None:
