@@ -459,7 +459,7 @@ def sdist_licence(sdist: Path) -> tuple[str, dict[str, bytes]]:
     with tarfile.open(sdist) as archive:
         found = {}
         for member in archive.getmembers():
-            top, _, name = member.name.partition("/")
+            name = member.name.partition("/")[2]
             if name in ("PKG-INFO", LICENSE_FILE) and member.isfile():
                 file = archive.extractfile(member)
                 assert file is not None

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,8 +56,9 @@ def test_the_sdist_and_the_wheel_carry_the_licence_with_its_pep_639_metadata(tmp
                    capture_output=True, env=env)
     (sdist,) = tmp_path.glob("fastnsq_client-*.tar.gz")
     assert dev.license_problems(*dev.sdist_licence(sdist), dev.LICENSE_FILE) == []
-    with tarfile.open(sdist) as archive:  # the "data" filter where this Python has it (3.10.12+)
-        archive.extractall(tmp_path / "src", **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    safe: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # 3.10.12+
+    with tarfile.open(sdist) as archive:
+        archive.extractall(tmp_path / "src", **safe)
     (source,) = (tmp_path / "src").iterdir()
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
                     "--no-cache-dir", "--wheel-dir", str(tmp_path / "wheel"), str(source)], cwd=tmp_path, check=True,

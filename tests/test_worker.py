@@ -291,7 +291,8 @@ class _FakeChild:
     """A child process as the supervisor sees it: its pipe (what it was sent, what it says) and its exit."""
 
     def __init__(self, pid: int) -> None:
-        self.pid, self.returncode = pid, None
+        self.pid = pid
+        self.returncode: int | None = None
         self.sent: list[dict[str, Any]] = []
         self.says: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -306,8 +307,8 @@ class _FakeChild:
         self.says.put_nowait(None)
 
     async def wait(self) -> int:
-        self.returncode = await self.exited
-        return self.returncode
+        status = self.returncode = await self.exited
+        return status
 
 
 async def test_a_scrape_waits_for_no_child_that_has_exited(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -316,8 +317,8 @@ async def test_a_scrape_waits_for_no_child_that_has_exited(monkeypatch: pytest.M
     REPORT_WAIT (2 s) after such a child had gone, and the group's exit waited for the scrape
     (aiohttp's cleanup lets a request finish): the supervisor exited 1.4-2 s after its children."""
     from fastnsq.runner import supervisor as supervising
-    from fastnsq.runner.supervisor import Supervisor
     from fastnsq.runner.settings import WorkerSettings
+    from fastnsq.runner.supervisor import Supervisor
 
     monkeypatch.setattr(supervising, "REPORT_WAIT", 3600.0)  # the scrape ends by events, or not at all
     group = Supervisor(WorkerSettings(target="m:h", topic="t", channel="c", processes=2))
@@ -348,7 +349,7 @@ async def test_a_failed_batch_of_one_is_logged_in_the_singular(caplog: pytest.Lo
     from fastnsq.runner.loading import Handler
     from fastnsq.runner.settings import WorkerSettings
 
-    class Batch(list):  # type: ignore[type-arg]
+    class Batch(list[int]):
         requeued = 0
 
         def requeue(self) -> None:
@@ -645,15 +646,16 @@ async def test_group_metrics_order_buckets_as_one_process_does_and_leave_no_empt
 async def test_group_metrics_pass_promtool_check_metrics(nsqd: Any, tmp_path: Path, cleanup: list[Worker]) -> None:
     """Prometheus's own parser and linter (promtool, Debian's package ``prometheus``) on the same text."""
     import shutil
-    import subprocess
 
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not found (Debian's package 'prometheus', or Prometheus's release tarball)")
     pytest.importorskip("prometheus_client", reason="/metrics needs the 'metrics' extra")
     text = await _group_metrics_with_user_metrics(nsqd, tmp_path, cleanup)
-    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
-    assert checked.returncode == 0, f"{checked.stdout}{checked.stderr}\n{text}"
+    checker = await asyncio.create_subprocess_exec(promtool, "check", "metrics", stdin=asyncio.subprocess.PIPE,
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    said, _ = await asyncio.wait_for(checker.communicate(text.encode()), 60)
+    assert checker.returncode == 0, f"{said.decode()}\n{text}"
     assert "demo_batch_size_bucket" in text
 
 
