@@ -377,6 +377,31 @@ class DistError(Exception):
     """A built artefact that is not what it should be."""
 
 
+#: The licence as PEP 639 has a distribution carry it (setuptools 77 and later): the file at the
+#: sdist's top and in each wheel's ``.dist-info/licenses/``, named by ``License-File`` beside the
+#: ``License-Expression``; no ``License`` field or licence classifier (the expression replaces them).
+LICENSE_FILE = "LICENSE"
+LICENSE_EXPRESSION = "MIT"
+
+
+def license_problems(metadata: str, files: dict[str, bytes], where: str) -> list[str]:
+    """What is wrong with the licence of a distribution: its metadata (PKG-INFO or METADATA) and
+    its files by name, the licence expected at ``where``."""
+    import email.parser
+
+    fields = email.parser.Parser().parsestr(metadata)
+    problems = []
+    if fields.get("License-Expression") != LICENSE_EXPRESSION:
+        problems.append(f"License-Expression {fields.get('License-Expression')!r}, not {LICENSE_EXPRESSION!r}")
+    if fields.get_all("License-File") != [LICENSE_FILE]:
+        problems.append(f"License-File {fields.get_all('License-File')}, not [{LICENSE_FILE!r}]")
+    if fields.get("License") is not None or any(c.startswith("License ::") for c in fields.get_all("Classifier") or []):
+        problems.append("a License field or licence classifier beside the expression")
+    if files.get(where) != (ROOT / LICENSE_FILE).read_bytes():
+        problems.append(f"{where}: {'not' if where not in files else 'not the same as'} the repository's {LICENSE_FILE}")
+    return problems
+
+
 def clean_environment(**extra: str) -> dict[str, str]:
     """This environment without BUILD_VARIABLES, plus ``extra``."""
     env = {name: value for name, value in os.environ.items() if name not in BUILD_VARIABLES}
@@ -418,13 +443,29 @@ def check_sdist_contents(sdist: Path) -> None:
     """Everything git tracks that building and testing read is in the sdist; nothing compiled is."""
     names = sdist_names(sdist)
     tracked = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--", "fastnsq", "setup.py", "MANIFEST.in",
-                              *TEST_TREE], capture_output=True, text=True, check=True).stdout.split()
+                              LICENSE_FILE, *TEST_TREE], capture_output=True, text=True, check=True).stdout.split()
     missing = sorted(set(tracked) - names)
     compiled = sorted(name for name in names if name.endswith((".so", ".pyd", ".c", ".pyc")))
     if missing or compiled:
         raise DistError(f"{sdist.name}: missing {missing[:10]} ({len(missing)}), compiled files {compiled[:10]}")
-    print(f"{sdist.name}: {len(names)} files, every tracked file of the package and its tests, nothing compiled",
-          flush=True)
+    licence = license_problems(*sdist_licence(sdist), LICENSE_FILE)
+    if licence:
+        raise DistError(f"{sdist.name}: {'; '.join(licence)}")
+    print(f"{sdist.name}: {len(names)} files, every tracked file of the package and its tests, nothing compiled, "
+          f"the licence and its metadata", flush=True)
+
+
+def sdist_licence(sdist: Path) -> tuple[str, dict[str, bytes]]:
+    """The sdist's PKG-INFO, and its licence file if it has one (by its name in the sdist)."""
+    with tarfile.open(sdist) as archive:
+        found = {}
+        for member in archive.getmembers():
+            name = member.name.partition("/")[2]
+            if name in ("PKG-INFO", LICENSE_FILE) and member.isfile():
+                file = archive.extractfile(member)
+                assert file is not None
+                found[name] = file.read()
+    return found.pop("PKG-INFO", b"").decode(), found
 
 
 def build_wheel(version: str, base: str, sdist: Path, tools: Path) -> tuple[Path, str]:
@@ -454,13 +495,25 @@ def build_wheel(version: str, base: str, sdist: Path, tools: Path) -> tuple[Path
 
 
 def check_wheel_contents(wheel: Path) -> None:
-    """The package only: fastnsq/ and its metadata, the four extensions, no sources of them, no tests."""
+    """The package only: fastnsq/ and its metadata, the four extensions, no sources of them, no tests; the licence."""
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     stray = [n for n in names if not n.startswith(("fastnsq/", "fastnsq_client-")) or n.endswith((".c", ".pyx"))]
     built = {Path(n).name.split(".")[0] for n in names if n.endswith(".so")}
     if stray or built != set(EXTENSIONS):
         raise DistError(f"{wheel.name}: stray files {stray[:10]}, extensions {sorted(built)}")
+    licence = license_problems(*wheel_licence(wheel), f"licenses/{LICENSE_FILE}")
+    if licence:
+        raise DistError(f"{wheel.name}: {'; '.join(licence)}")
+
+
+def wheel_licence(wheel: Path) -> tuple[str, dict[str, bytes]]:
+    """The wheel's METADATA, and the files of its .dist-info/licenses/ (by their path in .dist-info)."""
+    with zipfile.ZipFile(wheel) as archive:
+        info = {name.partition("/")[2]: archive.read(name) for name in archive.namelist()
+                if name.split("/")[0].endswith(".dist-info") and not name.endswith("/")}
+    metadata = info.pop("METADATA", b"").decode()
+    return metadata, {name: data for name, data in info.items() if name.startswith("licenses/")}
 
 
 def check_installed(version: str, base: str, wheel: Path, sdist: Path, args: list[str]) -> str:

@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .errors import InvalidValueError, NSQError
+from .errors import BodyDecompressError, InvalidValueError
 
 __all__ = [
     "CODECS",
@@ -45,10 +45,6 @@ DEFAULT_MESSAGE_SIZE_FOR_COMPRESS = 20480
 # go-nsq's guess of the original size when the header lacks it (COMPRESS_RATIO_WILD_GUESS).
 _WILD_GUESS = 10
 _MARKER = COMPRESS_KEY.encode()
-
-
-class BodyDecompressError(NSQError):
-    """A body marked as compressed could not be decompressed (the message is requeued)."""
 
 
 def _cramjam() -> Any:

@@ -1,5 +1,9 @@
 """Every exception fastnsq raises, and the map from nsqd error codes to them.
 
+Users import them from here (the commonest from ``fastnsq`` too), whichever module raises
+them: ``docs/api/errors.md`` lists each with its parents and the calls that raise it, and
+``tests/test_docs.py`` checks that no exception class of the package is missing there.
+
 An nsqd error frame is ``"<CODE> <description>"``. Whether the server closes the
 connection after it depends on the code, on the dialect (upstream nsqd or the HA
 nsqd of youzan) and, on HA, on which command it answers (nsq's TCP protocol spec, youzan/nsq's ``nsqd/protocol_v2.go``).
@@ -12,15 +16,18 @@ from __future__ import annotations
 
 __all__ = [
     "AuthError",
+    "BackgroundBufferFullError",
     "BadBodyError",
     "BadChannelError",
     "BadMessageError",
     "BadPartitionError",
     "BadProtocolError",
     "BadTopicError",
+    "BodyDecompressError",
     "ConnectionClosedError",
     "CreateTopicFailedError",
     "DPubFailedError",
+    "DataLossError",
     "ExtNotSupportError",
     "FinFailedError",
     "IdentifyFailedError",
@@ -28,15 +35,20 @@ __all__ = [
     "InvalidJsonHeaderError",
     "InvalidTraceIdError",
     "InvalidValueError",
+    "LookupdError",
+    "LookupdHTTPError",
     "MPubFailedError",
     "NSQError",
     "NoConnectionError",
     "NotLeaderError",
     "NotWritableError",
+    "NsqdDown",
+    "NsqdHTTPError",
     "ProtocolError",
     "PubFailedError",
     "PubTooMuchWaitingError",
     "PublishTimeoutError",
+    "RangeReadError",
     "ReqFailedError",
     "ServerError",
     "SubExtendError",
@@ -77,6 +89,50 @@ class PublishTimeoutError(NSQError, TimeoutError):
 
 class NoConnectionError(NSQError, ConnectionError):
     """No nsqd could be reached for this command."""
+
+
+class NsqdDown(NoConnectionError):
+    """A publish while nsqd is down (``fail_fast``, the default): no open connection to the nsqd
+    it needs, and the attempt to reach it made just now failed too (the message names each nsqd
+    and that attempt's cause); the pool reconnects in the background. Catch
+    :class:`NoConnectionError`, its parent, for every way of having no nsqd."""
+
+
+class BackgroundBufferFullError(NSQError):
+    """``publish_and_retry_background``: the retry buffer is full; this publish was not taken."""
+
+
+class BodyDecompressError(NSQError):
+    """A body marked as compressed could not be decompressed (the message is requeued)."""
+
+
+class NsqdHTTPError(NSQError):
+    """nsqd's HTTP API refused a request, or could not be reached."""
+
+
+class LookupdError(NSQError):
+    """nsqlookupd could not be reached, or answered something that is not a lookupd answer."""
+
+
+class LookupdHTTPError(LookupdError):
+    """nsqlookupd answered with an error: ``status`` is the HTTP (or wrapped) status code,
+    ``message`` the server's error text (``{"message": ...}`` or the wrapper's ``status_txt``)."""
+
+    def __init__(self, status: int, message: str, url: str = "") -> None:
+        self.status = status
+        self.message = message
+        self.url = url
+        where = f" from {url}" if url else ""
+        super().__init__(f"nsqlookupd error{where}: HTTP {status} {message}".rstrip())
+
+
+class DataLossError(NSQError):
+    """Spark: messages a range should read are gone from the partition (retention removed them
+    first), and ``failOnDataLoss`` is true."""
+
+
+class RangeReadError(NSQError):
+    """Spark: a range could not be read completely; Spark retries the task."""
 
 
 class ServerError(NSQError):

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import NSQError
+from .errors import NsqdHTTPError
 
 if TYPE_CHECKING:
     import aiohttp
@@ -23,10 +23,6 @@ if TYPE_CHECKING:
 __all__ = ["ChannelState", "NsqdHTTP", "NsqdHTTPError", "PartitionEnds"]
 
 _ACCEPT_V1 = "application/vnd.nsq; version=1.0"
-
-
-class NsqdHTTPError(NSQError):
-    """nsqd's HTTP API refused a request, or could not be reached."""
 
 
 @dataclass(frozen=True)

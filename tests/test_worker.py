@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -272,6 +273,103 @@ def test_gathering_adds_counters_keeps_exited_ones_and_takes_the_highest_backoff
     assert "process_start_time_seconds" not in text
 
 
+def test_gathering_drops_the_created_stamps_but_not_a_gauge_named_so() -> None:
+    """A counter's NAME_created family goes whole (its HELP and TYPE used to stay, with no sample);
+    a gauge of the user's whose name ends in _created is no stamp: its samples stay."""
+    text = (
+        "# TYPE jobs_total counter\njobs_total 3\n"
+        "# TYPE jobs_created gauge\njobs_created 1.7e9\n"
+        "# TYPE batch_created gauge\nbatch_created 4\n"
+    )
+    merged = render(Gatherer().merge([text, text])).decode()
+    assert "jobs_created" not in merged
+    assert "jobs_total 6.0" in merged
+    assert "batch_created 8.0" in merged
+
+
+class _FakeChild:
+    """A child process as the supervisor sees it: its pipe (what it was sent, what it says) and its exit."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self.sent: list[dict[str, Any]] = []
+        self.says: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    async def receive(self) -> dict[str, Any] | None:
+        return await self.says.get()
+
+    def close(self) -> None:
+        self.says.put_nowait(None)
+
+    async def wait(self) -> int:
+        status = self.returncode = await self.exited
+        return status
+
+
+async def test_a_scrape_waits_for_no_child_that_has_exited(monkeypatch: pytest.MonkeyPatch) -> None:
+    """/metrics asks every live child for a fresh report and waits for them: a child that exits
+    instead (the group's drain) ends its part of the wait, its counters kept. The wait lasted
+    REPORT_WAIT (2 s) after such a child had gone, and the group's exit waited for the scrape
+    (aiohttp's cleanup lets a request finish): the supervisor exited 1.4-2 s after its children."""
+    from fastnsq.runner import supervisor as supervising
+    from fastnsq.runner.settings import WorkerSettings
+    from fastnsq.runner.supervisor import Supervisor
+
+    monkeypatch.setattr(supervising, "REPORT_WAIT", 3600.0)  # the scrape ends by events, or not at all
+    group = Supervisor(WorkerSettings(target="m:h", topic="t", channel="c", processes=2))
+    children = [_FakeChild(100), _FakeChild(101)]
+    for slot, child in zip(group.slots, children):
+        slot.process, slot.channel = child, child  # type: ignore[assignment]
+        group._spawn_task(group._listen(slot, child))  # type: ignore[arg-type]
+        group._spawn_task(group._wait(slot, child))  # type: ignore[arg-type]
+    counted = "# TYPE jobs_total counter\njobs_total {}\n"
+    group.slots[1].metrics = counted.format(7)  # the exiting child's last report
+    group.stopping = True  # draining: an exit is no crash
+    scrape = asyncio.create_task(group.metrics_families())
+    await eventually(lambda: all(c.sent and c.sent[-1]["type"] == "report" for c in children), 10, "two asks")
+    children[0].says.put_nowait({"type": "report", "id": children[0].sent[-1]["id"], "metrics": counted.format(5)})
+    children[1].exited.set_result(0)  # exits without answering
+    families = await asyncio.wait_for(scrape, 60)  # before: REPORT_WAIT
+    [jobs] = [family for family in families if family.name == "jobs"]
+    assert jobs.samples == {("jobs_total", ()): 12.0}
+    children[0].exited.set_result(0)
+    await asyncio.wait_for(group._done.wait(), 60)
+    for task in list(group._tasks):
+        task.cancel()
+
+
+async def test_a_failed_batch_of_one_is_logged_in_the_singular(caplog: pytest.LogCaptureFixture) -> None:
+    """The worker's log said "requeueing 1 messages"."""
+    from fastnsq.runner.child import Child
+    from fastnsq.runner.loading import Handler
+    from fastnsq.runner.settings import WorkerSettings
+
+    class Batch(list[int]):
+        requeued = 0
+
+        def requeue(self) -> None:
+            self.requeued += 1
+
+    def fail(batch: Any) -> None:
+        raise RuntimeError("the batch failed")
+
+    child = Child(WorkerSettings(target="m:fail", topic="t", channel="c"), 0, Handler("m:fail", fail, False),
+                  None, None)  # type: ignore[arg-type]
+    lines = []
+    for size in (1, 2):
+        batch, running = Batch(range(size)), asyncio.Semaphore(0)
+        with caplog.at_level(logging.WARNING, logger="fastnsq.worker"):
+            await child._answer_batch(batch, running)
+        assert batch.requeued == 1 and not running.locked()
+        lines.append(caplog.records[-1].getMessage())
+    assert lines == ["batch handler raised; requeueing 1 message", "batch handler raised; requeueing 2 messages"]
+
+
 async def test_handler_threads_set_up_and_tear_down_each_thread() -> None:
     """Each thread runs setup_thread() before its first call and teardown_thread() after its
     last; a setup that raises fails start() (the others tear down); close() cancels calls not
@@ -429,6 +527,136 @@ async def test_two_processes_handle_every_message_once_with_hooks_and_group_metr
     assert len(handled) == len(set(handled)) == total
     assert len(worker.lines("teardown")) == 2
     assert len(list(tmp_path.glob("handled-*"))) == 2, "both processes handled messages"
+
+
+#: A handler's own metrics, one of each kind a handler may register: a counter, a histogram with
+#: the issue's buckets, a summary, and a gauge in each of prometheus_client's multiprocess modes
+#: (the group adds gauges up whatever the mode: the children's registries are their own).
+USER_METRICS = r"""
+import prometheus_client
+
+MODES = sorted(getattr(prometheus_client.Gauge, "_MULTIPROC_MODES", ("all", "liveall", "livesum", "max", "min", "sum")))
+
+def make(registry):
+    return (
+        prometheus_client.Counter("demo_handled", "messages handled", ["kind"], registry=registry),
+        prometheus_client.Histogram("demo_batch_size", "batch sizes", buckets=(1, 10, 50, 100, 400),
+                                    registry=registry),
+        prometheus_client.Summary("demo_seconds", "handling time", registry=registry),
+        [prometheus_client.Gauge(f"demo_{mode}_level", f"a level, multiprocess_mode={mode}",
+                                 multiprocess_mode=mode, registry=registry) for mode in MODES],
+    )
+
+def observe(metrics, size):
+    handled, batch_size, seconds, gauges = metrics
+    for kind in ("a", "b"):
+        handled.labels(kind).inc()
+    for value in (size, 5, 70, 500):
+        batch_size.observe(value)
+    seconds.observe(0.001)
+    for gauge in gauges:
+        gauge.set(size)
+"""
+
+USER_HANDLER = """
+import os, prometheus_client
+from wk_metrics import make, observe
+
+METRICS = make(prometheus_client.REGISTRY)
+
+def handle(message):
+    observe(METRICS, len(message.body))
+    with open(os.path.join(os.environ["WK_OUT"], f"handled-{os.getpid()}"), "a") as f:
+        f.write(message.body.decode() + "\\n")
+"""
+
+
+async def _group_metrics_with_user_metrics(nsqd: Any, folder: Path, cleanup: list[Worker]) -> str:
+    """The group's /metrics text once both processes handled messages with USER_METRICS."""
+    (folder / "wk_metrics.py").write_text(USER_METRICS)
+    (folder / "wk_user.py").write_text(USER_HANDLER)
+    topic, total = unique("wk"), 400
+    worker = await start_worker(folder, "wk_user:handle", *_consume_args(topic, nsqd.tcp_address),
+                                "--processes", "2", "--max-in-flight", "2")
+    cleanup.append(worker)
+
+    async def both_subscribed() -> bool:
+        return all(child.get("connections") for child in (await worker.health())["workers"])
+
+    await eventually(both_subscribed, 30, "both processes subscribed")  # then nsqd gives each its part
+    await publish_spread([nsqd.tcp_address], topic, total)
+    await eventually(lambda: len(worker.lines("handled")) == total, 60, "every message handled")
+    assert len(list(folder.glob("handled-*"))) == 2, "both processes handled messages"
+    await eventually(lambda: _at_least(lambda: worker.metric("demo_handled_total"), 2 * total), 20,
+                     "both processes' reports")
+    _, text = await worker.get("/metrics")
+    assert await worker.stop() == 0
+    return text
+
+
+def _single_process_text() -> str:
+    """What one process's prometheus_client serves for USER_METRICS (a registry of its own)."""
+    import prometheus_client
+
+    names: dict[str, Any] = {}
+    exec(USER_METRICS, names)  # noqa: S102 - the test's own text
+    registry = prometheus_client.CollectorRegistry()
+    names["observe"](names["make"](registry), 9)
+    return prometheus_client.generate_latest(registry).decode()
+
+
+def _shape(text: str) -> list[tuple[str, str, list[tuple[str, dict[str, str]]]]]:
+    """The demo_* families as prometheus_client's parser reads them: name, type, samples in order."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(family.name, family.type, [(sample.name, sample.labels) for sample in family.samples])
+            for family in text_string_to_metric_families(text) if family.name.startswith("demo_")]
+
+
+async def test_group_metrics_order_buckets_as_one_process_does_and_leave_no_empty_family(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """Two processes, a handler registering each kind of metric: the group's /metrics, read by
+    prometheus_client's parser, holds the families and samples one process serves, in its order
+    (buckets by increasing le, +Inf last; sorted as text, "+Inf" came first and "100.0" before
+    "50.0"), but the *_created stamps, whose families used to be left with no sample."""
+    pytest.importorskip("prometheus_client", reason="/metrics needs the 'metrics' extra")
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = await _group_metrics_with_user_metrics(nsqd, tmp_path, cleanup)
+    families = list(text_string_to_metric_families(text))
+    buckets = [sample.labels["le"] for family in families if family.name == "demo_batch_size"
+               for sample in family.samples if sample.name == "demo_batch_size_bucket"]
+    assert buckets == ["1.0", "10.0", "50.0", "100.0", "400.0", "+Inf"]
+    one = [family for family in _shape(_single_process_text()) if not family[0].endswith("_created")]
+    assert _shape(text) == one, text
+    stamps = [family.name for family in families if family.name.endswith("_created")]
+    assert not stamps, f"*_created families (with no sample under them before): {stamps}\n{text}"
+    for family in families:  # fastnsq's own histograms too
+        if family.type == "histogram":
+            bounds = [float(sample.labels["le"]) for sample in family.samples if sample.name.endswith("_bucket")]
+            assert bounds == sorted(bounds) and (not bounds or bounds[-1] == float("inf")), family.name
+    values = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+              for family in families for sample in family.samples}
+    assert values[("demo_batch_size_count", ())] == 4 * 400
+    assert values[("demo_batch_size_bucket", (("le", "50.0"),))] == 400  # of 100 (the body's size), 5, 70, 500
+    assert values[("demo_handled_total", (("kind", "a"),))] == 400
+
+
+async def test_group_metrics_pass_promtool_check_metrics(nsqd: Any, tmp_path: Path, cleanup: list[Worker]) -> None:
+    """Prometheus's own parser and linter (promtool, Debian's package ``prometheus``) on the same text."""
+    import shutil
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not found (Debian's package 'prometheus', or Prometheus's release tarball)")
+    pytest.importorskip("prometheus_client", reason="/metrics needs the 'metrics' extra")
+    text = await _group_metrics_with_user_metrics(nsqd, tmp_path, cleanup)
+    checker = await asyncio.create_subprocess_exec(promtool, "check", "metrics", stdin=asyncio.subprocess.PIPE,
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    said, _ = await asyncio.wait_for(checker.communicate(text.encode()), 60)
+    assert checker.returncode == 0, f"{said.decode()}\n{text}"
+    assert "demo_batch_size_bucket" in text
 
 
 async def test_sigterm_mid_run_drains_and_loses_nothing(nsqd: Any, tmp_path: Path, cleanup: list[Worker]) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from fastnsq.config import Endpoint
-from fastnsq.errors import InvalidValueError, NSQError
+from fastnsq.errors import InvalidValueError, LookupdError, LookupdHTTPError
 
 logger = logging.getLogger(__name__)
 #: The Accept header go-nsq sends; with it both lookupds answer the bare v1 object.
@@ -36,22 +36,6 @@ _DECIMAL = re.compile(r"-?[0-9]{1,20}")
 
 # How much of a junk body an error message quotes.
 _QUOTE_LIMIT = 200
-
-
-class LookupdError(NSQError):
-    """nsqlookupd could not be reached, or answered something that is not a lookupd answer."""
-
-
-class LookupdHTTPError(LookupdError):
-    """nsqlookupd answered with an error: ``status`` is the HTTP (or wrapped) status code,
-    ``message`` the server's error text (``{"message": ...}`` or the wrapper's ``status_txt``)."""
-
-    def __init__(self, status: int, message: str, url: str = "") -> None:
-        self.status = status
-        self.message = message
-        self.url = url
-        where = f" from {url}" if url else ""
-        super().__init__(f"nsqlookupd error{where}: HTTP {status} {message}".rstrip())
 
 
 # --------------------------------------------------------------------------- data types

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import check_range
-from ..errors import InvalidValueError, NSQError
+from ..errors import BackgroundBufferFullError, InvalidValueError, NSQError
 
 __all__ = ["BackgroundBufferFullError", "BackgroundRetry", "Unsent"]
 
@@ -33,10 +33,6 @@ logger = logging.getLogger(__name__)
 
 _FIRST_PAUSE = 0.05
 _MAX_PAUSE = 2.0
-
-
-class BackgroundBufferFullError(NSQError):
-    """``publish_and_retry_background``: the retry buffer is full; this publish was not taken."""
 
 
 @dataclass

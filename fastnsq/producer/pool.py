@@ -10,17 +10,12 @@ from collections.abc import Callable
 
 from ..config import ConnectionOptions, LoggerLike
 from ..conn import Connection
-from ..errors import ConnectionClosedError, NoConnectionError, NSQError, PublishTimeoutError
+from ..errors import ConnectionClosedError, NoConnectionError, NsqdDown, NSQError, PublishTimeoutError
 from ..recovery import Redial
 
 __all__ = ["ConnectionPool", "NsqdDown", "describe"]
 
 logger = logging.getLogger(__name__)
-
-
-class NsqdDown(NoConnectionError):
-    """No connection to the nsqd a publish needs, and the attempt to reach it made just now
-    failed too (the error names each nsqd and that attempt's cause): failing fast."""
 
 
 class _Slot:

@@ -191,7 +191,8 @@ class Child:
             else:
                 self.handler.call(batch)
         except Exception:
-            logger.warning("batch handler raised; requeueing %d messages", len(batch), exc_info=True)
+            logger.warning("batch handler raised; requeueing %d message%s", len(batch), "" if len(batch) == 1 else "s",
+                           exc_info=True)
             batch.requeue()
         else:
             if not self.handler.answers_batches:

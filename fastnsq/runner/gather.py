@@ -6,7 +6,10 @@ Samples with the same name and labels are added: counters (and histograms and su
 over every child, including the last figures of children that have exited, so that a
 restart never makes a group counter go down; gauges over the live children, but
 ``nsq_consumer_backoff_level``, which is the highest. Figures that mean nothing summed
-(start times, descriptor limits, ``*_created`` stamps, ``python_info``) are left out.
+(start times, descriptor limits, ``*_created`` stamps, ``python_info``) are left out, the
+``*_created`` families with their stamps (no ``# TYPE`` line left without a sample). The group's
+text orders each family's samples as a single process's prometheus_client does: a label set's
+histogram buckets by increasing ``le``, ``+Inf`` last, then its ``_count`` and ``_sum``.
 """
 
 from __future__ import annotations
@@ -37,13 +40,18 @@ def parse(text: str) -> list[Family]:
     """A child's exposition as families of samples (``*_created`` stamps left out)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    metrics = list(text_string_to_metric_families(text))
+    # prometheus_client's text format gives a counter's, histogram's or summary's creation time
+    # a gauge family of its own, NAME_created: left out whole, or its HELP and TYPE stay with
+    # no sample under them. A gauge of the user's that happens to end in _created stays.
+    stamps = {f"{metric.name}_created" for metric in metrics if metric.type in CUMULATIVE}
     families = []
-    for metric in text_string_to_metric_families(text):
-        if metric.name in DROPPED:
+    for metric in metrics:
+        if metric.name in DROPPED or (metric.name in stamps and metric.type == "gauge"):
             continue
         family = Family(metric.name, metric.type, metric.documentation)
         for sample in metric.samples:
-            if not sample.name.endswith("_created"):
+            if sample.name != f"{metric.name}_created":  # OpenMetrics' stamp, in the family itself
                 family.samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
         families.append(family)
     return families
@@ -92,13 +100,36 @@ def render(families: Iterable[Family]) -> bytes:
         def collect(self) -> Iterator[Any]:
             for family in families:
                 metric = Metric(family.name, family.documentation, family.kind)
-                for (sample_name, labels), value in sorted(family.samples.items()):
+                for (sample_name, labels), value in sorted(family.samples.items(), key=_exposition_order):
                     metric.add_sample(sample_name, dict(labels), value)
                 yield metric
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Fixed())
     return generate_latest(registry)
+
+
+#: Where a sample goes within its label set: buckets (or quantiles), then the count, then the sum.
+_SUFFIX_RANK = {"_bucket": 0, "_count": 1, "_gcount": 1, "_sum": 2, "_gsum": 2}
+#: The labels that bound a bucket or name a quantile: ordered as numbers ("+Inf" last), not as text.
+_BOUNDS = ("le", "quantile")
+
+
+def _exposition_order(item: tuple[SampleKey, float]) -> tuple[Any, ...]:
+    """A single process's order: by label set (the bound aside), then bucket, count, sum, and
+    the buckets by increasing bound; sorted as text, "+Inf" came first and "100.0" before "50.0"."""
+    (sample_name, labels), _ = item
+    rest = tuple(pair for pair in labels if pair[0] not in _BOUNDS)
+    bound = next((_number(value) for name, value in labels if name in _BOUNDS), 0.0)
+    suffix = next((rank for end, rank in _SUFFIX_RANK.items() if sample_name.endswith(end)), 0)
+    return rest, suffix, bound, sample_name
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)  # "+Inf" included
+    except ValueError:
+        return float("inf")
 
 
 def group_family(name: str, kind: str, documentation: str, value: float) -> Family:

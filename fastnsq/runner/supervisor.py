@@ -202,6 +202,10 @@ class Supervisor:
 
     async def _wait(self, slot: Slot, process: ChildProcess) -> None:
         status = await process.wait()
+        # A /metrics scrape waiting for this child's report waits no more: the report will not come
+        # (its counters are retired below). Else a scrape in flight during the drain went on for
+        # REPORT_WAIT after the children had exited, and the group's exit waited for it.
+        slot.reported.set()
         if slot.channel is not None:
             slot.channel.close()
         if slot.metrics:
@@ -347,7 +351,8 @@ class Supervisor:
         }
 
     async def metrics_families(self) -> list[Family]:
-        """Ask every live child for a fresh report (up to REPORT_WAIT s), then add them up."""
+        """Ask every live child for a fresh report, then add them up: until each has reported or
+        exited (an exited child's last figures are the retired ones), at most REPORT_WAIT s."""
         live = [slot for slot in self.slots if slot.alive and slot.channel is not None]
         for slot in live:
             slot.reported.clear()

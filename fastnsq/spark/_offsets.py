@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidValueError, NSQError
+from ..errors import DataLossError, InvalidValueError, NSQError
 from ..nsqd_http import NsqdHTTP, PartitionEnds
 from ._options import parse_ending_offsets, parse_starting_offsets
 
@@ -42,10 +42,6 @@ class Position:
 
     offset: int
     count: int
-
-
-class DataLossError(NSQError):
-    """Messages a range should read are gone from the partition (retention removed them first)."""
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..consumer import Consumer
-from ..errors import NSQError
+from ..errors import NSQError, RangeReadError
 from ..nsqd_http import NsqdHTTP, NsqdHTTPError
 from ._offsets import DataLossError, Leader, OffsetPlanner, RangePlan
 
@@ -45,10 +45,6 @@ logger = logging.getLogger(__name__)
 
 #: Reads of one range (first on the planned leader, then after asking the lookupd again).
 ATTEMPTS = 3
-
-
-class RangeReadError(NSQError):
-    """A range could not be read completely; Spark retries the task."""
 
 
 class _Collector:
