@@ -27,13 +27,14 @@ from fastnsq.testing import NSQD, external_nsqd_from_env
 from fastnsq.testing.process import free_port
 from fastnsq.testing.real import RealNSQDServer, real_bin_dir
 
-from .helpers import unique
+from .helpers import Slack, unique
 from .test_producer import drain
 
 T = TypeVar("T")
 
-#: The acceptance bound for a publish while nsqd is down (issue 36 #4). Not widened for load:
-#: the failure is decided on the producer's loop from state it already holds, in microseconds.
+#: The acceptance bound for a publish while nsqd is down (issue 36 #4): the failure is decided on
+#: the producer's loop from state it already holds, in microseconds. A test adds only the slack
+#: it measured beside the publishes (issue 63), not a fixed margin.
 FAIL_FAST = 1.0
 
 
@@ -91,9 +92,12 @@ async def test_made_while_nsqd_is_down_fails_fast_then_publishes_once_it_is_up()
             errors.append(caught.value)
         return producer, took, errors
 
-    producer, took, errors = await blocking(while_down)
+    async with Slack() as slack:
+        producer, took, errors = await blocking(while_down)
     try:
-        assert max(took) < FAIL_FAST, took
+        # A refused dial, not a backoff or a timeout waited out (the old code: 8-10 s); what a
+        # busy machine delays the threads by, measured meanwhile, is allowed on top.
+        assert max(took) < FAIL_FAST + slack.allowance(0.0), (took, slack)
         for error in errors:
             assert address in str(error) and "refused" in str(error).lower(), error
         nsqd = await nsqd_on_port(port)
@@ -204,10 +208,12 @@ async def test_a_producer_made_before_fork_publishes_in_the_child_and_the_parent
         finally:
             producer.close()
 
-    child, parent = await blocking(fork_and_publish)
+    async with Slack() as slack:
+        child, parent = await blocking(fork_and_publish)
     answer, async_answer, inherited, own, took = child.split(b" ") if child.count(b" ") == 4 else [child] * 5
     assert (answer, async_answer) == (b"OK", b"OK"), child
-    assert float(took) < 2 + 0.5, child  # within the call's own timeout (it takes milliseconds)
+    # Within the call's own timeout (it takes milliseconds), plus this machine's slack meanwhile.
+    assert float(took) < 2 + slack.allowance(0.5), (child, slack)
     # The child let go of the parent's connection at the fork and opened its own (pool_size 1).
     assert (int(inherited), int(own)) == (0, 1), child
     assert parent == b"OK"
