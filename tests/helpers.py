@@ -150,13 +150,14 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float
                      progress: Callable[[], Any] | None = None) -> None:
     """Wait until ``check()`` is true (polling), or fail the test.
 
-    With ``progress`` (a callable whose answer changes as the awaited work advances: a count
-    of messages relayed, say), ``timeout`` is how long it may go without changing: a loaded
-    machine that makes the work slow does not fail the wait, work that stopped does.
+    With ``progress`` (a callable answering a count that grows as the awaited work advances:
+    messages relayed, say; it may read what ``check`` stored), ``timeout`` is how long the count
+    may go without a new high: a loaded machine that makes the work slow does not fail the wait,
+    work that stopped (or goes round in circles) does.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    last = progress() if progress is not None else None
+    best = progress() if progress is not None else None
     while True:
         result = check()
         if asyncio.iscoroutine(result):
@@ -165,10 +166,10 @@ async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float
             return
         if progress is not None:
             now = progress()
-            if now != last:
-                last, deadline = now, loop.time() + timeout
+            if now > best:
+                best, deadline = now, loop.time() + timeout
         if loop.time() > deadline:
-            stalled = f" (no progress from {last!r})" if progress is not None else ""
+            stalled = f" without progress (stuck at {best!r})" if progress is not None else ""
             raise AssertionError(f"timed out after {timeout} s{stalled} waiting for {what or check}")
         await asyncio.sleep(0.02)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fastnsq import Consumer, Producer
 from tests.apps_support import create_channels
-from tests.helpers import eventually, unique
+from tests.helpers import Slack, eventually, unique
 from tests.test_consumer import channel_stats, publish_spread
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MIF = 2500  # a consumer sized for throughput: nsqd's buffer, not RDY, decides when it writes
 
 
-async def _latencies(nsqd, consumer_options: dict, count: int = 25, spacing: float = 0.02) -> list[float]:
-    """Publish ``count`` messages one at a time, ``spacing`` apart; seconds from publish to handler."""
+async def _latencies(nsqd, consumer_options: dict, count: int = 25, spacing: float = 0.02,
+                     connections: list | None = None) -> list[float]:
+    """Publish ``count`` messages one at a time, ``spacing`` apart; seconds from publish to handler
+    (and the consumer's connections' stats at the end into ``connections``)."""
     topic = unique("express")
     published: dict[bytes, float] = {}
     latencies: list[float] = []
@@ -52,13 +54,21 @@ async def _latencies(nsqd, consumer_options: dict, count: int = 25, spacing: flo
             await producer.publish(topic, body)
             await asyncio.sleep(spacing)
     await eventually(lambda: len(latencies) == count + 1, timeout=5, what="every message")
+    if connections is not None:
+        connections.extend(consumer.snapshot().connections)
     await consumer.stop()
     return latencies[1:]
 
 
 async def test_slow_messages_arrive_at_once_with_the_defaults(nsqd) -> None:
-    latencies = await _latencies(nsqd, {})
-    assert statistics.median(latencies) < 0.05, latencies
+    connections: list = []
+    async with Slack() as slack:
+        latencies = await _latencies(nsqd, {}, connections=connections)
+    # They came the express way (counted), not through nsqd's buffer: no message waited for the
+    # 250 ms flush tick (125 ms on average) beyond the slack this machine showed meanwhile.
+    [express] = [c for c in connections if c.express]
+    assert express.received >= len(latencies) - 1, connections  # the first may open the lane
+    assert statistics.median(latencies) < 0.05 + 3 * slack.worst, (latencies, slack)
 
 
 async def test_the_server_buffers_them_without_the_express_lane(nsqd) -> None:
