@@ -181,8 +181,9 @@ class Slack:
     interval(s) plus what this measures while the timed work runs. A ticker sleeps ``tick``
     seconds over and over (a task on the running loop inside ``async with``, so a loop kept
     busy by the test's own servers counts too; a thread inside ``with``, for blocking code)
-    and adds up how late each sleep wakes: ``late`` is the time this process lost to other
-    work and other processes. ``allowance()`` is ``base`` (the work's own cost on a quiet
+    and adds up how late each sleep wakes (beyond the timers' own millisecond): ``late`` is
+    the time this process lost to other work and other processes. ``allowance()`` is ``base``
+    (the work's own cost on a quiet
     machine) plus ``factor`` times that (the other processes of the chain, nsqd's included,
     wait for a core too). A regression that waits (a wrong interval, a missed timeout) makes
     nothing late, so the bound still catches it.
@@ -196,8 +197,11 @@ class Slack:
         self._stop = False
         self._runner: Any = None
 
+    #: What a wake may be late by on an idle machine: epoll's timeouts are whole milliseconds.
+    GRANULARITY = 0.001
+
     def _note(self, slept: float) -> None:
-        lateness = max(0.0, slept - self.tick)
+        lateness = max(0.0, slept - self.tick - self.GRANULARITY)
         self.late += lateness
         self.worst = max(self.worst, lateness)
         self.wakes += 1
