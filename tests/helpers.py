@@ -11,12 +11,15 @@ import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trustme
 
 from fastnsq.testing import is_external
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 _counter = itertools.count()
 
@@ -227,7 +230,7 @@ class Slack:
             time.sleep(self.tick)
             self._note(time.monotonic() - began)
 
-    async def __aenter__(self) -> Slack:
+    async def __aenter__(self) -> Self:
         self._runner = asyncio.get_running_loop().create_task(self._tick_on_loop())
         return self
 
@@ -237,7 +240,7 @@ class Slack:
         with contextlib.suppress(asyncio.CancelledError):
             await self._runner
 
-    def __enter__(self) -> Slack:
+    def __enter__(self) -> Self:
         import threading
 
         self._runner = threading.Thread(target=self._tick_in_thread, name="slack", daemon=True)

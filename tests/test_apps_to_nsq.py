@@ -28,7 +28,7 @@ from fastnsq.testing import NSQD
 from fastnsq.testing.process import free_port
 from fastnsq.testing.real import RealNSQDServer, real_bin_dir
 
-from .apps_support import channel_drained, create_channels, go_app, run_to_exit, start, start_go
+from .apps_support import Source, channel_drained, create_channels, go_app, run_to_exit, start, start_go
 from .helpers import Slack, eventually, unique
 from .test_consumer import channel_stats, publish_spread
 
@@ -68,33 +68,6 @@ async def received(address: str, topic: str, expected: int, timeout: float = 30.
 async def drained(nsqd: Any, topic: str, channel: str = "nsq_to_nsq", *, published: int) -> bool:
     return await channel_drained(nsqd.http_address, topic, channel, published=published)
 
-
-class Source:
-    """The source channel of a relay as its waits read it: ``done()``, the messages it has let go
-    of and not got back (``message_count`` less what is queued, deferred or in flight), is the
-    progress a wait times out on the lack of (issue 63: an fsync-per-message destination on a
-    loaded machine relayed 3,000 messages in more than 30 s, steadily)."""
-
-    def __init__(self, nsqd: Any, topic: str, channel: str = "nsq_to_nsq") -> None:
-        self.nsqd, self.topic, self.channel = nsqd, topic, channel
-        self.finished = 0
-
-    def done(self) -> int:
-        return self.finished
-
-    async def relayed(self, count: int) -> bool:
-        """More than ``count`` messages taken from the source (in flight included, as before)."""
-        stats = await channel_stats([self.nsqd.http_address], self.topic, self.channel)
-        if not stats:
-            return False
-        entry = stats[0]
-        self.finished = max(self.finished, entry["message_count"] - entry["depth"] - entry["in_flight_count"]
-                            - entry["deferred_count"])
-        return entry["message_count"] - entry["depth"] > count
-
-    async def drained(self, published: int) -> bool:
-        await self.relayed(0)
-        return await drained(self.nsqd, self.topic, self.channel, published=published)
 
 
 # ---- pure pieces -------------------------------------------------------------------------------
@@ -153,7 +126,7 @@ async def test_relays_every_message_in_batches(nsqd, tmp_path: Path) -> None:
         app = await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
                           f"-destination-nsqd-tcp-address={target.tcp_address}", "-destination-topic=copy",
                           "-max-in-flight=1000", "-status-every=1000", f"--metrics-port={port}", log=tmp_path / "log")
-        source = Source(nsqd, topic)
+        source = Source(nsqd.http_address, topic, "nsq_to_nsq")
         await eventually(lambda: source.drained(5000), 30, "the source drained", progress=source.done)
         async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as resp:
             metrics = await resp.text()  # the runtime's /metrics, the app's consumer in it
@@ -178,7 +151,7 @@ async def test_json_filter_and_two_destinations_round_robin(nsqd, tmp_path: Path
                           f"-destination-nsqd-tcp-address={two.tcp_address}", "-mode=round-robin",
                           "-require-json-field=kind", "-require-json-value=a", "-whitelist-json-field=n",
                           "-max-in-flight=40", log=tmp_path / "log")
-        source = Source(nsqd, topic)
+        source = Source(nsqd.http_address, topic, "nsq_to_nsq")
         await eventually(lambda: source.drained(600), 30, "the source drained", progress=source.done)
         assert await app.stop() == 0, app.log()
         each: list[list[bytes]] = [[], []]
@@ -211,8 +184,8 @@ async def test_sigkill_mid_stream_and_the_destination_down_lose_nothing(nsqd, tm
                 "-producer-opt=publish_timeout,1"]
         app = await start("to-nsq", *args, log=tmp_path / "log")
 
-        source = Source(nsqd, topic)
-        await eventually(lambda: source.relayed(10_000), 30, "a part relayed", progress=source.done)
+        source = Source(nsqd.http_address, topic, "nsq_to_nsq")
+        await eventually(lambda: source.taken(10_000), 30, "a part relayed", progress=source.done)
         await app.kill()
         await target.stop()  # a clean stop: what it acknowledged stays
         app = await start("to-nsq", *args, log=tmp_path / "log")
@@ -249,8 +222,8 @@ async def test_the_destination_nsqd_killed_and_back_loses_nothing(nsqd, tmp_path
                           "-consumer-opt=backoff_multiplier,0.1", "-producer-opt=publish_timeout,1",
                           log=tmp_path / "log")
 
-        source = Source(nsqd, topic)
-        await eventually(lambda: source.relayed(3_000), 30, "a part relayed", progress=source.done)
+        source = Source(nsqd.http_address, topic, "nsq_to_nsq")
+        await eventually(lambda: source.taken(3_000), 30, "a part relayed", progress=source.done)
         await target.kill()
         await asyncio.sleep(2)
         await target.start()

@@ -85,7 +85,7 @@ async def test_a_backlog_goes_through_the_buffered_connection(nsqd) -> None:
     got = []
     consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=got.append, max_in_flight=MIF)
     await consumer.start()
-    await eventually(lambda: len(got) == 20_000, timeout=30, what="the backlog")
+    await eventually(lambda: len(got) == 20_000, timeout=30, what="the backlog", progress=lambda: len(got))
     await eventually(lambda: len(consumer.connections) == 2, timeout=5, what="the express lane, once quiet")
     stats = sorted(consumer.snapshot().connections, key=lambda c: c.received)
     # The consumer starts on its buffered connection: the backlog never went the express way.
@@ -104,7 +104,7 @@ async def test_a_burst_moves_back_to_the_buffered_connection(nsqd) -> None:
         await asyncio.sleep(0.1)  # and its RDY
         for start in range(0, 50_000, 1000):  # far above express_max_rate
             await producer.mpublish(topic, [b"%d" % i for i in range(start, start + 1000)])
-    await eventually(lambda: len(got) == 50_001, timeout=30, what="the burst")
+    await eventually(lambda: len(got) == 50_001, timeout=30, what="the burst", progress=lambda: len(got))
     express, bulk = sorted(consumer.snapshot().connections, key=lambda c: c.received)
     assert bulk.received > express.received, (bulk, express)
     await consumer.stop()
