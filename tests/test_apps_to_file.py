@@ -23,7 +23,7 @@ from fastnsq.apps.filenames import FilenameError, compute_format, go_strftime
 from fastnsq.apps.goflags import long_options, normalize
 from fastnsq.cli.main import build_parser, go_style
 
-from .apps_support import channel_drained, create_channels, go_app, run_to_exit, start, start_go
+from .apps_support import Source, channel_drained, create_channels, go_app, run_to_exit, start, start_go
 from .helpers import eventually, unique
 from .test_consumer import channel_stats, publish_spread
 
@@ -284,15 +284,12 @@ async def test_sigkill_mid_stream_loses_nothing(nsqd, tmp_path: Path) -> None:
             "-consumer-opt=msg_timeout,3s"]  # a killed worker's messages come back in 3 s, not 60
     app = await start("to-file", *args, log=tmp_path / "log")
 
-    async def partway() -> bool:
-        stats = await channel_stats([nsqd.http_address], topic, "nsq_to_file")
-        return bool(stats) and stats[0]["message_count"] - stats[0]["depth"] > 5000
-
-    await eventually(partway, 30, "a part archived")
+    source = Source(nsqd.http_address, topic, "nsq_to_file")
+    await eventually(lambda: source.taken(5000), 30, "a part archived", progress=source.done)
     await app.kill()
     assert "drained:" not in app.log()  # killed: no drain
     app = await start("to-file", *args, log=tmp_path / "log")
-    await eventually(lambda: drained(nsqd, topic, published=60_000), 60, "the channel drained")
+    await eventually(lambda: source.drained(60_000), 60, "the channel drained", progress=source.done)
     assert await app.stop() == 0, app.log()
     counts = Counter(read_lines(out))
     assert set(counts) == set(bodies)  # nothing lost

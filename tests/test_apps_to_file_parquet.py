@@ -26,9 +26,9 @@ from fastnsq.apps.archive import Archive
 from fastnsq.apps.filelog import FileOptions
 from fastnsq.apps.partitioning import DEFAULT_PARTITION, Partitioning, PartitionSpecError, escape_value
 
-from .apps_support import channel_drained, run_to_exit, start
+from .apps_support import Source, channel_drained, run_to_exit, start
 from .helpers import eventually, unique
-from .test_consumer import channel_stats, publish_spread
+from .test_consumer import publish_spread
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -419,17 +419,15 @@ async def test_sigkill_between_syncs_and_at_rotations_loses_nothing(nsqd, tmp_pa
     args = [f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}", f"-output-dir={out}", "-format=parquet",
             "-rotate-size=100000", "-partition-by=hourly", "-sync-interval=1s", "-max-in-flight=500",
             "-consumer-opt=msg_timeout,3s"]  # a killed worker's messages come back in 3 s, not 60
+    source = Source(nsqd.http_address, topic, "nsq_to_file")
     for kill in range(3):
         app = await start("to-file", *args, log=tmp_path / "log")
 
-        async def partway(kill: int = kill) -> bool:
-            stats = await channel_stats([nsqd.http_address], topic, "nsq_to_file")
-            return bool(stats) and stats[0]["message_count"] - stats[0]["depth"] > 10_000 * (kill + 1)
-
-        await eventually(partway, 60, "a part archived")
+        await eventually(lambda kill=kill: source.taken(10_000 * (kill + 1)), 60, "a part archived",
+                         progress=source.done)
         await app.kill()
     app = await start("to-file", *args, log=tmp_path / "log")
-    await eventually(lambda: drained(nsqd, topic, 60_000), 90, "the channel drained")
+    await eventually(lambda: source.drained(60_000), 90, "the channel drained", progress=source.done)
     assert await app.stop() == 0, app.log()
     assert app.log().count("restart: found") >= 1, app.log()
     counts = Counter(rows_of(out))  # every file readable, or this raises

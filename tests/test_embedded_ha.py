@@ -31,7 +31,7 @@ from fastnsq import codec
 from fastnsq.testing import NSQLookupd, is_external
 from fastnsq.testing.nsqd import NSQD
 
-from .helpers import due_within, stats_json
+from .helpers import Slack, due_within, stats_json
 from .test_embedded_nsqd import RawClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -253,15 +253,18 @@ async def test_deflate_level_zero_gives_level_zero(nsqd_ha: Any, topic: str) -> 
 
 async def test_read_deadline_is_three_heartbeats(nsqd_ha: Any) -> None:
     client: HAClient = await HAClient.connect(nsqd_ha.tcp_address, keep_heartbeats=True)  # type: ignore[assignment]
-    started = time.monotonic()
-    await client.identify(heartbeat_interval=1000)
-    heartbeats = 0
-    while (event := await client.event(5.0))[0] != "eof":
-        assert event == ("response", b"_heartbeat_")
-        heartbeats += 1
+    async with Slack() as slack:
+        started = time.monotonic()
+        await client.identify(heartbeat_interval=1000)
+        heartbeats = 0
+        while (event := await client.event(5.0))[0] != "eof":
+            assert event == ("response", b"_heartbeat_")
+            heartbeats += 1
+        took = time.monotonic() - started
     # The deadline (3 intervals after the last command read) races the third heartbeat.
     assert heartbeats >= 2
-    assert 2.8 < time.monotonic() - started < 4.0  # upstream closes after 2 intervals
+    # Upstream closes after 2 intervals; youzan's after 3 (not 4), plus the slack measured meanwhile.
+    assert 2.8 < took < 3 * 1.0 + slack.allowance(0.5), (took, slack)
 
 
 async def test_dpub_is_an_unknown_command(nsqd_ha: Any, topic: str) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fastnsq import Consumer, Producer
 from tests.apps_support import create_channels
-from tests.helpers import eventually, unique
+from tests.helpers import Slack, eventually, unique
 from tests.test_consumer import channel_stats, publish_spread
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,8 +29,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MIF = 2500  # a consumer sized for throughput: nsqd's buffer, not RDY, decides when it writes
 
 
-async def _latencies(nsqd, consumer_options: dict, count: int = 25, spacing: float = 0.02) -> list[float]:
-    """Publish ``count`` messages one at a time, ``spacing`` apart; seconds from publish to handler."""
+async def _latencies(nsqd, consumer_options: dict, count: int = 25, spacing: float = 0.02,
+                     connections: list | None = None) -> list[float]:
+    """Publish ``count`` messages one at a time, ``spacing`` apart; seconds from publish to handler
+    (and the consumer's connections' stats at the end into ``connections``)."""
     topic = unique("express")
     published: dict[bytes, float] = {}
     latencies: list[float] = []
@@ -52,13 +54,21 @@ async def _latencies(nsqd, consumer_options: dict, count: int = 25, spacing: flo
             await producer.publish(topic, body)
             await asyncio.sleep(spacing)
     await eventually(lambda: len(latencies) == count + 1, timeout=5, what="every message")
+    if connections is not None:
+        connections.extend(consumer.snapshot().connections)
     await consumer.stop()
     return latencies[1:]
 
 
 async def test_slow_messages_arrive_at_once_with_the_defaults(nsqd) -> None:
-    latencies = await _latencies(nsqd, {})
-    assert statistics.median(latencies) < 0.05, latencies
+    connections: list = []
+    async with Slack() as slack:
+        latencies = await _latencies(nsqd, {}, connections=connections)
+    # They came the express way (counted), not through nsqd's buffer: no message waited for the
+    # 250 ms flush tick (125 ms on average) beyond the slack this machine showed meanwhile.
+    [express] = [c for c in connections if c.express]
+    assert express.received >= len(latencies) - 1, connections  # the first may open the lane
+    assert statistics.median(latencies) < 0.05 + 3 * slack.worst, (latencies, slack)
 
 
 async def test_the_server_buffers_them_without_the_express_lane(nsqd) -> None:
@@ -75,7 +85,7 @@ async def test_a_backlog_goes_through_the_buffered_connection(nsqd) -> None:
     got = []
     consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=got.append, max_in_flight=MIF)
     await consumer.start()
-    await eventually(lambda: len(got) == 20_000, timeout=30, what="the backlog")
+    await eventually(lambda: len(got) == 20_000, timeout=30, what="the backlog", progress=lambda: len(got))
     await eventually(lambda: len(consumer.connections) == 2, timeout=5, what="the express lane, once quiet")
     stats = sorted(consumer.snapshot().connections, key=lambda c: c.received)
     # The consumer starts on its buffered connection: the backlog never went the express way.
@@ -94,7 +104,7 @@ async def test_a_burst_moves_back_to_the_buffered_connection(nsqd) -> None:
         await asyncio.sleep(0.1)  # and its RDY
         for start in range(0, 50_000, 1000):  # far above express_max_rate
             await producer.mpublish(topic, [b"%d" % i for i in range(start, start + 1000)])
-    await eventually(lambda: len(got) == 50_001, timeout=30, what="the burst")
+    await eventually(lambda: len(got) == 50_001, timeout=30, what="the burst", progress=lambda: len(got))
     express, bulk = sorted(consumer.snapshot().connections, key=lambda c: c.received)
     assert bulk.received > express.received, (bulk, express)
     await consumer.stop()

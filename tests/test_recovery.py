@@ -39,15 +39,21 @@ from fastnsq.testing import NSQLookupd
 from fastnsq.testing.counting import AttemptCounter, QueryCounter, most_in_a_second
 from fastnsq.testing.real import RealLookupdServer
 
-from .helpers import eventually, unique
+from .helpers import Slack, eventually, unique
 from .test_faults import REAL_BIN, Server
 from .test_worker import start_worker
 
 pytestmark = pytest.mark.timeout(120)
 
-#: Within this long of nsqd answering again, every face works (the issue's second, and a loaded
-#: machine's share: the rule's own worst case is a 0.4 s wait plus a connect and a SUB).
+#: Within this long of nsqd answering again, every face works on a quiet machine (the issue's
+#: second: the rule's own worst case is a 0.4 s wait plus a connect and a SUB). A test adds the
+#: slack it measured from nsqd's start to the check (``within``), not a fixed margin (issue 63).
 WITHIN = 1.0
+
+
+def within(slack: Slack) -> float:
+    """WITHIN plus what a busy machine delayed this process by meanwhile."""
+    return WITHIN + slack.allowance(0.0)
 OUTAGE = 3.0  # longer than the old backoffs' first steps: the old code took 1.8 s direct, 60 s via lookupd
 
 
@@ -248,9 +254,10 @@ async def test_a_consumer_consumes_again_within_a_second_of_nsqd_answering(via: 
         await consumer.start()
         await eventually(lambda: b"before" in handled, 10, "the message before the outage")
         back = await outage(server, OUTAGE if via == "lookupd" else 8.0)
-        await publish_one(server.tcp_address, topic, b"after")
-        await eventually(lambda: b"after" in handled, 15, "the message after the outage")
-        assert handled[b"after"] - back <= WITHIN
+        async with Slack() as slack:
+            await publish_one(server.tcp_address, topic, b"after")
+            await eventually(lambda: b"after" in handled, 15, "the message after the outage")
+        assert handled[b"after"] - back <= within(slack), (handled[b"after"] - back, slack)
     finally:
         await consumer.stop()
         await stop_all(server, lookupd)
@@ -277,8 +284,9 @@ async def test_a_consumer_started_while_nsqd_is_down_consumes_within_a_second_of
         await server.start()
         await publish_one(server.tcp_address, topic, b"after")
         published = time.monotonic()
-        await eventually(lambda: b"after" in handled, 15, "the message published after nsqd started")
-        assert handled[b"after"] - published <= WITHIN
+        async with Slack() as slack:
+            await eventually(lambda: b"after" in handled, 15, "the message published after nsqd started")
+        assert handled[b"after"] - published <= within(slack), (handled[b"after"] - published, slack)
     finally:
         await consumer.stop()
         await stop_all(server, lookupd)
@@ -296,9 +304,10 @@ async def test_the_blocking_consumer_through_lookupd_too() -> None:
         await asyncio.to_thread(consumer.start)
         await eventually(lambda: b"before" in handled, 10, "the message before the outage")
         back = await outage(server)
-        await publish_one(server.tcp_address, topic, b"after")
-        await eventually(lambda: b"after" in handled, 10, "the message after the outage")
-        assert handled[b"after"] - back <= WITHIN
+        async with Slack() as slack:
+            await publish_one(server.tcp_address, topic, b"after")
+            await eventually(lambda: b"after" in handled, 10, "the message after the outage")
+        assert handled[b"after"] - back <= within(slack), (handled[b"after"] - back, slack)
     finally:
         await asyncio.to_thread(consumer.stop)
         await stop_all(server, lookupd)
@@ -314,19 +323,24 @@ async def test_the_async_producer_starts_without_nsqd_fails_fast_then_publishes_
     try:
         async with Producer([server.tcp_address]) as producer, \
                 Producer([server.tcp_address], fail_fast=False) as waiting:
-            began = time.monotonic()
-            with pytest.raises(NoConnectionError, match=r"Errno 111|refused") as caught:
-                await producer.publish(topic, b"down")
-            assert time.monotonic() - began < 0.5 and server.tcp_address in str(caught.value)
+            async with Slack() as slack:
+                began = time.monotonic()
+                with pytest.raises(NoConnectionError, match=r"Errno 111|refused") as caught:
+                    await producer.publish(topic, b"down")
+                took = time.monotonic() - began
+            # At once (a refused dial, 0.5 s on a quiet machine), plus the slack measured meanwhile.
+            assert took < 0.5 + slack.allowance(0.0) and server.tcp_address in str(caught.value), (took, slack)
             pending = asyncio.create_task(waiting.publish(topic, b"waits", timeout=30))
             await asyncio.sleep(OUTAGE)
             await server.start()
             back = time.monotonic()
-            assert await pending == b"OK"
-            assert time.monotonic() - back <= WITHIN
-            outcomes = await publish_every(producer, topic, back, seconds=2.0)
-        assert first_success(outcomes) - back <= WITHIN
-        assert not [o for o in outcomes if o[1] is not None and o[0] > back + WITHIN], outcomes
+            async with Slack() as slack:
+                assert await pending == b"OK"
+                answered = time.monotonic() - back
+                outcomes = await publish_every(producer, topic, back, seconds=2.0)
+            assert answered <= within(slack), (answered, slack)
+        assert first_success(outcomes) - back <= within(slack), (outcomes, slack)
+        assert not [o for o in outcomes if o[1] is not None and o[0] > back + within(slack)], (outcomes, slack)
     finally:
         await stop_all(server, lookupd)
 
@@ -360,16 +374,20 @@ async def test_the_blocking_producer_gives_no_stale_cause_and_fails_fast_mid_pub
     try:
         assert await asyncio.to_thread(producer.publish, topic, b"up") == b"OK"
         await server.down(kill=False)
-        began = time.monotonic()
-        with pytest.raises(NoConnectionError, match=r"Errno 111|refused"):
-            await asyncio.to_thread(producer.publish, topic, b"in flight as nsqd dies")
-        assert time.monotonic() - began < WITHIN
+        async with Slack() as slack:
+            began = time.monotonic()
+            with pytest.raises(NoConnectionError, match=r"Errno 111|refused"):
+                await asyncio.to_thread(producer.publish, topic, b"in flight as nsqd dies")
+            took = time.monotonic() - began
+        assert took < within(slack), (took, slack)  # not its backoff waited out (8-10 s)
         await asyncio.sleep(OUTAGE)
         await server.start()
         back = time.monotonic()
-        await asyncio.sleep(0.5)  # the last failure is 0.5 s older than nsqd's start: stale now
-        assert await asyncio.to_thread(producer.publish, topic, b"first after") == b"OK"
-        assert time.monotonic() - back <= WITHIN
+        async with Slack() as slack:
+            await asyncio.sleep(0.5)  # the last failure is 0.5 s older than nsqd's start: stale now
+            assert await asyncio.to_thread(producer.publish, topic, b"first after") == b"OK"
+            took = time.monotonic() - back
+        assert took <= within(slack), (took, slack)
     finally:
         await asyncio.to_thread(producer.close)
         await stop_all(server, lookupd)
@@ -393,11 +411,14 @@ async def test_the_worker_with_split_nsqd_consumes_again_within_a_second(tmp_pat
                                     lookupd.http_address, "--consumer-opt", "lookupd_poll_interval=5")
         await eventually(lambda: {"one", "two"} <= set(worker.lines("handled")), 20, "both nsqd's messages")
         back = await outage(second, 6.0)
-        await publish_one(second.tcp_address, topic, b"after")
-        while "after" not in worker.lines("handled"):
-            assert time.monotonic() - back < 15, "the message after the outage was not handled"
-            await asyncio.sleep(0.02)
-        assert time.monotonic() - back <= WITHIN
+        async with Slack() as slack:
+            await publish_one(second.tcp_address, topic, b"after")
+            while "after" not in worker.lines("handled"):
+                assert time.monotonic() - back < 15, "the message after the outage was not handled"
+                await asyncio.sleep(0.02)
+            took = time.monotonic() - back
+        # Within a second (not the next 5 s poll), plus the slack measured meanwhile.
+        assert took <= within(slack), (took, slack)
         assert await worker.stop() == 0
     finally:
         if worker is not None and worker.process.returncode is None:

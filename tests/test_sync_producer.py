@@ -27,13 +27,14 @@ from fastnsq.testing import NSQD, external_nsqd_from_env
 from fastnsq.testing.process import free_port
 from fastnsq.testing.real import RealNSQDServer, real_bin_dir
 
-from .helpers import unique
+from .helpers import Slack, unique
 from .test_producer import drain
 
 T = TypeVar("T")
 
-#: The acceptance bound for a publish while nsqd is down (issue 36 #4). Not widened for load:
-#: the failure is decided on the producer's loop from state it already holds, in microseconds.
+#: The acceptance bound for a publish while nsqd is down (issue 36 #4): the failure is decided on
+#: the producer's loop from state it already holds, in microseconds. A test adds only the slack
+#: it measured beside the publishes (issue 63), not a fixed margin.
 FAIL_FAST = 1.0
 
 
@@ -91,9 +92,12 @@ async def test_made_while_nsqd_is_down_fails_fast_then_publishes_once_it_is_up()
             errors.append(caught.value)
         return producer, took, errors
 
-    producer, took, errors = await blocking(while_down)
+    async with Slack() as slack:
+        producer, took, errors = await blocking(while_down)
     try:
-        assert max(took) < FAIL_FAST, took
+        # A refused dial, not a backoff or a timeout waited out (the old code: 8-10 s); what a
+        # busy machine delays the threads by, measured meanwhile, is allowed on top.
+        assert max(took) < FAIL_FAST + slack.allowance(0.0), (took, slack)
         for error in errors:
             assert address in str(error) and "refused" in str(error).lower(), error
         nsqd = await nsqd_on_port(port)
@@ -204,10 +208,12 @@ async def test_a_producer_made_before_fork_publishes_in_the_child_and_the_parent
         finally:
             producer.close()
 
-    child, parent = await blocking(fork_and_publish)
+    async with Slack() as slack:
+        child, parent = await blocking(fork_and_publish)
     answer, async_answer, inherited, own, took = child.split(b" ") if child.count(b" ") == 4 else [child] * 5
     assert (answer, async_answer) == (b"OK", b"OK"), child
-    assert float(took) < 2 + 0.5, child  # within the call's own timeout (it takes milliseconds)
+    # Within the call's own timeout (it takes milliseconds), plus this machine's slack meanwhile.
+    assert float(took) < 2 + slack.allowance(0.5), (child, slack)
     # The child let go of the parent's connection at the fork and opened its own (pool_size 1).
     assert (int(inherited), int(own)) == (0, 1), child
     assert parent == b"OK"
@@ -358,12 +364,14 @@ async def test_timeouts_are_honoured_when_nsqd_does_not_answer() -> None:
         return took
 
     try:
-        took = await blocking(timed)
+        async with Slack() as slack:
+            took = await blocking(timed)
     finally:
         server.close()
-    # Each within its timeout plus the sweep's granularity (publish_timeout / 4) and a margin for a loaded machine.
-    assert took[0] < 0.3 + 0.5 and took[2] < 0.3 + 0.5, took
-    assert took[1] < 0.5 + 0.5 + 0.5, took
+    # Each within its timeout plus the sweep's granularity (publish_timeout / 4, 0.125 s) and the
+    # slack measured meanwhile (the base: a quiet machine's margin).
+    assert took[0] < 0.3 + 0.125 + slack.allowance(0.4) and took[2] < 0.3 + 0.125 + slack.allowance(0.4), (took, slack)
+    assert took[1] < 0.5 + 0.125 + slack.allowance(0.9), (took, slack)  # publish_timeout, as before: 1.5 s quiet
 
 
 async def test_an_nsqd_stopped_under_threads_loses_nothing_acknowledged() -> None:
@@ -470,11 +478,13 @@ async def test_close_while_the_first_connect_hangs_keeps_to_its_timeout() -> Non
         return publish_took, close_took
 
     try:
-        publish_took, close_took = await blocking(run)
+        async with Slack() as slack:
+            publish_took, close_took = await blocking(run)
     finally:
         server.close()
-    assert publish_took < 0.5 + 0.5, publish_took  # margins for a loaded machine
-    assert close_took < 0.5 + 1.0, close_took
+    # Each at its own timeout (0.5 s), not the 10 s handshake's: plus the slack measured meanwhile.
+    assert publish_took < 0.5 + slack.allowance(0.5), (publish_took, slack)
+    assert close_took < 0.5 + slack.allowance(1.0), (close_took, slack)
 
 
 # ---- issue 33 #3: publishes written by the calling threads ------------------------------------
@@ -628,10 +638,13 @@ async def test_a_thread_connection_that_times_out_raises_as_the_loop_does() -> N
             await blocking(producer.publish, topic, b"one")
             await blocking(producer.publish, topic, b"two")  # a thread's connection is open now
             nsqd.faults.stall(0.8)
-            began = time.monotonic()
-            with pytest.raises(PublishTimeoutError):
-                await blocking(producer.publish, topic, b"three")
-            assert time.monotonic() - began < 0.3 + 0.5, "not at publish_timeout"
+            async with Slack() as slack:
+                began = time.monotonic()
+                with pytest.raises(PublishTimeoutError):
+                    await blocking(producer.publish, topic, b"three")
+                took = time.monotonic() - began
+            # At publish_timeout (not the stall's 0.8 s end), plus the slack measured meanwhile.
+            assert took < 0.3 + slack.allowance(0.3), f"not at publish_timeout: {took} ({slack})"
             await asyncio.sleep(0.8)
             assert await blocking(producer.publish, topic, b"four") == b"OK"
             stats = await blocking(producer.snapshot)

@@ -30,7 +30,7 @@ from fastnsq.runner.settings import SettingsError, merge
 from fastnsq.testing import NSQD
 from fastnsq.testing.process import free_port
 
-from .helpers import eventually, unique
+from .helpers import Slack, eventually, unique
 from .test_consumer import channel_stats, publish_spread
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -671,9 +671,11 @@ async def test_sigterm_mid_run_drains_and_loses_nothing(nsqd: Any, tmp_path: Pat
     # One thread, 0.1 s a message, 5 in flight per process (held while the thread works): the
     # drain lasts about 0.5 s, and the second SIGTERM comes 0.1 s after the first, within it.
     await eventually(lambda: len(worker.lines("handled")) >= 20, 30, "some messages handled")
-    began = time.monotonic()
-    assert await worker.stop(signals=2, timeout=15) == 0
-    assert time.monotonic() - began < 5 + 2
+    async with Slack() as slack:
+        began = time.monotonic()
+        assert await worker.stop(signals=2, timeout=15) == 0
+        took = time.monotonic() - began
+    assert took < 5 + slack.allowance(2.0), (took, slack)  # within --drain-timeout (not turned into a kill)
     assert "already draining" in worker.log()
     handled = worker.lines("handled")
     assert len(handled) == len(set(handled)) < total
