@@ -189,8 +189,7 @@ class Producer:
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._pool.start()
-        # lone_at_once: a publish with no other unanswered goes out at once (one task publishing
-        # in a loop pays no loop pass a message); the rest of that pass coalesces behind it.
+        # lone_at_once: a publish with no other unanswered goes out at once (no loop pass a message).
         self._coalescer = codec.Coalescer(
             self._loop, self._flush_batches, self._max_msg_size, _FLUSH_AT, _FLUSH_BYTES, lone_at_once=True
         )
