@@ -344,7 +344,8 @@ async def test_a_scrape_waits_for_no_child_that_has_exited(monkeypatch: pytest.M
 
 
 async def test_a_failed_batch_of_one_is_logged_in_the_singular(caplog: pytest.LogCaptureFixture) -> None:
-    """The worker's log said "requeueing 1 messages"."""
+    """The worker's log said "requeueing 1 messages", and a failed batch logged its traceback at
+    WARNING without the error in the line (issue 58)."""
     from fastnsq.runner.child import Child
     from fastnsq.runner.loading import Handler
     from fastnsq.runner.settings import WorkerSettings
@@ -360,14 +361,19 @@ async def test_a_failed_batch_of_one_is_logged_in_the_singular(caplog: pytest.Lo
 
     child = Child(WorkerSettings(target="m:fail", topic="t", channel="c"), 0, Handler("m:fail", fail, False),
                   None, None)  # type: ignore[arg-type]
-    lines = []
     for size in (1, 2):
         batch, running = Batch(range(size)), asyncio.Semaphore(0)
-        with caplog.at_level(logging.WARNING, logger="fastnsq.worker"):
+        with caplog.at_level(logging.DEBUG, logger="fastnsq.worker"):
             await child._answer_batch(batch, running)
         assert batch.requeued == 1 and not running.locked()
-        lines.append(caplog.records[-1].getMessage())
-    assert lines == ["batch handler raised; requeueing 1 message", "batch handler raised; requeueing 2 messages"]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    # One line each, naming the error; the traceback only at DEBUG (it was ~35 lines at WARNING).
+    assert [r.getMessage() for r in warnings] == [
+        "batch handler raised RuntimeError: the batch failed; requeueing 1 message",
+        "batch handler raised RuntimeError: the batch failed; requeueing 2 messages",
+    ]
+    assert not any(r.exc_info for r in warnings)
+    assert [r.exc_info[0] for r in caplog.records if r.levelno == logging.DEBUG and r.exc_info] == [RuntimeError] * 2
 
 
 async def test_handler_threads_set_up_and_tear_down_each_thread() -> None:

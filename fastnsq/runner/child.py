@@ -190,9 +190,12 @@ class Child:
                 await self.threads.run(self.handler.call, batch)
             else:
                 self.handler.call(batch)
-        except Exception:
-            logger.warning("batch handler raised; requeueing %d message%s", len(batch), "" if len(batch) == 1 else "s",
-                           exc_info=True)
+        except Exception as error:
+            # One line with the error, as a failing message handler's; the traceback at DEBUG
+            # (docs/operating.md: a batch failing ten times was 586 lines).
+            logger.warning("batch handler raised %s: %s; requeueing %d message%s", type(error).__name__, error,
+                           len(batch), "" if len(batch) == 1 else "s")
+            logger.debug("the batch handler's traceback", exc_info=error)
             batch.requeue()
         else:
             if not self.handler.answers_batches:
