@@ -752,17 +752,19 @@ class Connection(asyncio.BufferedProtocol):
         dead_after = self.options.dead_after
         if dead_after is None or self._loop is None:
             return
-        interval = min(self.options.heartbeat_interval or dead_after, dead_after / 2)
-        self._heartbeat_timer = self._loop.call_later(interval, self._check_alive, interval, dead_after)
+        self._heartbeat_timer = self._loop.call_later(dead_after, self._check_alive, dead_after)
 
-    def _check_alive(self, interval: float, dead_after: float) -> None:
+    def _check_alive(self, dead_after: float) -> None:
+        """Due when the connection would have been silent ``dead_after`` seconds: dead then, or
+        due again that long after its last read (declared dead at the bound, not a check later)."""
         assert self._loop is not None
         silent = self._loop.time() - self.last_read
-        if silent > dead_after:
+        if silent >= dead_after:
             why = "read_timeout" if self.options.read_timeout is not None else "two heartbeat intervals"
             self._abort(ConnectionClosedError(f"{self.address} sent nothing for {silent:.1f} s ({why}): connection dead"))
             return
-        self._heartbeat_timer = self._loop.call_later(interval, self._check_alive, interval, dead_after)
+        # At least a millisecond: the loop's clock is in milliseconds under uvloop.
+        self._heartbeat_timer = self._loop.call_later(max(dead_after - silent, 0.001), self._check_alive, dead_after)
 
     def _fail_pending(self, error: BaseException) -> None:
         self._write_marks.clear()
