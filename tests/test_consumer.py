@@ -18,6 +18,7 @@ import pytest
 from fastnsq import Consumer, Producer
 from fastnsq.errors import InvalidValueError
 from fastnsq.testing import is_external
+from fastnsq.recovery import MIN_POLL_GAP
 from fastnsq.testing.counting import QueryCounter
 
 from .helpers import Slack, eventually, skip_if_external, unique
@@ -133,7 +134,10 @@ async def test_an_nsqd_added_at_run_time_is_consumed_within_one_poll_interval(ns
         connected = len(consumer.connections)
         await consumer.stop()
     gaps = [later - earlier for earlier, later in itertools.pairwise(polls)]
-    assert gaps and min(gaps) >= interval * 0.99, f"polls closer than the interval: {gaps}"
+    # Each wait is the interval, from one poll's end to the next poll's start; the proxy sees a
+    # poll's /lookup after its /listlookup (the first poll's, answered 404 by upstream), so a gap
+    # may look shorter by that round trip: but not by the half second of the cap (0.499 s before).
+    assert gaps and min(gaps) > interval - MIN_POLL_GAP / 2, f"polls closer than the interval: {gaps}"
     made_after_listing = [at for at in polls if listed_at <= at <= handled[b"from the new node"]]
     assert 1 <= len(made_after_listing) <= 2, (listed_at, polls, handled)
     assert connected == 4

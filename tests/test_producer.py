@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
+import time
 
 import pytest
 
 from fastnsq import Producer, codec
 from fastnsq.conn import Connection
+from fastnsq.producer.pool import FAIL_FAST_WAIT
 from fastnsq.errors import (
     BadMessageError,
     ConnectionClosedError,
     InvalidValueError,
     NoConnectionError,
+    NsqdDown,
     NSQError,
     PublishTimeoutError,
 )
 from fastnsq.testing import NSQD
 
-from .helpers import eventually, unique
+from .helpers import Slack, eventually, unique
 
 
 async def drain(address: str, topic: str, expected: int | None = None, *, quiet: float = 0.3) -> list[bytes]:
@@ -163,6 +167,33 @@ async def test_a_waiting_publish_while_nsqd_is_down_names_it_and_why():
             await producer.publish("t", b"x", timeout=0.3)
     finally:
         await producer.close()
+
+
+async def test_fail_fast_holds_when_connect_attempts_time_out():
+    """fail_fast against an nsqd whose connects time out (a listener whose accept queue is full
+    drops the SYNs, as a black-holed host does): each publish raises NsqdDown naming the
+    timeout, within FAIL_FAST_WAIT of the attempt it hurried, not after the publish timeout (a
+    failed attempt woke no waiting publish: each waited its whole publish_timeout; issue 57)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        address = "%s:%d" % listener.getsockname()
+        with socket.create_connection(listener.getsockname()):  # fills the accept queue
+            producer = Producer([address], dial_timeout=0.5, publish_timeout=30, fail_fast=True)
+            await producer.start(background=True)
+            try:
+                with pytest.raises(NsqdDown, match="127.0.0.1"):  # the first attempt's outcome
+                    await producer.publish("t", b"x")
+                took = []
+                async with Slack() as slack:
+                    for _ in range(5):
+                        began = time.monotonic()
+                        with pytest.raises(NsqdDown):
+                            await producer.publish("t", b"x")
+                        took.append(time.monotonic() - began)
+                assert max(took) < FAIL_FAST_WAIT + slack.allowance(0.05), (took, slack)
+            finally:
+                await producer.close()
 
 
 async def test_publish_before_start_is_an_error():

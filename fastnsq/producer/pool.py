@@ -13,6 +13,10 @@ from ..conn import Connection
 from ..errors import ConnectionClosedError, NoConnectionError, NsqdDown, NSQError, PublishTimeoutError
 from ..recovery import Redial
 
+#: fail_fast: how long a publish waits for the reconnect attempt it hurried (a refused port
+#: answers at once; a connect that times out would hold it for its dial_timeout).
+FAIL_FAST_WAIT = 0.2
+
 __all__ = ["ConnectionPool", "NsqdDown", "describe"]
 
 logger = logging.getLogger(__name__)
@@ -131,25 +135,35 @@ class ConnectionPool:
 
     async def _wait_for_connection(self, deadline: float, address: str | None, fail_fast: bool) -> Connection:
         assert self._loop is not None and self._connected is not None
+        hurried_until: float | None = None  # fail_fast: how long the attempt it hurried may take
         while True:
             conn = self.pick(address)
             if conn is not None:
                 return conn
             if self.closing:
                 raise ConnectionClosedError("the producer is closed")
-            remaining = deadline - self._loop.time()
+            now = self._loop.time()
+            remaining = deadline - now
             if remaining <= 0:
                 raise self._no_connection(address)
             if fail_fast:
                 causes = self.down_error(address)
-                if causes is not None and not self.hurry(address):
-                    where = f"nsqd {address}" if address is not None else "nsqd"
-                    raise NsqdDown(f"no connection to {where}: {causes}; reconnecting in the background")
+                if causes is not None:
+                    # Every attempt failed: raise at once, or give the attempt hurried for this call
+                    # FAIL_FAST_WAIT (a connect that times out must not hold the call for its
+                    # dial_timeout, nor for the whole publish timeout: issue 57).
+                    if hurried_until is None and self.hurry(address):
+                        hurried_until = now + FAIL_FAST_WAIT
+                    if hurried_until is None or now >= hurried_until:
+                        where = f"nsqd {address}" if address is not None else "nsqd"
+                        raise NsqdDown(f"no connection to {where}: {causes}; reconnecting in the background")
+                    remaining = min(remaining, hurried_until - now)
             self._connected.clear()
             try:
                 await asyncio.wait_for(self._connected.wait(), remaining)
             except asyncio.TimeoutError:
-                raise self._no_connection(address) from None
+                if hurried_until is None:
+                    raise self._no_connection(address) from None
 
     def _no_connection(self, address: str | None) -> NoConnectionError:
         """The error of a publish that found no connection within its timeout: each nsqd and
@@ -174,6 +188,7 @@ class ConnectionPool:
                 self._log.warning("cannot connect to nsqd %s: %s", address, result)
                 slot.error = result
                 self._missing(slot, result)
+        self._news()  # publishes waiting for these first attempts look again
         failures = [r for r in results if isinstance(r, BaseException)]
         if len(failures) == len(slots):
             raise failures[0]
@@ -252,6 +267,7 @@ class ConnectionPool:
             for other in self._slots.get(slot.address, ()):
                 if other.conn is None:
                     other.error = exc  # the probe speaks for the address: its cause is the current one
+            self._news()  # a fail_fast publish waiting for this attempt learns it failed
             raise
         self.reconnects += 1
         if slot.lost_at is not None:

@@ -189,10 +189,10 @@ class Producer:
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._pool.start()
-        # lone_at_once: a publish with no other unanswered goes out at once (no loop pass a message).
-        self._coalescer = codec.Coalescer(
-            self._loop, self._flush_batches, self._max_msg_size, _FLUSH_AT, _FLUSH_BYTES, lone_at_once=True
-        )
+        # A publish with no other unanswered goes out at once (no loop pass a message); not where
+        # lookupd routes, whose partitions take turns per loop pass (a pass's publishes, one MPUB).
+        self._coalescer = codec.Coalescer(self._loop, self._flush_batches, self._max_msg_size, _FLUSH_AT,
+                                          _FLUSH_BYTES, lone_at_once=self._router.topology is None)
         if background:
             self._connecting = self._loop.create_task(self._connect_in_background())
             return
