@@ -109,6 +109,31 @@ async def test_backoff_is_logged_at_info_with_its_duration(caplog: pytest.LogCap
     assert 0.2 <= seconds < 0.2 + slack.allowance(0.3), (over.getMessage(), slack)
 
 
+async def test_a_step_down_after_a_success_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A success lowers the backoff level one step, with a wait of its own: that wait's line said
+    "a handler failed" after a handler that had just succeeded (issue 58)."""
+    topic = unique("log")
+    async with NSQD() as nsqd:
+        async with Producer([nsqd.tcp_address]) as producer:
+            await producer.mpublish(topic, [b"a", b"b", b"c", b"d"])
+        calls = 0
+
+        def handle(message: Message) -> None:
+            nonlocal calls
+            calls += 1
+            if calls <= 2:
+                message.requeue(0)  # the first two fail (levels 1 and 2), the probes after succeed
+        with caplog.at_level(logging.INFO, logger="fastnsq"):
+            async with Consumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle,
+                                backoff_strategy="linear", backoff_multiplier=0.1, max_backoff_duration=8,
+                                max_in_flight=1) as consumer:
+                await eventually(lambda: consumer.snapshot().finished == 4, what="every message finished")
+                await eventually(lambda: records(caplog, "backoff over"), what="the end of the backoff")
+    reasons = [r.getMessage().rpartition("): ")[2] for r in records(caplog, "backing off for")]
+    assert reasons[:2] == ["a handler failed", "a handler failed"], reasons
+    assert reasons[2:] and all(why == "a handler succeeded, one level down" for why in reasons[2:]), reasons
+
+
 async def test_a_connection_back_is_logged_at_info(caplog: pytest.LogCaptureFixture) -> None:
     """The producer logged a lost connection but never that it was back; the consumer neither."""
     topic = unique("log")

@@ -98,6 +98,7 @@ class Dispatcher:
         #: HA (``consumer.ha``): checks a message before the handler; False when it answered it.
         self.ha_check: Callable[[Link, Any], bool] | None = None
         self._backoff_since: dict[Any, float] = {}  # backoff scope -> when its backoff began
+        self._backoff_levels: dict[Any, int] = {}  # backoff scope -> its level at the last change
         self._clock: Callable[[], float] = time.monotonic
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -207,10 +208,12 @@ class Dispatcher:
         and the return to normal consumption, with how long the backoff lasted."""
         where = "" if scope is None else f" (partition {scope})"
         topic = f"{self.settings.topic}/{self.settings.channel}"
+        previous, self._backoff_levels[scope] = self._backoff_levels.get(scope, 0), level
         if wait is not None:
             self._backoff_since.setdefault(scope, self._clock())
-            self._log.info("%s%s: backing off for %.2f s (backoff level %d): a handler failed", topic, where, wait,
-                           level)
+            # A success steps the level down one (go-nsq's rule), with a wait of its own: say so.
+            why = "a handler failed" if level > previous else "a handler succeeded, one level down"
+            self._log.info("%s%s: backing off for %.2f s (backoff level %d): %s", topic, where, wait, level, why)
         elif level == 0 and scope in self._backoff_since:
             lasted = self._clock() - self._backoff_since.pop(scope)
             self._log.info("%s%s: backoff over after %.2f s: consuming at full max_in_flight again", topic, where,
