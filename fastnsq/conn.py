@@ -755,8 +755,7 @@ class Connection(asyncio.BufferedProtocol):
         self._heartbeat_timer = self._loop.call_later(dead_after, self._check_alive, dead_after)
 
     def _check_alive(self, dead_after: float) -> None:
-        """Due when the connection would have been silent ``dead_after`` seconds: dead then, or
-        due again that long after its last read (declared dead at the bound, not a check later)."""
+        """Due ``dead_after`` after the last read as last known: dead at that bound, not a check later."""
         assert self._loop is not None
         silent = self._loop.time() - self.last_read
         if silent >= dead_after:

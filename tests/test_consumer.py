@@ -17,8 +17,8 @@ import pytest
 
 from fastnsq import Consumer, Producer
 from fastnsq.errors import InvalidValueError
-from fastnsq.testing import is_external
 from fastnsq.recovery import MIN_POLL_GAP
+from fastnsq.testing import is_external
 from fastnsq.testing.counting import QueryCounter
 
 from .helpers import Slack, eventually, skip_if_external, unique

@@ -11,7 +11,6 @@ import pytest
 
 from fastnsq import Producer, codec
 from fastnsq.conn import Connection
-from fastnsq.producer.pool import FAIL_FAST_WAIT
 from fastnsq.errors import (
     BadMessageError,
     ConnectionClosedError,
@@ -21,6 +20,7 @@ from fastnsq.errors import (
     NSQError,
     PublishTimeoutError,
 )
+from fastnsq.producer.pool import FAIL_FAST_WAIT
 from fastnsq.testing import NSQD
 
 from .helpers import Slack, eventually, unique
@@ -177,7 +177,8 @@ async def test_fail_fast_holds_when_connect_attempts_time_out():
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(0)
-        address = "%s:%d" % listener.getsockname()
+        host, port = listener.getsockname()
+        address = f"{host}:{port}"
         with socket.create_connection(listener.getsockname()):  # fills the accept queue
             producer = Producer([address], dial_timeout=0.5, publish_timeout=30, fail_fast=True)
             await producer.start(background=True)

@@ -52,6 +52,8 @@ class Router:
             return (None, partition)
         if partition is not None:
             if partition not in route.partitions:
+                if 0 <= partition < route.partition_num:
+                    return None  # it exists, and lookupd lists no leader of it now (a failover): ask again
                 raise InvalidValueError(
                     f"topic {topic!r} has no partition {partition} (partitions: {list(route.pids)})"
                 )
@@ -68,25 +70,38 @@ class Router:
         return (route.partitions[pid], pid)
 
     async def target(self, topic: str, partition: int | None, sharding_key: Any, deadline: float) -> Target:
-        """The target, looking the topic up first when needed (within ``deadline``)."""
+        """The target, looking the topic up first when needed (within ``deadline``); a partition
+        that lookupd lists no leader of (its leader died, another not elected yet) is looked up
+        again until one is listed or the deadline passes (lookupd asked twice a second at most)."""
         target = self.target_now(topic, partition, sharding_key)
         if target is not None:
             return target
         assert self.topology is not None
         loop = asyncio.get_running_loop()
-        try:
-            # shield: a publish that gives up must not cancel the connects of the lookup it joined.
-            await asyncio.wait_for(asyncio.shield(self._look_up(topic)), max(0.001, deadline - loop.time()))
-        except asyncio.TimeoutError:
-            # A lookupd slow to answer (say, while it elects a partition's leader) uses up
-            # the publish's own deadline: the same error as any other publish timeout.
-            raise PublishTimeoutError(
-                f"nsqlookupd did not say where topic {topic!r} is within the publish timeout"
-            ) from None
-        target = self.target_now(topic, partition, sharding_key)
-        if target is None:
-            raise NoConnectionError(f"nsqlookupd knows no nsqd leading the partition for topic {topic!r}")
-        return target
+        asked = False
+        while True:
+            try:
+                # shield: a publish that gives up must not cancel the connects of the lookup it joined.
+                await asyncio.wait_for(asyncio.shield(self._look_up(topic)), max(0.001, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                if asked:
+                    break  # lookupd answered, without a leader of the partition, until the deadline
+                # A lookupd slow to answer (say, while it elects a partition's leader) uses up
+                # the publish's own deadline: the same error as any other publish timeout.
+                raise PublishTimeoutError(
+                    f"nsqlookupd did not say where topic {topic!r} is within the publish timeout"
+                ) from None
+            asked = True
+            target = self.target_now(topic, partition, sharding_key)
+            if target is not None:
+                return target
+            if partition is None or loop.time() >= deadline:
+                break
+        route = self.topology.cached(topic)
+        listed = list(route.pids) if route is not None else []
+        which = "the partition" if partition is None else f"partition {partition}"
+        raise NoConnectionError(f"nsqlookupd knows no nsqd leading {which} of topic {topic!r} "
+                                f"(partitions with a leader: {listed})")
 
     async def _look_up(self, topic: str) -> None:
         """A new route for ``topic``, with a connection to each of its nsqd (failures logged)."""
