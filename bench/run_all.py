@@ -16,7 +16,9 @@ does not work gets its reason recorded instead of a number.
     .venv/bin/python bench/run_all.py --count 100000 --clients fastnsq,ansq --workloads consume
 
 ``--real BIN`` starts the real nsqd of ``BIN`` (docs/testing.md, "Getting the binaries")
-on loopback with ``--mem-queue-size`` big enough for every pre-filled topic, and adds the
+on loopback with ``--mem-queue-size`` big enough for every pre-filled topic, and a second one with
+every flag at its default for the ``consume_default`` rows; it adds one caller publishing in a
+loop (``pub1``: 100 B, ``pub1_1k``: 1 KiB) and 16 callers (``pub16``), and the
 Go side: the go-nsq library (``gonsq_bench`` in ``BIN``, built there from bench/go/src/gonsq_bench
 by bench/go_build.py when missing or older than its source) and nsq's raw ``bench_reader`` /
 ``bench_writer``. A real run measures every client the same way: no warm-up, the clock
