@@ -152,6 +152,7 @@ def _with_issue62_rows(data: dict) -> dict:
     import copy
 
     data = copy.deepcopy(data)
+    data["rows"] = [r for r in data["rows"] if r["workload"] not in ("pub1", "pub1_1k", "consume_default")]
     rows = {(r["workload"], r["client"], r.get("label") or ""): r for r in data["rows"]}
     new = []
     for workload, size, fast_rate, go_rate in (("pub1", 100, 24_000.0, 20_000.0), ("pub1_1k", 1024, 21_000.0, 20_000.0)):
@@ -245,3 +246,17 @@ def test_fastnsq_benchmark_takes_a_body_size() -> None:
     assert options["size"] == 1024 and options["concurrency"] == 1 and options["coalesce"] is True
     args = benchmark.build_parser().parse_args(["--workload", "consume", "--size", "1024"])
     assert "size" not in benchmark._options(args)  # a consumer reads what is there (--prefill writes that size)
+
+
+def test_the_committed_readme_has_the_issue62_rows() -> None:
+    """The README's run has one caller publishing at 100 B and 1 KiB and consume on a default-flag nsqd."""
+    summary, json_path = summary_and_json(README)
+    data = report.load(json_path)
+    for key in (report.PUB1, report.GO_PUB1, report.PUB1K, report.GO_PUB1K, report.SYNC_DEFAULT,
+                report.GO_CONSUMER_DEFAULT):
+        assert report.find(data, key) is not None, key
+    assert report.find(data, report.PUB1K)["body_size"] == 1024
+    assert data["servers"]["default"]["flags"]["mem_queue_size"] is None
+    assert "--mem-queue-size" not in data["servers"]["default"]["command"]
+    assert "| consume, sync handler | defaults | **" in summary
+    assert "| PUB, one caller in a loop, 100 B " in summary and "| PUB, one caller in a loop, 1 KiB " in summary
