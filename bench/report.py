@@ -419,7 +419,8 @@ def markdown_real(data: dict[str, Any], json_name: str) -> str:
     machine, fast, settings = data["machine"], data["fastnsq"], data["settings"]
     load = _max_load(data)
     lines = [
-        f"# fastnsq against a real {data['server']['version']}: go-nsq, nsq's raw tools and the Python clients",
+        (f"# fastnsq against a real {data['server']['version']}: go-nsq, nsq's raw tools"
+         f"{' and the Python clients' if any(r['client'] in PYTHON_PEERS for r in data['rows']) else ''}"),
         "",
         (f"{data['date'][:10]}, {machine['cpu_model']} ({machine['cores']} cores"
          f"{f', shared: load average up to {load:.1f}' if load else ''}), {machine['os']}; "
@@ -703,7 +704,9 @@ def chart(data: dict[str, Any], path: Path) -> None:
     axes[-1, 0].set_xlabel("messages per second (log scale; higher is better)")
     axes[-1, 1].set_xlabel("CPU seconds per million messages, client process (log scale; lower is better)")
     server = data["server"]["version"]
-    who = "go-nsq, nsq's raw tools and the Python NSQ clients" if is_real(data) else "Python NSQ clients"
+    python = any(r["client"] in PYTHON_PEERS and _ok(r) for r in data["rows"])
+    who = (f"go-nsq, nsq's raw tools{' and the Python NSQ clients' if python else ''}" if is_real(data)
+            else "Python NSQ clients")
     sizes = " (1 KiB where the panel says)" if any(r.get("body_size", 100) != 100 for r in data["rows"]) else ""
     fig.suptitle(f"fastnsq vs {who} — {data['date'][:10]}, {data['machine']['cores']} cores, "
                  f"100-byte messages{sizes}, server: {server}", fontsize=9.5)
