@@ -36,6 +36,13 @@ REAL_CONSUME_TITLE = "Consume: pre-filled topic, max_in_flight 2500, trivial han
 DEFAULT_CONSUME_TITLE = ("Consume on nsqd with its default flags (--mem-queue-size 10000: the backlog beyond 10,000 "
                          "in nsqd's disk queue), max_in_flight 2500, trivial handler, clock from connect to the "
                          "1,000,000th")
+#: Shorter panel titles for the chart (the report's sections say the rest).
+CHART_TITLES = {
+    "pub1": "PUB: one caller in a loop (fastnsq: one task; go-nsq: one goroutine), 100 B",
+    "pub1_1k": "PUB: one caller in a loop (fastnsq: one task; go-nsq: one goroutine), 1 KiB",
+    "consume": "Consume: max_in_flight 2500, to the 1,000,000th message",
+    "consume_default": "Consume on nsqd with its default flags (the backlog in its disk queue)",
+}
 #: Every workload a report shows, in order.
 ALL_WORKLOADS = ("pub", "pub16", "pub1", "pub1_1k", "mpub", "consume", "consume_default")
 RAW = "nsq raw tools"
@@ -671,15 +678,18 @@ def chart(data: dict[str, Any], path: Path) -> None:
         gonsq = [r for r in rows if r["client"] == "go-nsq"]
         peers = gonsq if is_real(data) and gonsq else [r for r in rows if r["client"] in PYTHON_PEERS]
         versus = "go-nsq" if is_real(data) and gonsq else "the best Python peer"
-        best_rate = max((r["msgs_per_s"] for r in peers), default=None)
+        best = max(peers, key=lambda r: r["msgs_per_s"], default=None)
         bars = rate_ax.barh(y, [r["msgs_per_s"] for r in rows], color=colors, height=0.7)
         for bar, row in zip(bars, rows):
             text = f"{row['msgs_per_s']:,.0f}"
-            if row["client"] == "fastnsq" and best_rate:
-                text += f"  ({row['msgs_per_s'] / best_rate:.1f}× {versus})"
+            if row["client"] == "fastnsq" and best is not None:
+                # as the tables: the median of same-round ratios (falls back to the medians' ratio)
+                text += f"  ({_same_round_ratio(row, best):.2f}× {versus})"
+                if (row["workload"], row["client"], row.get("label") or "") == PUB_ON:
+                    text += ", sent as MPUBs: compare MPUB"
             rate_ax.text(bar.get_width() * 1.06, bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8.5)
         rate_ax.set_yticks(y, labels, fontsize=9)
-        rate_ax.set_title(_title(data, workload), fontsize=10, loc="left")
+        rate_ax.set_title(CHART_TITLES.get(workload) or _title(data, workload), fontsize=10, loc="left")
         rate_ax.set_xscale("log")
         rate_ax.set_xlim(min(rates) / 2, max(rates) * 12)
         leanest = min((r["cpu_per_million"] for r in peers if r.get("cpu_per_million")), default=None)
@@ -708,8 +718,13 @@ def chart(data: dict[str, Any], path: Path) -> None:
     who = (f"go-nsq, nsq's raw tools{' and the Python NSQ clients' if python else ''}" if is_real(data)
             else "Python NSQ clients")
     sizes = " (1 KiB where the panel says)" if any(r.get("body_size", 100) != 100 for r in data["rows"]) else ""
+    flags = ""
+    if is_real(data):
+        size = (data["server"].get("flags") or {}).get("mem_queue_size")
+        flags = f" --mem-queue-size={size}" if size else ""
+        flags += " (default flags where the panel says)" if "default" in _servers(data) else ""
     fig.suptitle(f"fastnsq vs {who} — {data['date'][:10]}, {data['machine']['cores']} cores, "
-                 f"100-byte messages{sizes}, server: {server}", fontsize=9.5)
+                 f"100-byte messages{sizes}, server: {server}{flags}", fontsize=9.5)
     load = _max_load(data)
     cores = data["machine"].get("cores") or 1
     if load is not None and load > cores:
