@@ -23,11 +23,28 @@ RESULTS = Path(__file__).resolve().parent / "results"
 WORKLOAD_TITLES = {
     "pub": "PUB: single publishes from 1,000 concurrent callers",
     "pub16": "PUB: single publishes from 16 concurrent callers",
+    "pub1": ("PUB: one caller publishing in a loop, awaiting each answer (fastnsq: one async task, the defaults; "
+             "go-nsq: one goroutine), 100-byte bodies"),
+    "pub1_1k": ("PUB: one caller publishing in a loop, awaiting each answer (fastnsq: one async task, the defaults; "
+                "go-nsq: one goroutine), 1 KiB bodies"),
     "mpub": "MPUB: batches of 200",
     "consume": "Consume: pre-filled topic, max_in_flight 2500, trivial handler, until the last FIN",
 }
 #: Against a real nsqd the consumers stop at their count-th message (the backlog is larger).
 REAL_CONSUME_TITLE = "Consume: pre-filled topic, max_in_flight 2500, trivial handler, clock from connect to the 1,000,000th"
+#: The same against the second nsqd of a real run, the one with every flag at its default.
+DEFAULT_CONSUME_TITLE = ("Consume on nsqd with its default flags (--mem-queue-size 10000: the backlog beyond 10,000 "
+                         "in nsqd's disk queue), max_in_flight 2500, trivial handler, clock from connect to the "
+                         "1,000,000th")
+#: Shorter panel titles for the chart (the report's sections say the rest).
+CHART_TITLES = {
+    "pub1": "PUB: one caller in a loop (fastnsq: one task; go-nsq: one goroutine), 100 B",
+    "pub1_1k": "PUB: one caller in a loop (fastnsq: one task; go-nsq: one goroutine), 1 KiB",
+    "consume": "Consume: max_in_flight 2500, to the 1,000,000th message",
+    "consume_default": "Consume on nsqd with its default flags (the backlog in its disk queue)",
+}
+#: Every workload a report shows, in order.
+ALL_WORKLOADS = ("pub", "pub16", "pub1", "pub1_1k", "mpub", "consume", "consume_default")
 RAW = "nsq raw tools"
 CLIENT_ORDER = ["fastnsq", "go-nsq", RAW, "pynsq", "gnsq", "ansq", "asyncnsq"]
 PEER_NAMES = [c for c in CLIENT_ORDER if c != "fastnsq"]
@@ -56,6 +73,8 @@ def is_real(data: dict[str, Any]) -> bool:
 
 
 def _title(data: dict[str, Any], workload: str) -> str:
+    if workload == "consume_default":
+        return DEFAULT_CONSUME_TITLE
     return REAL_CONSUME_TITLE if workload == "consume" and is_real(data) else WORKLOAD_TITLES[workload]
 
 
@@ -272,6 +291,12 @@ PUB_ON = ("pub", "fastnsq", "coalesce on")
 GO_PUB_SHARED = ("pub", "go-nsq", "shared Producer")
 PUB16 = ("pub16", "fastnsq", "coalesce off")
 GO_PUB16 = ("pub16", "go-nsq", "16 Producers")
+PUB1 = ("pub1", "fastnsq", "one task")
+GO_PUB1 = ("pub1", "go-nsq", "one goroutine")
+PUB1K = ("pub1_1k", "fastnsq", "one task")
+GO_PUB1K = ("pub1_1k", "go-nsq", "one goroutine")
+SYNC_DEFAULT = ("consume_default", "fastnsq", "sync handler")
+GO_CONSUMER_DEFAULT = ("consume_default", "go-nsq", "Consumer")
 MPUB = ("mpub", "fastnsq", "")
 GO_MPUB = ("mpub", "go-nsq", "shared Producer")
 BENCH_WRITER = ("mpub", RAW, "bench_writer")
@@ -288,6 +313,11 @@ TARGETS = [
     ("PUB from 1,000 callers, coalesce=False, ≥ 2× go-nsq's shared Producer", PUB_OFF, GO_PUB_SHARED, 2.0),
     ("PUB from 16 callers, coalesce=False, ≥ 2× go-nsq's 16 Producers", PUB16, GO_PUB16, 2.0),
     ("MPUB ≥ 1.0× go-nsq", MPUB, GO_MPUB, 1.0),
+    # Issue 62: one caller publishing in a loop.
+    (("PUB from one caller (an async task awaiting each publish, the defaults) ≥ 1.0× go-nsq's one goroutine, "
+     "100-byte bodies"), PUB1, GO_PUB1, 1.0),
+    (("PUB from one caller (an async task awaiting each publish, the defaults) ≥ 1.0× go-nsq's one goroutine, "
+     "1 KiB bodies"), PUB1K, GO_PUB1K, 1.0),
 ]
 #: Client CPU per message of the sync-handler consumer, µs (= CPU seconds per million).
 SYNC_CPU_TARGET = 1.5
@@ -354,7 +384,30 @@ def _acceptance_line(item: dict[str, Any]) -> str:
 
 def _server_line(data: dict[str, Any]) -> str:
     server = data["server"]
-    return f"{server['version']} (`{server.get('command', '')}`)"
+    line = f"{server['version']} (`{server.get('command', '')}`)"
+    default = (data.get("servers") or {}).get("default")
+    if default:
+        line += (f"; the rows on nsqd's default flags: a second {default['version']} (`{default.get('command', '')}`, "
+                 "every flag at its default: --mem-queue-size 10000)")
+    return line
+
+
+def _servers(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The nsqd processes of a run by name ("main", "default"); a run before issue 62 had one."""
+    return data.get("servers") or {"main": data["server"]}
+
+
+def _flags(data: dict[str, Any], row: dict[str, Any]) -> str:
+    """The nsqd flags that matter for ``row`` (the rest are the harness's loopback addresses and data path)."""
+    server = _servers(data).get(row.get("nsqd", "main")) or data["server"]
+    size = (server.get("flags") or {}).get("mem_queue_size")
+    return f"`--mem-queue-size={size}`" if size else "defaults"
+
+
+def _load_range(data: dict[str, Any]) -> tuple[float, float] | None:
+    loads = [x for r in data["rows"] for pair in (r.get("runs_loadavg_1m") or [r.get("loadavg_1m") or []])
+             for x in pair if x is not None]
+    return (min(loads), max(loads)) if loads else None
 
 
 def _rate_cpu(row: dict[str, Any] | None, *, label: bool = False) -> str:
@@ -373,13 +426,15 @@ def markdown_real(data: dict[str, Any], json_name: str) -> str:
     machine, fast, settings = data["machine"], data["fastnsq"], data["settings"]
     load = _max_load(data)
     lines = [
-        f"# fastnsq against a real {data['server']['version']}: go-nsq, nsq's raw tools and the Python clients",
+        (f"# fastnsq against a real {data['server']['version']}: go-nsq, nsq's raw tools"
+         f"{' and the Python clients' if any(r['client'] in PYTHON_PEERS for r in data['rows']) else ''}"),
         "",
         (f"{data['date'][:10]}, {machine['cpu_model']} ({machine['cores']} cores"
          f"{f', shared: load average up to {load:.1f}' if load else ''}), {machine['os']}; "
          f"fastnsq {fast['version']} (codec {fast['codec']}) on uvloop {fast['uvloop']}, Python {data['python']}. "
          f"Server: {_server_line(data)}, started by the harness; every other flag at nsqd's default. "
-         f"Each client runs each workload in its own process; 100-byte bodies; warm-up: {settings['warmup']}. "
+         f"Each client runs each workload in its own process; 100-byte bodies unless the section says 1 KiB; "
+         f"warm-up: {settings['warmup']}. "
          f"Consumers read a topic pre-filled with {settings.get('consume_backlog', 'more than they read')} "
          f"(nsq's bench_reader: {settings.get('raw_reader', 'a fixed time')}). "
          f"CPU: user + system of the client's process over the window (getrusage; the Go tools: their own "
@@ -387,14 +442,14 @@ def markdown_real(data: dict[str, Any], json_name: str) -> str:
          f"other, {settings['repeat']} rounds; a cell is the median run; a ratio below is the median of the "
          f"ratios of runs of the same round."),
         "",
-        "## Targets (issue 15)",
+        "## Targets (issues 15 and 62)",
         "",
         *[_acceptance_line(item) for item in acceptance(data)],
         *_coalesced_note(data),
         "",
     ]
     header = ["Client", "Variant", "msgs/s", "runs", "client CPU µs/msg", "nsqd CPU µs/msg", "vs. go-nsq"]
-    for workload in ("pub", "pub16", "mpub", "consume"):
+    for workload in ALL_WORKLOADS:
         rows = _rows(data, workload)
         if not rows:
             continue
@@ -420,61 +475,110 @@ def markdown_real(data: dict[str, Any], json_name: str) -> str:
 
 
 def _coalesced_note(data: dict[str, Any]) -> list[str]:
-    """Coalesced publishing: how busy nsqd was (it, not fastnsq, sets the rate)."""
+    """Coalesced publishing: what goes on the wire (MPUBs), and how busy nsqd was (it, not fastnsq, sets the rate)."""
     row = find(data, PUB_ON)
-    if row is None or row.get("server_cpu") is None or not row.get("seconds"):
+    if row is None:
         return []
-    return [(f"- PUB from 1,000 callers, coalesced (the default): {row['msgs_per_s']:,.0f} msg/s; nsqd was busy "
-            f"{row['server_cpu'] / row['seconds']:.0%} of a core ({row['server_cpu_per_million']:.2f} µs per "
-            f"message), fastnsq {row['cpu_s'] / row['seconds']:.0%} ({row['cpu_per_million']:.2f} µs)")]
+    note = (f"- PUB from 1,000 callers, coalesced (the default): {row['msgs_per_s']:,.0f} msg/s. fastnsq sends the "
+            "publishes of one event-loop pass as one MPUB, so the like-for-like go-nsq figure is its MPUB")
+    mpub, go_mpub, go_pub = find(data, MPUB), find(data, GO_MPUB), find(data, GO_PUB_SHARED)
+    if go_mpub is not None:
+        note += f" ({_same_round_ratio(row, go_mpub):.2f}× go-nsq's MPUB"
+        note += f", {_same_round_ratio(row, mpub):.2f}× fastnsq's own)" if mpub is not None else ")"
+    if go_pub is not None:
+        note += (f"; against go-nsq's 1,000 goroutines sending one PUB each ({go_pub['msgs_per_s']:,.0f} msg/s) "
+                 f"it is {_same_round_ratio(row, go_pub):.2f}×, which compares MPUBs with PUBs")
+    if row.get("server_cpu") is not None and row.get("seconds"):
+        note += (f". nsqd was busy {row['server_cpu'] / row['seconds']:.0%} of a core "
+                 f"({row['server_cpu_per_million']:.2f} µs per message), fastnsq {row['cpu_s'] / row['seconds']:.0%} "
+                 f"({row['cpu_per_million']:.2f} µs)")
+    return [note]
+
+
+#: The README's rows: (name, row, its go-nsq counterpart, nsq's raw tool, the Python peers' workload). Groups:
+#: consume (nsqd with default flags first), one caller publishing, many callers publishing, and MPUB
+#: with coalesced PUB beside it (coalesced PUB sends MPUBs: go-nsq's MPUB is its like-for-like figure).
+README_ROWS: list[tuple[str, tuple[str, str, str], tuple[str, str, str], tuple[str, str, str] | None, str | None]] = [
+    ("consume, sync handler", SYNC_DEFAULT, GO_CONSUMER_DEFAULT, None, None),
+    ("consume, sync handler", SYNC, GO_CONSUMER, BENCH_READER, "consume"),
+    ("consume, sync handler, 2 connections, 2 × 2500 in flight", SYNC2, GO_CONSUMER, BENCH_READER, None),
+    ("consume, `batches()`", BATCHES, GO_CONSUMER, None, None),
+    ("consume, `async for`", ASYNC_FOR, GO_CONSUMER, None, None),
+    ("PUB, one caller in a loop, 100 B (an async task, the defaults; go-nsq: one goroutine)", PUB1, GO_PUB1, None,
+     None),
+    ("PUB, one caller in a loop, 1 KiB (the same)", PUB1K, GO_PUB1K, None, None),
+    ("PUB, 16 callers, `coalesce=False`", PUB16, GO_PUB16, None, None),
+    ("PUB, 1,000 callers, `coalesce=False`", PUB_OFF, GO_PUB_SHARED, None, "pub"),
+    ("MPUB ×{batch}, {in_flight} in flight", MPUB, GO_MPUB, BENCH_WRITER, "mpub"),
+    ("PUB, 1,000 callers, coalesced (the default): sent as MPUBs, so against go-nsq's MPUB", PUB_ON, GO_MPUB, None,
+     None),
+]
+
+
+def _readme_cell(row: dict[str, Any] | None, *, label: bool = False) -> str:
+    """msgs/s ±half the runs' range (client CPU per message)."""
+    if row is None:
+        return "–"
+    name = f"{row.get('label')}: " if label and row.get("label") else ""
+    rates = row.get("runs_msgs_per_s") or []
+    spread = f" ±{(max(rates) - min(rates)) / 2 / row['msgs_per_s']:.0%}" if len(rates) > 1 else ""
+    return f"{name}{row['msgs_per_s']:,.0f}{spread} ({row['cpu_per_million']:.2f} µs)"
+
+
+def _same_round_ratio(row: dict[str, Any], other: dict[str, Any]) -> float:
+    per_round = paired_ratios(row, other)
+    return _median(per_round) if per_round else row["msgs_per_s"] / other["msgs_per_s"]
 
 
 def readme_summary_real(data: dict[str, Any], json_name: str) -> str:
-    """The README's headline: fastnsq next to go-nsq, the raw tools and the best Python peer, and the targets."""
-    go = {k: find(data, k) for k in (GO_CONSUMER, GO_PUB_SHARED, GO_PUB16, GO_MPUB)}
-    table = [
-        ("consume, sync handler", SYNC, GO_CONSUMER, BENCH_READER, "consume"),
-        ("consume, sync handler, 2 connections, 2 × 2500 in flight", SYNC2, GO_CONSUMER, BENCH_READER, None),
-        ("consume, `batches()`", BATCHES, GO_CONSUMER, None, None),
-        ("consume, `async for`", ASYNC_FOR, GO_CONSUMER, None, None),
-        ("PUB, 1,000 callers, `coalesce=False`", PUB_OFF, GO_PUB_SHARED, None, "pub"),
-        ("PUB, 1,000 callers, coalesced (default)", PUB_ON, GO_PUB_SHARED, None, None),
-        ("PUB, 16 callers, `coalesce=False`", PUB16, GO_PUB16, None, None),
-        (f"MPUB ×{data['settings']['mpub_batch']}, {data['settings']['mpub_concurrency']} in flight", MPUB, GO_MPUB,
-         BENCH_WRITER, "mpub"),
-    ]
-    lines = ["| Workload | fastnsq | go-nsq library | nsq raw tool | best Python peer | fastnsq ÷ go-nsq |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for name, key, versus, raw, python_workload in table:
+    """The README's headline: fastnsq next to go-nsq and the raw tools (and the best Python peer when measured),
+    the nsqd flags of every row, and the targets."""
+    settings = data["settings"]
+    python = any(_best_python(data, w) for w in ("pub", "mpub", "consume"))
+    header = ["Workload", "nsqd flags", "fastnsq", "go-nsq library", "nsq raw tool",
+              *(["best Python peer"] if python else []), "fastnsq ÷ go-nsq"]
+    lines = ["| " + " | ".join(header) + " |", "|---|---|" + "---:|" * (len(header) - 2)]
+    for name, key, versus, raw, python_workload in README_ROWS:
         row = find(data, key)
         if row is None:
             continue
-        other = go.get(versus)
-        ratio = "–"
-        if other is not None:
-            per_round = paired_ratios(row, other)
-            ratio = f"{_median(per_round) if per_round else row['msgs_per_s'] / other['msgs_per_s']:.2f}×"
-        peer = _best_python(data, python_workload) if python_workload else None
-        peer_cell = f"{peer['client']} {_rate_cpu(peer)}" if peer else "–"
-        raw_cell = _rate_cpu(find(data, raw), label=True) if raw else "–"
-        lines.append(f"| {name} | **{_rate_cpu(row)}** | {_rate_cpu(other, label=True)} | {raw_cell} | "
-                     f"{peer_cell} | {ratio} |")
-    machine, settings = data["machine"], data["settings"]
-    load = _max_load(data)
-    shared = (f"; shared with other jobs, load average up to {load:.1f}"
-              if load is not None and load > (machine.get("cores") or 1) else "")
+        name = name.format(batch=settings["mpub_batch"], in_flight=settings["mpub_concurrency"])
+        other = find(data, versus)
+        ratio = f"{_same_round_ratio(row, other):.2f}×" if other is not None else "–"
+        go_cell = _readme_cell(other, label=True)
+        if versus == GO_MPUB and key != MPUB and other is not None:  # coalesced PUB: say the go-nsq cell is MPUB
+            go_cell = f"MPUB ×{settings['mpub_batch']}, {go_cell}"
+        cells = [name, _flags(data, row), f"**{_readme_cell(row)}**", go_cell,
+                 _readme_cell(find(data, raw), label=True) if raw else "–"]
+        if python:
+            peer = _best_python(data, python_workload) if python_workload else None
+            cells.append(f"{peer['client']} {_readme_cell(peer)}" if peer else "–")
+        lines.append("| " + " | ".join([*cells, ratio]) + " |")
+    machine = data["machine"]
+    loads = _load_range(data)
+    load = f"; 1-minute load average {loads[0]:.1f} to {loads[1]:.1f} during the runs" if loads else ""
+    servers = _servers(data)
+    main = servers["main"]
+    started = (f"two **{main['version']}** processes, the released binary, started by the harness on loopback "
+               f"(`--tcp-address`, `--http-address`, `--data-path`, `--https-address=`, "
+               f"`--broadcast-address=127.0.0.1`), one with `--mem-queue-size="
+               f"{main.get('flags', {}).get('mem_queue_size', '?')}` (every pre-filled topic in memory) and one with "
+               f"every flag at nsqd's default (`--mem-queue-size` 10000: a backlog beyond 10,000 messages "
+               f"waits in nsqd's disk queue); the *nsqd flags* column says which served the row"
+               if "default" in servers else
+               f"**{main['version']}**, the released binary, started by the harness with `--mem-queue-size="
+               f"{main.get('flags', {}).get('mem_queue_size', '?')}` (every pre-filled topic in memory; all other "
+               f"flags at their defaults)")
     lines += [
         "",
-        (f"Cells: messages per second (client CPU per message). Measured {data['date'][:10]} on "
-         f"{machine['cpu_model']} ({machine['cores']} cores{shared}), Python {data['python']}, against "
-         f"**{data['server']['version']}**, the released binary, started by the harness with "
-         f"`--mem-queue-size={data['server'].get('flags', {}).get('mem_queue_size', '?')}` (every pre-filled "
-         f"topic in memory; all other flags at their defaults); each client in its own process, rows "
-         f"alternating, median of {settings['repeat']} rounds; 100-byte bodies; max_in_flight 2500; no "
+        (f"Cells: messages per second ± half the runs' range (client CPU per message). Measured "
+         f"{data['date'][:10]} on {machine['cpu_model']} ({machine['cores']} cores, {machine['os']}{load}), "
+         f"Python {data['python']}, against {started}. Each client in its own process, rows alternating, median "
+         f"of {settings['repeat']} rounds; 100-byte bodies unless the row says 1 KiB; max_in_flight 2500; no "
          f"warm-up: the clock runs from connect (consumers; go-nsq's raw bench_reader from its first RDY, with "
          f"two connections) or the first publish to the count-th message handled or acknowledged. Ratios are "
          f"medians of same-round ratios. nsqd's own CPU, every variant and the spread: `bench/results/report.md` "
-         f"(data: `{json_name}`)."),
+         f"(data: `{json_name}`). Reproduce: `{data['command']}`."),
         "",
         *[_acceptance_line(item) for item in acceptance(data)],
         *_coalesced_note(data),
@@ -556,7 +660,7 @@ def chart(data: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    panels = [(w, [r for r in _rows(data, w) if _ok(r)]) for w in ("pub", "pub16", "mpub", "consume")]
+    panels = [(w, [r for r in _rows(data, w) if _ok(r)]) for w in ALL_WORKLOADS]
     panels = [(w, rows) for w, rows in panels if rows]
     if not panels:
         return
@@ -574,15 +678,18 @@ def chart(data: dict[str, Any], path: Path) -> None:
         gonsq = [r for r in rows if r["client"] == "go-nsq"]
         peers = gonsq if is_real(data) and gonsq else [r for r in rows if r["client"] in PYTHON_PEERS]
         versus = "go-nsq" if is_real(data) and gonsq else "the best Python peer"
-        best_rate = max((r["msgs_per_s"] for r in peers), default=None)
+        best = max(peers, key=lambda r: r["msgs_per_s"], default=None)
         bars = rate_ax.barh(y, [r["msgs_per_s"] for r in rows], color=colors, height=0.7)
         for bar, row in zip(bars, rows):
             text = f"{row['msgs_per_s']:,.0f}"
-            if row["client"] == "fastnsq" and best_rate:
-                text += f"  ({row['msgs_per_s'] / best_rate:.1f}× {versus})"
+            if row["client"] == "fastnsq" and best is not None:
+                # as the tables: the median of same-round ratios (falls back to the medians' ratio)
+                text += f"  ({_same_round_ratio(row, best):.2f}× {versus})"
+                if (row["workload"], row["client"], row.get("label") or "") == PUB_ON:
+                    text += ", sent as MPUBs: compare MPUB"
             rate_ax.text(bar.get_width() * 1.06, bar.get_y() + bar.get_height() / 2, text, va="center", fontsize=8.5)
         rate_ax.set_yticks(y, labels, fontsize=9)
-        rate_ax.set_title(_title(data, workload), fontsize=10, loc="left")
+        rate_ax.set_title(CHART_TITLES.get(workload) or _title(data, workload), fontsize=10, loc="left")
         rate_ax.set_xscale("log")
         rate_ax.set_xlim(min(rates) / 2, max(rates) * 12)
         leanest = min((r["cpu_per_million"] for r in peers if r.get("cpu_per_million")), default=None)
@@ -607,9 +714,17 @@ def chart(data: dict[str, Any], path: Path) -> None:
     axes[-1, 0].set_xlabel("messages per second (log scale; higher is better)")
     axes[-1, 1].set_xlabel("CPU seconds per million messages, client process (log scale; lower is better)")
     server = data["server"]["version"]
-    who = "go-nsq, nsq's raw tools and the Python NSQ clients" if is_real(data) else "Python NSQ clients"
+    python = any(r["client"] in PYTHON_PEERS and _ok(r) for r in data["rows"])
+    who = (f"go-nsq, nsq's raw tools{' and the Python NSQ clients' if python else ''}" if is_real(data)
+            else "Python NSQ clients")
+    sizes = " (1 KiB where the panel says)" if any(r.get("body_size", 100) != 100 for r in data["rows"]) else ""
+    flags = ""
+    if is_real(data):
+        size = (data["server"].get("flags") or {}).get("mem_queue_size")
+        flags = f" --mem-queue-size={size}" if size else ""
+        flags += " (default flags where the panel says)" if "default" in _servers(data) else ""
     fig.suptitle(f"fastnsq vs {who} — {data['date'][:10]}, {data['machine']['cores']} cores, "
-                 f"100-byte messages, server: {server}", fontsize=9.5)
+                 f"100-byte messages{sizes}, server: {server}{flags}", fontsize=9.5)
     load = _max_load(data)
     cores = data["machine"].get("cores") or 1
     if load is not None and load > cores:
@@ -675,9 +790,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 def footer(fast: dict[str, Any], data: dict[str, Any], json_name: str) -> list[str]:
     """The report's last lines: the commit measured (and what was uncommitted), the data, the command."""
@@ -688,3 +800,7 @@ def footer(fast: dict[str, Any], data: dict[str, Any], json_name: str) -> list[s
         lines += ["", f"fastnsq at commit `{commit[:12]}`" + (
             f", with uncommitted changes in {', '.join(f'`{f}`' for f in dirty)}" if dirty else "") + "."]
     return lines + ["", f"Data: `{json_name}`. Reproduce: `{data['command']}` (took {data.get('duration_s', '?')} s).", ""]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,7 +16,9 @@ does not work gets its reason recorded instead of a number.
     .venv/bin/python bench/run_all.py --count 100000 --clients fastnsq,ansq --workloads consume
 
 ``--real BIN`` starts the real nsqd of ``BIN`` (docs/testing.md, "Getting the binaries")
-on loopback with ``--mem-queue-size`` big enough for every pre-filled topic, and adds the
+on loopback with ``--mem-queue-size`` big enough for every pre-filled topic, and a second one with
+every flag at its default for the ``consume_default`` rows; it adds one caller publishing in a
+loop (``pub1``: 100 B, ``pub1_1k``: 1 KiB) and 16 callers (``pub16``), and the
 Go side: the go-nsq library (``gonsq_bench`` in ``BIN``, built there from bench/go/src/gonsq_bench
 by bench/go_build.py when missing or older than its source) and nsq's raw ``bench_reader`` /
 ``bench_writer``. A real run measures every client the same way: no warm-up, the clock
@@ -63,11 +65,18 @@ sys.path.insert(0, str(ROOT))  # fastnsq itself, for pre-filling topics
 import go_build
 import report
 
-WORKLOADS = ("pub", "pub16", "mpub", "consume")
+WORKLOADS = ("pub", "pub16", "pub1", "pub1_1k", "mpub", "consume", "consume_default")
+#: Workloads that read a pre-filled topic (the others publish).
+CONSUMERS = ("consume", "consume_default")
 #: Measured messages per workload in the full run (--quick divides by 10); warm-up is 10 % more.
 DEFAULT_COUNTS = {"pub": 200_000, "mpub": 2_000_000, "consume": 300_000}
 #: Against a real nsqd (--real): no warm-up, and the consumers read a million of a larger backlog.
-REAL_COUNTS = {"pub": 200_000, "pub16": 100_000, "mpub": 2_000_000, "consume": 1_000_000}
+#: One caller publishes 20-30 thousand messages a second: 100,000 keep it busy 3-5 s.
+REAL_COUNTS = {"pub": 200_000, "pub16": 100_000, "pub1": 100_000, "pub1_1k": 100_000, "mpub": 2_000_000,
+               "consume": 1_000_000, "consume_default": 1_000_000}
+#: Body size of each workload's messages (the others: BODY_SIZE).
+BODY_SIZE = 100
+BODY_SIZES = {"pub1_1k": 1024}
 PUB_CONCURRENCY = 1000
 FEW_CALLERS = 16  # the "pub16" workload: 16 callers (go-nsq: 16 Producers)
 MPUB_BATCH = 200
@@ -82,6 +91,9 @@ RAW_RUNFOR = 2.0
 RAW_PREFILL = 2_500_000
 #: nsqd's --mem-queue-size in a real run: every pre-filled topic stays in memory (not its disk queue).
 REAL_MEM_QUEUE_SIZE = 10_000_000
+#: The rows of these workloads run against a second nsqd with every flag at its default
+#: (--mem-queue-size 10000: all but 10,000 of a pre-filled backlog wait in the disk queue).
+DEFAULT_FLAGS_WORKLOADS = ("consume_default",)
 REAL_PORT_BASE = 5160
 
 
@@ -123,6 +135,19 @@ class Row:
     #: in a real run, a consumer ends at its count-th message and gets no HTTP address (it would
     #: wait for a drain that never comes); a tool that reads /stats itself still needs it
     needs_http: bool = False
+
+    @property
+    def size(self) -> int:
+        return body_size(self.workload)
+
+    @property
+    def nsqd(self) -> str:
+        """Which nsqd the row runs against: "main" (--mem-queue-size in a real run) or "default" (no flags)."""
+        return "default" if self.workload in DEFAULT_FLAGS_WORKLOADS else "main"
+
+
+def body_size(workload: str) -> int:
+    return BODY_SIZES.get(workload, BODY_SIZE)
 
 
 # ---- the machine ------------------------------------------------------------------------------
@@ -213,7 +238,7 @@ class Server:
     folder of binaries (``real_bin``), or a running one by address."""
 
     def __init__(self, tcp: str | None, http: str | None, pid: int | None, *, real_bin: str | None = None,
-                 port_base: int = REAL_PORT_BASE, mem_queue_size: int = REAL_MEM_QUEUE_SIZE) -> None:
+                 port_base: int = REAL_PORT_BASE, mem_queue_size: int | None = REAL_MEM_QUEUE_SIZE) -> None:
         self.process: subprocess.Popen[str] | None = None
         self.mem_queue_size = mem_queue_size
         self.tcp, self.http, self.pid = tcp, http, pid
@@ -230,8 +255,9 @@ class Server:
         tcp_port, http_port = _free_pair(self.port_base)
         self.data_dir = tempfile.mkdtemp(prefix="fastnsq-bench-nsqd-")
         flags = [f"--data-path={self.data_dir}", f"--tcp-address=127.0.0.1:{tcp_port}",
-                 f"--http-address=127.0.0.1:{http_port}", "--https-address=", "--broadcast-address=127.0.0.1",
-                 f"--mem-queue-size={self.mem_queue_size}"]
+                 f"--http-address=127.0.0.1:{http_port}", "--https-address=", "--broadcast-address=127.0.0.1"]
+        if self.mem_queue_size is not None:  # None: nsqd's default (10000)
+            flags.append(f"--mem-queue-size={self.mem_queue_size}")
         self.process = subprocess.Popen([str(binary), *flags], stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, text=True)
         self.tcp, self.http, self.pid = f"127.0.0.1:{tcp_port}", f"127.0.0.1:{http_port}", self.process.pid
@@ -272,8 +298,12 @@ class Server:
                 "description": f"nsqd {version}, the released binary, started by the harness on loopback",
                 "version": f"nsqd {version}",
                 "command": " ".join(command),
-                "flags": {"mem_queue_size": self.mem_queue_size,
-                          "note": "every other flag at nsqd's default (max-rdy-count 2500, msg-timeout 60s, ...)"},
+                "flags": ({"mem_queue_size": self.mem_queue_size,
+                           "note": "every other flag at nsqd's default (max-rdy-count 2500, msg-timeout 60s, ...)"}
+                          if self.mem_queue_size is not None else
+                          {"mem_queue_size": None,
+                           "note": "every flag at nsqd's default (mem-queue-size 10000: a backlog beyond 10,000 "
+                                   "messages waits in the disk queue; max-rdy-count 2500, msg-timeout 60s, ...)"}),
             }
         elif self.process is not None:
             self.info = {
@@ -316,12 +346,12 @@ class Server:
                 return entry
         return None
 
-    def prefill(self, topic: str, count: int) -> None:
+    def prefill(self, topic: str, count: int, size: int = BODY_SIZE) -> None:
         """Pre-fill with fastnsq's MPUB (not measured), into the bench channel."""
         import fastnsq
         from fastnsq.benchmark import prefill
 
-        fastnsq.run(prefill(str(self.tcp), topic, count, nsqd_http_address=self.http, channel=CHANNEL))
+        fastnsq.run(prefill(str(self.tcp), topic, count, nsqd_http_address=self.http, channel=CHANNEL, size=size))
 
 
 # ---- peers: Pythons, virtualenvs, drivers -----------------------------------------------------
@@ -457,6 +487,11 @@ def fastnsq_rows(mpub_concurrency: int, *, real: bool) -> list[Row]:
     ]
     if real:
         rows.insert(2, row("pub16", "coalesce off", "pub", "--concurrency", str(FEW_CALLERS), "--no-coalesce"))
+        # One caller publishing in a loop, awaiting each answer (scripts, backfills), with the defaults.
+        rows[3:3] = [row("pub1", "one task", "pub", "--concurrency", "1"),
+                     row("pub1_1k", "one task", "pub", "--concurrency", "1")]
+        # What a reader gets from nsqd as installed: the backlog beyond 10,000 in its disk queue.
+        rows.append(row("consume_default", "sync handler", "consume", "--mode", "handler", *mif))
         # bench_reader's shape: a connection per GOMAXPROCS (2 here), RDY 2500 on each.
         rows.insert(rows.index(next(r for r in rows if r.label == "async handler")),
                     row("consume", "sync handler, 2 connections", "consume", "--mode", "handler",
@@ -495,10 +530,14 @@ def go_rows(info: dict[str, Any], bin_dir: str | None, mpub_concurrency: int) ->
                                                      str(PUB_CONCURRENCY), "--shared"]),
             Row("pub16", "go-nsq", f"{FEW_CALLERS} Producers", [*library, "--workload", "pub", "--concurrency",
                                                                 str(FEW_CALLERS)]),
+            Row("pub1", "go-nsq", "one goroutine", [*library, "--workload", "pub", "--concurrency", "1"]),
+            Row("pub1_1k", "go-nsq", "one goroutine", [*library, "--workload", "pub", "--concurrency", "1"]),
             Row("mpub", "go-nsq", "shared Producer", [*library, "--workload", "mpub", "--concurrency",
                                                       str(mpub_concurrency), "--shared", "--batch", str(MPUB_BATCH)]),
             Row("consume", "go-nsq", "Consumer", [*library, "--workload", "consume", "--max-in-flight",
                                                   str(MAX_IN_FLIGHT)]),
+            Row("consume_default", "go-nsq", "Consumer", [*library, "--workload", "consume", "--max-in-flight",
+                                                          str(MAX_IN_FLIGHT)]),
         ]
     if "mpub" in info.get("raw_workloads", []):
         rows.append(Row("mpub", "nsq raw tools", "bench_writer", [*raw, "--workload", "mpub", "--batch",
@@ -517,14 +556,14 @@ def run_once(row: Row, server: Server, count: int, args: argparse.Namespace, top
     warmup = 0 if real else count // 10
     try:
         server.create_channel(topic)
-        if row.workload == "consume":
+        if row.workload in CONSUMERS:
             backlog = count + warmup if not real else count + int(count * CONSUME_MARGIN) + MAX_IN_FLIGHT
-            server.prefill(topic, row.prefill or backlog)
-        http = [] if real and row.workload == "consume" and not row.needs_http else [
+            server.prefill(topic, row.prefill or backlog, row.size)
+        http = [] if real and row.workload in CONSUMERS and not row.needs_http else [
             "--nsqd-http-address", str(server.http)]
         command = [*row.command, "--nsqd-tcp-address", str(server.tcp), *http,
                    "--topic", topic, "--channel", CHANNEL, "--count", str(count), "--warmup", str(warmup),
-                   "--max-seconds", str(args.max_seconds)]
+                   "--max-seconds", str(args.max_seconds), "--size", str(row.size)]
         if server.pid:
             command += ["--server-pid", str(server.pid)]
         load_before = _loadavg()
@@ -541,12 +580,15 @@ def summarize(row: Row, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The median run by msgs/s (an actual run, so its CPU figures belong to it), with every run's rates."""
     good = [r for r in runs if "error" not in r]
     if not good:
-        return {"workload": row.workload, "client": row.client, "label": row.label, "error": runs[-1]["error"]}
+        return {"workload": row.workload, "client": row.client, "label": row.label, "body_size": row.size,
+                "nsqd": row.nsqd, "error": runs[-1]["error"]}
     chosen = sorted(good, key=lambda r: r["msgs_per_s"])[(len(good) - 1) // 2]
     return {
         **chosen,
         "workload": row.workload,  # the row's group (e.g. pub16 runs the pub workload with 16 callers)
         "label": row.label,
+        "body_size": row.size,
+        "nsqd": row.nsqd,  # which of data["servers"] it ran against
         "runs_msgs_per_s": [r["msgs_per_s"] for r in good],
         "runs_rounds": [r.get("round") for r in good],
         "runs_cpu_per_million": [r["cpu_per_million"] for r in good],
@@ -566,7 +608,7 @@ def verify(server: Server, topic: str, workload: str, result: dict[str, Any]) ->
     stats = server.topic_stats(topic)
     if stats is None:
         return "topic missing in /stats"
-    if workload in ("pub", "pub16", "mpub"):
+    if workload not in CONSUMERS:
         return f"nsqd topic message_count {stats['message_count']:,}"
     channel = next((c for c in stats.get("channels") or [] if c["channel_name"] == CHANNEL), None)
     if channel is None:
@@ -590,7 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated subset: fastnsq,pynsq,gnsq,ansq,asyncnsq,go-nsq (go-nsq includes nsq's "
                         "raw bench tools)")
     parser.add_argument("--workloads", default=None,
-                        help="comma-separated subset: pub,mpub,consume (and pub16 with --real)")
+                        help="comma-separated subset: pub,mpub,consume (and with --real pub16, pub1 and "
+                        "pub1_1k: one caller at 100 B and 1 KiB, consume_default: on an nsqd with default flags)")
     parser.add_argument("--real", default=None, metavar="BIN",
                         help="start the real nsqd of this folder (nsqd, nsqlookupd and nsq's bench tools) and add "
                         "the go-nsq library and nsq's raw bench tools from it")
@@ -645,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(),
         "fastnsq": {**fastnsq_info(), **source_state()},
         "settings": {
-            "body_size": 100, "counts": counts,
+            "body_size": BODY_SIZE, "body_sizes": {w: body_size(w) for w in workloads}, "counts": counts,
             "warmup": ("none: the clock runs from connect (consumers) or the first publish (connections made "
                        "before) to the count-th message handled or acknowledged" if real
                        else "10 % of the count, before the clock starts"),
@@ -690,9 +733,24 @@ def main(argv: list[str] | None = None) -> int:
 
     server = Server(args.nsqd_tcp_address, args.nsqd_http_address, args.nsqd_pid, real_bin=args.real,
                     port_base=args.real_port)
-    server.start()
+    servers = {"main": server}
+    if real and any(r.nsqd == "default" for r in rows):
+        # A second nsqd, every flag at its default, for the rows of DEFAULT_FLAGS_WORKLOADS.
+        servers["default"] = Server(None, None, None, real_bin=args.real, port_base=args.real_port + 2,
+                                    mem_queue_size=None)
+    started_servers: list[Server] = []
+    try:
+        for one in servers.values():
+            one.start()
+            started_servers.append(one)
+    except BaseException:
+        for one in started_servers:
+            one.stop()
+        raise
     data["server"] = server.info
-    log(f"server: {server.info['version']} at {server.tcp}")
+    data["servers"] = {name: one.info for name, one in servers.items()}
+    for name, one in servers.items():
+        log(f"server ({name}): {one.info['version']} at {one.tcp}: {one.info.get('command', '')}")
     runs: list[list[dict[str, Any]]] = [[] for _ in rows]
     try:
         # Round robin: every row once, then every row again. A change in the machine's load
@@ -705,7 +763,7 @@ def main(argv: list[str] | None = None) -> int:
                 if runs[index] and "error" in runs[index][-1]:
                     continue  # it failed once: it will again
                 topic = f"bench_{index}_{row.workload}_{re.sub(r'[^A-Za-z0-9_]', '_', row.client)}_{attempt}"
-                result = run_once(row, server, counts[row.workload], args, topic)
+                result = run_once(row, servers[row.nsqd], counts[row.workload], args, topic)
                 result["round"] = attempt  # rows of one round ran back to back: ratios pair them
                 runs[index].append(result)
                 name = f"{row.client} {row.workload} {row.label}".strip()
@@ -717,7 +775,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"CPU s/M, {result['messages']:,} msgs{' (capped)' if result.get('capped') else ''}, "
                         f"load {result['loadavg_1m'][0]}")
     finally:
-        server.stop()
+        for one in servers.values():
+            one.stop()
     data["rows"] = [summarize(row, row_runs) for row, row_runs in zip(rows, runs)]
     data["duration_s"] = round(time.perf_counter() - started, 1)
 

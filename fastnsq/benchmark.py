@@ -705,6 +705,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=None, help="messages before the clock starts")
     parser.add_argument("--concurrency", type=int, default=None)
     parser.add_argument("--batch", type=int, default=200, help="MPUB batch size")
+    parser.add_argument("--size", type=int, default=BODY_SIZE,
+                        help=f"body size in bytes (pub, mpub, consume's --prefill; default {BODY_SIZE})")
     parser.add_argument("--no-coalesce", action="store_true", help="pub: one PUB per publish")
     parser.add_argument("--mode", choices=_CONSUME_MODES, default="handler", help="consume: how messages are handled")
     parser.add_argument("--max-in-flight", type=int, default=2500)
@@ -726,9 +728,9 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     if args.workload == "pub":
-        options["coalesce"] = not args.no_coalesce
+        options.update(coalesce=not args.no_coalesce, size=args.size)
     elif args.workload == "mpub":
-        options["batch"] = args.batch
+        options.update(batch=args.batch, size=args.size)
     else:
         options.pop("concurrency", None)
         options.update(
@@ -761,6 +763,7 @@ async def _main(args: argparse.Namespace) -> BenchResult:
             total,
             nsqd_http_address=args.nsqd_http_address,
             channel=args.channel,
+            size=args.size,
         )
     return await workload(args.nsqd_tcp_address, args.topic, **options)
 

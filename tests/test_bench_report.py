@@ -57,8 +57,9 @@ def test_real_summary_ratios_are_medians_of_same_round_ratios() -> None:
     assert len(ratios) >= 3, "the headline needs at least three alternated rounds"
     middle = len(ratios) // 2
     median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
-    assert f"| consume, sync handler | **{sync['msgs_per_s']:,.0f} ({sync['cpu_per_million']:.2f} µs)** |" in summary
-    assert f"| {median:.2f}× |" in summary.splitlines()[2]
+    line = next(line for line in summary.splitlines() if line.startswith("| consume, sync handler | `--mem-queue-size"))
+    assert f" | **{sync['msgs_per_s']:,.0f} " in line and f" ({sync['cpu_per_million']:.2f} µs)** |" in line
+    assert line.endswith(f"| {median:.2f}× |")
     verdicts = {item["what"]: item["verdict"] for item in report.acceptance(data)}
     for what, verdict in verdicts.items():
         assert f"- {what}: **{verdict}**" in summary
@@ -80,7 +81,7 @@ def test_render_writes_report_chart_and_readme_section(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = readme.read_text()
     assert "old table" not in text and text.startswith("intro\n") and text.endswith("outro\n")
-    assert "| consume, sync handler | **" in text
+    assert "| consume, sync handler | `--mem-queue-size=10000000` | **" in text
 
 
 def test_render_without_readme_writes_the_table_beside_the_report_only(tmp_path: Path) -> None:
@@ -141,3 +142,121 @@ def test_fastnsq_bench_mpub_runs_as_many_in_flight_as_the_readmes_row() -> None:
     assert in_flight == run_all.REAL_MPUB_CONCURRENCY == 4
     assert f"| MPUB ×{run_all.MPUB_BATCH}, {in_flight} in flight |" in README.read_text()
     assert f"{in_flight} MPUBs in flight" in benchmark.SCENARIOS["mpub"].description
+
+
+# ---- issue 62: one caller publishing, nsqd with its default flags, coalesced PUB beside MPUB ------------
+
+
+def _with_issue62_rows(data: dict) -> dict:
+    """``data`` (a run before issue 62) with the rows and the second nsqd a run now has, from copies of its rows."""
+    import copy
+
+    data = copy.deepcopy(data)
+    data["rows"] = [r for r in data["rows"] if r["workload"] not in ("pub1", "pub1_1k", "consume_default")]
+    rows = {(r["workload"], r["client"], r.get("label") or ""): r for r in data["rows"]}
+    new = []
+    for workload, size, fast_rate, go_rate in (("pub1", 100, 24_000.0, 20_000.0), ("pub1_1k", 1024, 21_000.0, 20_000.0)):
+        for client, label, rate in (("fastnsq", "one task", fast_rate), ("go-nsq", "one goroutine", go_rate)):
+            row = copy.deepcopy(rows[("pub", client, "coalesce off" if client == "fastnsq" else "shared Producer")])
+            row.update(workload=workload, label=label, body_size=size, nsqd="main", msgs_per_s=rate,
+                       runs_msgs_per_s=[rate * f for f in (0.95, 1.0, 1.05)], runs_rounds=[0, 1, 2])
+            new.append(row)
+    for key in (report.SYNC, report.GO_CONSUMER):
+        row = copy.deepcopy(rows[key])
+        row.update(workload="consume_default", nsqd="default", msgs_per_s=row["msgs_per_s"] / 2,
+                   runs_msgs_per_s=[x / 2 for x in row["runs_msgs_per_s"]])
+        new.append(row)
+    data["rows"] += new
+    default = {**data["server"], "command": "nsqd --data-path=/tmp/x", "flags": {"mem_queue_size": None}}
+    data["servers"] = {"main": data["server"], "default": default}
+    return data
+
+
+def test_real_summary_has_the_single_caller_and_default_flag_rows_with_their_flags() -> None:
+    _, json_path = summary_and_json(README)
+    data = _with_issue62_rows(report.load(json_path))
+    summary = report.readme_summary(data, "x.json")
+    table = [line for line in summary.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    by_name = {}
+    for line in table:
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        by_name.setdefault(cells[0], []).append(cells)
+    # every number stands beside the nsqd flags it was measured with
+    assert all(cells[1] in ("defaults", "`--mem-queue-size=10000000`") for rows in by_name.values() for cells in rows)
+    default, memq = by_name["consume, sync handler"]
+    assert default[1] == "defaults" and memq[1] == "`--mem-queue-size=10000000`"
+    one_100 = next(cells for name, rows in by_name.items() for cells in rows if name.startswith("PUB, one caller") and
+                   "100 B" in name)
+    one_1k = next(cells for name, rows in by_name.items() for cells in rows if name.startswith("PUB, one caller") and
+                  "1 KiB" in name)
+    assert one_100[2].startswith("**24,000 ±5% (") and one_100[3].startswith("one goroutine: 20,000 ±5% (")
+    assert one_100[-1] == "1.20×" and one_1k[-1] == "1.05×"
+    assert "1 KiB" in summary.split("Cells:")[1].split("Ratios")[0]  # the sizes are said beside the table
+    assert "every flag at nsqd's default (`--mem-queue-size` 10000" in summary
+    # coalesced PUB right after MPUB, compared with go-nsq's MPUB, and the note says why
+    names = [line.split(" | ")[0][2:] for line in table]
+    mpub = next(i for i, n in enumerate(names) if n.startswith("MPUB"))
+    assert names[mpub + 1].startswith("PUB, 1,000 callers, coalesced")
+    coalesced = table[mpub + 1].split(" | ")
+    assert coalesced[3].startswith("MPUB ×200, shared Producer: ")
+    go_mpub = report.find(data, report.GO_MPUB)
+    pub_on = report.find(data, report.PUB_ON)
+    assert coalesced[-1] == f"{report._median(report.paired_ratios(pub_on, go_mpub)):.2f}× |"
+    assert "sends the publishes of one event-loop pass as one MPUB, so the like-for-like go-nsq figure is its MPUB" \
+        in summary
+    # the issue's acceptance lines, at both sizes
+    assert ("- PUB from one caller (an async task awaiting each publish, the defaults) ≥ 1.0× go-nsq's one goroutine, "
+            "100-byte bodies: **met**: 1.20×") in summary
+    assert "1 KiB bodies: **met**: 1.05×" in summary
+
+
+def test_real_summary_without_python_peers_has_no_python_column() -> None:
+    """``--clients fastnsq,go-nsq``: no empty "best Python peer" column."""
+    _, json_path = summary_and_json(README)
+    data = report.load(json_path)
+    data["rows"] = [r for r in data["rows"] if r["client"] not in report.PYTHON_PEERS]
+    summary = report.readme_summary(data, "x.json")
+    assert "best Python peer" not in summary
+    assert summary.splitlines()[0] == ("| Workload | nsqd flags | fastnsq | go-nsq library | nsq raw tool | "
+                                       "fastnsq ÷ go-nsq |")
+
+
+def test_run_all_rows_for_one_caller_and_the_default_flag_nsqd() -> None:
+    run_all = pytest.importorskip("run_all")
+    fast = {(r.workload, r.label): r for r in run_all.fastnsq_rows(4, real=True)}
+    info = {"library_workloads": ["consume", "pub", "mpub"], "raw_workloads": ["mpub", "consume"]}
+    go = {(r.workload, r.label): r for r in run_all.go_rows(info, "/bin", 4)}
+    for workload, size in (("pub1", 100), ("pub1_1k", 1024)):
+        mine, theirs = fast[(workload, "one task")], go[(workload, "one goroutine")]
+        assert mine.command[mine.command.index("--concurrency") + 1] == "1" and "--no-coalesce" not in mine.command
+        assert theirs.command[theirs.command.index("--concurrency") + 1] == "1" and "--shared" not in theirs.command
+        assert mine.size == theirs.size == size and mine.nsqd == theirs.nsqd == "main"
+        assert run_all.REAL_COUNTS[workload] >= 100_000  # a few seconds at 20-30 thousand a second
+    assert fast[("consume_default", "sync handler")].nsqd == go[("consume_default", "Consumer")].nsqd == "default"
+    assert fast[("consume", "sync handler")].nsqd == "main"
+    # an embedded run has none of them (no go-nsq, no nsqd flags)
+    assert not [r for r in run_all.fastnsq_rows(16, real=False) if r.workload not in run_all.DEFAULT_COUNTS]
+
+
+def test_fastnsq_benchmark_takes_a_body_size() -> None:
+    from fastnsq import benchmark
+
+    args = benchmark.build_parser().parse_args(["--workload", "pub", "--concurrency", "1", "--size", "1024"])
+    options = benchmark._options(args)
+    assert options["size"] == 1024 and options["concurrency"] == 1 and options["coalesce"] is True
+    args = benchmark.build_parser().parse_args(["--workload", "consume", "--size", "1024"])
+    assert "size" not in benchmark._options(args)  # a consumer reads what is there (--prefill writes that size)
+
+
+def test_the_committed_readme_has_the_issue62_rows() -> None:
+    """The README's run has one caller publishing at 100 B and 1 KiB and consume on a default-flag nsqd."""
+    summary, json_path = summary_and_json(README)
+    data = report.load(json_path)
+    for key in (report.PUB1, report.GO_PUB1, report.PUB1K, report.GO_PUB1K, report.SYNC_DEFAULT,
+                report.GO_CONSUMER_DEFAULT):
+        assert report.find(data, key) is not None, key
+    assert report.find(data, report.PUB1K)["body_size"] == 1024
+    assert data["servers"]["default"]["flags"]["mem_queue_size"] is None
+    assert "--mem-queue-size" not in data["servers"]["default"]["command"]
+    assert "| consume, sync handler | defaults | **" in summary
+    assert "| PUB, one caller in a loop, 100 B " in summary and "| PUB, one caller in a loop, 1 KiB " in summary

@@ -123,8 +123,11 @@ def run_library(args: Any) -> dict[str, Any]:
         if args.shared:
             command.append("-shared")
         producers = "one shared Producer" if args.shared or args.concurrency == 1 else f"{args.concurrency} Producers"
-        variant = (f"{args.concurrency} goroutines, {producers}" if args.workload == "pub"
-                   else f"batches of {args.batch}, {args.concurrency} goroutines, {producers}")
+        goroutines = "one goroutine" if args.concurrency == 1 else f"{args.concurrency} goroutines"
+        variant = (f"{goroutines}, {producers}" if args.workload == "pub"
+                   else f"batches of {args.batch}, {goroutines}, {producers}")
+        if args.size != _common.BODY_SIZE:
+            variant += f", {args.size}-byte bodies"
     seconds_cap = (args.max_seconds or 60.0) * 4 + 60
     done, _, _, server = _run(command, args.server_pid, seconds_cap)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
