@@ -9,8 +9,8 @@ The peers are installed from PyPI on first use; one that cannot be installed or
 does not work gets its reason recorded instead of a number.
 
     python3 dev.py bench                              # the full run (3 rounds; 140-290 s on 2 shared cores)
-    python3 dev.py bench --real ~/nsq-real/bin --repeat 5   # the README's headline: a real nsqd
-    python3 dev.py bench --real ~/nsq-real/bin --repeat 5 --write-readme   # ... and put its table in README.md
+    python3 dev.py bench --real ~/nsq-real/bin --clients fastnsq,go-nsq --repeat 5   # the README's headline: a real nsqd
+    python3 dev.py bench --real ~/nsq-real/bin --clients fastnsq,go-nsq --repeat 5 --write-readme   # ... into README.md
     python3 dev.py bench --repeat 5                   # the embedded nsqd (bench/README.md's numbers)
     .venv/bin/python bench/run_all.py --quick         # CI-sized
     .venv/bin/python bench/run_all.py --count 100000 --clients fastnsq,ansq --workloads consume

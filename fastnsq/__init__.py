@@ -1,4 +1,4 @@
-"""fastnsq: the fastest NSQ client, for upstream nsqd and the partitioned HA dialect.
+"""fastnsq: an NSQ client on a Cython hot path and uvloop, for upstream nsqd and the partitioned HA dialect.
 
 >>> import fastnsq
 >>> async def main():                                     # doctest: +SKIP
