@@ -189,8 +189,7 @@ class Producer:
         self._started = True
         self._loop = asyncio.get_running_loop()
         self._pool.start()
-        # A publish with no other unanswered goes out at once (no loop pass a message); not where
-        # lookupd routes, whose partitions take turns per loop pass (a pass's publishes, one MPUB).
+        # A lone publish goes out at once; not where lookupd routes (partitions take turns per pass).
         self._coalescer = codec.Coalescer(self._loop, self._flush_batches, self._max_msg_size, _FLUSH_AT,
                                           _FLUSH_BYTES, lone_at_once=self._router.topology is None)
         if background:
@@ -378,7 +377,9 @@ class Producer:
             and ext is None
             and not tracing.ENABLED
         ):
-            if self.coalesce:
+            direct = self._router.topology is None and self._pool.open
+            # A lone publish (nothing unanswered, no batch to join) takes the pipelined path below.
+            if self.coalesce and not (direct and not self._active and not self._coalescer.pending):
                 # The fast path: the C coalescer checks the body, batches it with the other
                 # publishes of this loop pass and returns the future one MPUB's answer resolves.
                 key = topic if self._router.topology is None else self._router.coalescing_key(topic)
@@ -392,11 +393,10 @@ class Producer:
                             raise
                         self._forget_route(topic, exc)
                         self.retried += 1  # and on to the slow path, which retries
-            elif self._router.topology is None and self._pool.open:
-                # The pipelined fast path (coalesce=False): one PUB on the next connection,
-                # awaited right here, without _call's routing coroutines (nothing to route
-                # without lookupd; the sweeper enforces publish_timeout). The codec checks
-                # the body before a byte is buffered.
+            elif direct:
+                # The pipelined fast path: one PUB on the next connection, awaited right here, without
+                # _call's routing coroutines (nothing to route without lookupd; the sweeper enforces
+                # publish_timeout). The codec checks the body before a byte is buffered.
                 future = self._pool.next_open().publish(topic, body)
                 self._active += 1
                 try:
