@@ -62,6 +62,19 @@ def batch(messages):
     for message in messages:
         _record("handled", message.body.decode())
 
+_running = [0]
+
+async def slow_batch(messages):
+    """An async batch handler (a database write): how many run at once is recorded."""
+    import asyncio
+    _running[0] += 1
+    _record("running", str(_running[0]))
+    await asyncio.sleep(SLEEP)
+    _running[0] -= 1
+    _record("batches", str(len(messages)))
+    for message in messages:
+        _record("handled", message.body.decode())
+
 class Job:
     def setup(self):
         _record("setup", "1")
@@ -1001,6 +1014,47 @@ async def test_batches_and_threads(nsqd: Any, tmp_path: Path, cleanup: list[Work
     await eventually(lambda: len(worker.lines("handled")) == 50, 30, "every message in a thread")
     assert await worker.stop() == 0
     assert all(name.startswith("fastnsq-worker") for name in worker.lines("threads"))
+
+
+async def test_async_batches_run_concurrency_at_once_with_room_in_flight(
+    nsqd: Any, tmp_path: Path, cleanup: list[Worker]
+) -> None:
+    """An async batch handler ran one batch at a time per process (issue 59: a handler sleeping
+    1 s took 10 s for 10 batches): --concurrency N runs N at once (default 4), and without
+    --max-in-flight each process holds N+1 batches, so they come full."""
+    for concurrency, expected in ((None, 4), ("2", 2)):
+        topic, folder = unique("wk"), tmp_path / f"c{concurrency}"
+        folder.mkdir()
+        await publish_spread([nsqd.tcp_address], topic, 200)
+        extra = ["--concurrency", concurrency] if concurrency else []
+        worker = await start_worker(folder, "wk_jobs:slow_batch", *_consume_args(topic, nsqd.tcp_address),
+                                    "--batch", "20,5", *extra, sleep=0.5)
+        cleanup.append(worker)
+        await eventually(lambda w=worker: len(w.lines("handled")) == 200, 60, "every message in a batch")
+        assert await worker.stop() == 0
+        assert max(int(n) for n in worker.lines("running")) == expected
+        assert sorted(set(worker.lines("batches"))) == ["20"]  # room for every batch at once, and one filling
+        assert "holds fewer than" not in worker.log()
+    # A max in flight that cannot hold them is said in one line.
+    topic = unique("wk")
+    worker = await start_worker(tmp_path, "wk_jobs:slow_batch", *_consume_args(topic, nsqd.tcp_address),
+                                "--batch", "20,5", "--max-in-flight", "50")
+    cleanup.append(worker)
+    assert await worker.stop() == 0
+    [line] = [line for line in worker.log().splitlines() if "holds fewer than" in line]
+    assert "max_in_flight 50 (50 per process) holds fewer than 4 batches of 20" in line
+    assert "give --max-in-flight 100" in line
+
+
+def test_the_default_max_in_flight_holds_the_batches_at_once() -> None:
+    settings = merge({"target": "m:f", "topic": "t", "channel": "c", "batch": (400, 0.25), "processes": 2}, {}, {})
+    assert (settings.concurrency, settings.max_in_flight) == (4, 2 * 5 * 400)
+    settings = merge({"target": "m:f", "topic": "t", "channel": "c", "batch": (10, 0.25), "concurrency": 1}, {}, {})
+    assert settings.max_in_flight == 100  # never below the default without --batch
+    assert merge({"target": "m:f", "topic": "t", "channel": "c"}, {"FASTNSQ_WORKER_CONCURRENCY": "8"},
+                 {}).concurrency == 8
+    with pytest.raises(SettingsError, match="--concurrency 0: must be at least 1"):
+        merge({"target": "m:f", "topic": "t", "channel": "c", "concurrency": 0}, {}, {})
 
 
 @pytest.mark.slow

@@ -47,6 +47,9 @@ def _build_worker(commands: Any, common: argparse.ArgumentParser, client: argpar
     group.add_argument("--threads", type=int_at_least(0), metavar="M",
                        help="run a blocking (sync) handler in M threads per process (default 0: on the "
                             "process's event loop, best for CPU-bound handlers)")
+    group.add_argument("--concurrency", type=int_at_least(1), metavar="N",
+                       help="with --batch, a coroutine function's batches handled at once per process (default "
+                            "4); max in flight then defaults to N+1 batches per process (docs/worker.md)")
     group.add_argument("--split-nsqd", action="store_const", const=True,
                        help="give each nsqd to one process (found through nsqlookupd), so the group holds one "
                             "connection per nsqd, rebalanced as nsqd come and go; default: every process "
@@ -98,7 +101,7 @@ def _typed(name: str) -> Any:
 def _run_worker(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..runner import SettingsError, run_group
     from ..runner.loading import LoadError, load
-    from ..runner.settings import merge, read_config_file
+    from ..runner.settings import in_flight_note, merge, read_config_file
 
     flags = vars(args).copy()
     if args.debug:
@@ -118,4 +121,7 @@ def _run_worker(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         level=settings.log_level, force=True,
         format="%(asctime)s fastnsq worker supervisor [pid %(process)d] %(levelname)s %(name)s: %(message)s",
     )
+    note = in_flight_note(settings, handler.is_async)
+    if note:
+        logging.getLogger("fastnsq.worker").warning("%s", note)
     return run_group(settings)

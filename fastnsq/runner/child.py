@@ -27,7 +27,7 @@ from ..loop import run
 from .activity import Activity
 from .channel import Channel
 from .loading import Handler, LoadError, load, run_hook
-from .settings import WorkerSettings
+from .settings import WorkerSettings, batches_at_once
 from .spawning import FD_ENV
 from .threads import HandlerThreads
 
@@ -170,13 +170,23 @@ class Child:
         return in_thread
 
     async def _consume_batches(self, consumer: Consumer) -> None:
+        """Batches to the handler, at most batches_at_once() of them at a time: a slot is taken
+        before the next batch is, so a batch forms while the others are handled (and comes full
+        if max_in_flight holds it). A sync handler on the loop is awaited inline, one at a time."""
         assert self.settings.batch is not None
         max_size, max_wait = self.settings.batch
-        running = asyncio.Semaphore(max(1, self.settings.threads))
-        async for batch in consumer.batches(max_size, max_wait):
+        at_once = batches_at_once(self.settings, self.handler.is_async)
+        running = asyncio.Semaphore(at_once)
+        batches = consumer.batches(max_size, max_wait)
+        while True:
             await running.acquire()
-            if self.threads is None:
-                await self._answer_batch(batch, running)  # one batch at a time on the loop
+            try:
+                batch = await batches.__anext__()
+            except StopAsyncIteration:
+                running.release()
+                return
+            if at_once == 1:
+                await self._answer_batch(batch, running)
             else:
                 task = asyncio.create_task(self._answer_batch(batch, running))
                 self._batches.add(task)
