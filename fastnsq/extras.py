@@ -22,6 +22,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "metrics": ("prometheus_client",),  # fastnsq.metrics, /metrics of the worker and the apps
     "otel": ("opentelemetry",),  # fastnsq.otel
     "spark": ("pyspark", "pyarrow"),  # fastnsq.spark (PySpark brings its own need of pandas)
+    "postgres": ("asyncpg",),  # fastnsq to-postgres
     "gzip": ("isal",),  # to-file --gzip through ISA-L (without it: cramjam's gzip, then zlib's; never required)
 }
 

@@ -20,7 +20,7 @@ tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard libr
 
 #: The distribution that brings each module of an extra.
 DISTRIBUTION_OF = {"pyarrow": "pyarrow", "prometheus_client": "prometheus_client", "opentelemetry": "opentelemetry-api",
-                   "pyspark": "pyspark", "isal": "isal"}
+                   "pyspark": "pyspark", "isal": "isal", "asyncpg": "asyncpg"}
 #: What on a page means its reader needs an extra.
 NEEDS = {
     "parquet": r"--format parquet",
@@ -28,6 +28,7 @@ NEEDS = {
     "otel": r"fastnsq\.otel",
     "spark": r"fastnsq\.spark(?!\.\*)|pyspark",  # not the logger names fastnsq.spark.*
     "gzip": r"ISA-L",
+    "postgres": r"to-postgres",
 }
 #: Pages about the code rather than for its users (the API pages render the modules' docstrings,
 #: checked below; the architecture page draws the modules).

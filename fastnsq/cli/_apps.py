@@ -100,17 +100,17 @@ def run_app_from(args: argparse.Namespace, *, name: str, target: str, topics: li
     :class:`~fastnsq.apps.hosting.AppRun`'s fields. A bad setting is a usage error."""
     from ..apps.hosting import AppRun, SettingsError, run_app
 
-    app = AppRun(
-        name=name, target=target, topic="", topics=topics, channel=args.channel,
-        nsqd_tcp_addresses=args.nsqd_tcp_address, lookupd_http_addresses=args.lookupd_http_address,
-        max_in_flight=args.max_in_flight,
-        consumer_options=consumer_options(args) if consumer is None else consumer,
-        handler_options=handler_options,
+    fields: dict[str, Any] = {
+        "topic": "", "channel": args.channel,
+        "nsqd_tcp_addresses": args.nsqd_tcp_address, "lookupd_http_addresses": args.lookupd_http_address,
+        "max_in_flight": args.max_in_flight,
+        "consumer_options": consumer_options(args) if consumer is None else consumer,
         # A quarter of max in flight a batch: several on the wire while nsqd refills the rest.
-        batch_size=max(1, args.max_in_flight // 4),
-        metrics_port=args.metrics_port, http_host=args.http_host, drain_timeout=args.drain_timeout,
-        log_level=log_level(args), **more,
-    )
+        "batch_size": max(1, args.max_in_flight // 4),
+        "metrics_port": args.metrics_port, "http_host": args.http_host, "drain_timeout": args.drain_timeout,
+        "log_level": log_level(args),
+    }
+    app = AppRun(name=name, target=target, topics=topics, handler_options=handler_options, **{**fields, **more})
     try:
         return run_app(app)
     except SettingsError as exc:

@@ -30,6 +30,7 @@ from .tail import _build_tail
 from .to_file import _build_to_file
 from .to_http import _build_to_http
 from .to_nsq import _build_to_nsq
+from .to_postgres import _build_to_postgres
 from .worker import _build_worker
 
 
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="fastnsq",
         description="fastnsq's command line: an embedded nsqd, publish, tail, stats, benchmarks, a worker service, "
-        "and nsq's apps (to-file, to-nsq, to-http).",
+        "nsq's apps (to-file, to-nsq, to-http) and to-postgres.",
         epilog="Run `fastnsq <command> --help` for a command's options. Errors exit with status 1, "
         "bad usage with 2.",
     )
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     _build_to_file(commands, common, client)
     _build_to_nsq(commands, common, client)
     _build_to_http(commands, common, client)
+    _build_to_postgres(commands, common, client)
     return parser
 
 
