@@ -37,6 +37,7 @@ class AppRun:
     batch_size: int = 0  # 0: max_in_flight (a batch per sync); smaller: several batches on the wire at once
     processes: int = 1  # per topic: several only with one topic (to-postgres)
     concurrency: int = 1  # batches handed to the handler at once (1: the app runs its own tasks)
+    dead_letter_topic: str = ""  # messages past max_attempts are published there (the Consumer option)
     metrics_port: int | None = None
     http_host: str = "127.0.0.1"
     drain_timeout: float = 30.0
@@ -52,7 +53,8 @@ class AppRun:
             nsqd_tcp_addresses=list(self.nsqd_tcp_addresses),
             lookupd_http_addresses=list(self.lookupd_http_addresses),
             max_in_flight=self.max_in_flight, consumer_options=dict(self.consumer_options),
-            processes=self.processes, concurrency=self.concurrency, batch=(self.batch_size or self.max_in_flight, self.batch_wait), drain_timeout=self.drain_timeout,
+            processes=self.processes, concurrency=self.concurrency, dead_letter_topic=self.dead_letter_topic,
+            batch=(self.batch_size or self.max_in_flight, self.batch_wait), drain_timeout=self.drain_timeout,
             metrics_port=self.metrics_port, http_host=self.http_host, log_level=self.log_level,
             handler_options=dict(self.handler_options), topics=list(self.topics),
             topic_pattern=self.topic_pattern, topic_refresh=self.topic_refresh,

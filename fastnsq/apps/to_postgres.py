@@ -25,6 +25,8 @@ logger = logging.getLogger("fastnsq.apps.to_postgres")
 
 #: SQLSTATE classes a row causes (22: data exception, 23: integrity constraint violation).
 ROW_ERROR_CLASSES = ("22", "23")
+#: Seconds the ready check waits for a connection and its answer.
+READY_TIMEOUT = 2.0
 #: Each pooled connection's staging table (a temporary table: its own session's).
 STAGE = "fastnsq_to_postgres_stage"
 
@@ -103,6 +105,14 @@ class ToPostgres:
                         + ("UPDATE SET " + ", ".join(f"{_quote(n)} = EXCLUDED.{_quote(n)}" for n in others)
                            if others else "NOTHING"))
         return f"INSERT INTO {self.table} ({columns}) SELECT {columns} FROM {_quote(STAGE)} {conflict}"
+
+    async def ready(self) -> bool:
+        """The worker's ready check (issue 58): while batches fail, the consumer holds its messages
+        and asks this every fraction of a second; PostgreSQL answering ends the hold at once."""
+        if self.pool is None:
+            return False
+        async with self.pool.acquire(timeout=READY_TIMEOUT) as conn:
+            return bool(await conn.fetchval("SELECT 1", timeout=READY_TIMEOUT) == 1)
 
     def attach(self, consumer: Any) -> None:
         if not self.dead_letters.topic:

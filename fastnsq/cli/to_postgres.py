@@ -41,7 +41,8 @@ def _build_to_postgres(commands: Any, common: argparse.ArgumentParser, client: a
     out.add_argument("--refuse-unknown-fields", action="store_true",
                      help="a body with a field that has no column goes to the dead-letter topic")
     out.add_argument("--dead-letter-topic", type=topic_arg, default=None, metavar="TOPIC",
-                     help="where bad bodies go, on the nsqd they came from (default TOPIC.dead)")
+                     help="where bad bodies go, on the nsqd they came from, and messages past max_attempts "
+                          "(default TOPIC.dead)")
     run = sub.add_argument_group("batches and processes")
     run.add_argument("--batch-size", type=int_at_least(1), default=1000, metavar="N",
                      help="rows per COPY at most (default 1000)")
@@ -68,14 +69,17 @@ def _run_to_postgres(parser: argparse.ArgumentParser, args: argparse.Namespace) 
     if args.max_in_flight is None:
         args.max_in_flight = (args.concurrency + 1) * args.batch_size * args.processes
     producer = passthrough_options(args.producer_opt, for_="producer", flag="--producer-opt")
+    from ..apps.deadletter import dead_letter_topic_for
+
+    dead_letters = args.dead_letter_topic or dead_letter_topic_for(args.topic[0])
     return run_app_from(
         args, name="to-postgres", target="fastnsq.apps.to_postgres:ToPostgres", topics=[],
         topic=args.topic[0], processes=args.processes, concurrency=args.concurrency,
-        batch_wait=args.batch_wait, batch_size=args.batch_size,
+        batch_wait=args.batch_wait, batch_size=args.batch_size, dead_letter_topic=dead_letters,
         handler_options={
             "dsn": args.dsn, "table": args.table, "key": args.key, "rest_column": args.rest_column,
             "refuse_unknown": args.refuse_unknown_fields, "on_conflict": args.on_conflict,
-            "concurrency": args.concurrency, "dead_letter_topic": args.dead_letter_topic or "",
+            "concurrency": args.concurrency, "dead_letter_topic": dead_letters,
             "producer_options": producer,
         },
     )
