@@ -40,6 +40,7 @@ class RowMaker:
         self.columns = [*self.fields, *([rest_column] if rest_column else [])]
         #: Per field, how a value is written: a JSON list into an array column as an array literal.
         self.writers = [_array_text if name in arrays else _text for name in self.fields]
+        self.no_arrays = not any(name in arrays for name in self.fields)
 
     def line(self, body: bytes) -> tuple[Any, str]:
         """``(key value, COPY line without its newline)``; :class:`BadBody` names what is wrong."""
@@ -52,8 +53,14 @@ class RowMaker:
         key = document.get(self.key)
         if key is None:
             raise BadBody(f"no {self.key!r} (the key column)")
-        get = document.get
-        values = [write(get(name)) for name, write in zip(self.fields, self.writers)]
+        if self.no_arrays and b"\\" not in body:
+            # No backslash in the JSON text: no string in it holds one, nor a tab or a line break
+            # (JSON escapes them), so strings need no COPY escapes (profiled: translate() was a
+            # fifth of a row's time).
+            values = [value if value.__class__ is str else _text(value) for value in map(document.get, self.fields)]
+        else:
+            get = document.get
+            values = [write(get(name)) for name, write in zip(self.fields, self.writers)]
         if self.rest_column or self.refuse_unknown:
             rest = {name: value for name, value in document.items() if name not in self.known}
             if rest and self.refuse_unknown:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..consumer import Batch
 from ..extras import require
 from .deadletter import DeadLetters, dead_letter_topic_for
 from .pgrows import BadBody, RowMaker
@@ -176,8 +177,7 @@ class ToPostgres:
             await conn.copy_to_table(STAGE, source=memoryview(data), columns=self.rows.columns, format="text")
             status = await conn.execute(self.insert)
         written = int(status.rsplit(" ", 1)[1])  # "INSERT 0 <rows>"
-        for message, _, _ in entries:
-            message.finish()
+        Batch([message for message, _, _ in entries]).finish()  # one write per connection
         self._count("inserted", written)
         self._count("duplicate", len(entries) - written)
 
