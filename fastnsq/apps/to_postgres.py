@@ -14,6 +14,7 @@ until the row is found), go to the dead-letter topic (:mod:`.deadletter`); any o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -61,8 +62,10 @@ class ToPostgres:
             columns = await self._describe(conn)
         finally:
             await conn.close()
-        self.pool = await asyncpg.create_pool(self.dsn or None, min_size=self.concurrency,
-                                              max_size=self.concurrency, init=self._init_connection)
+        # min_size 0: connections are opened as batches need them (and kept 5 min idle); a floor
+        # would be restored in the background through an outage, a traceback a second per process.
+        self.pool = await asyncpg.create_pool(self.dsn or None, min_size=0, max_size=self.concurrency,
+                                              init=self._init_connection)
         self.rows = RowMaker(list(columns), self.key, self.rest_column, self.refuse_unknown,
                              arrays=[name for name, kind in columns.items() if kind.endswith("[]")])
         self.insert = self._insert_sql()
@@ -148,6 +151,10 @@ class ToPostgres:
     async def _write(self, entries: list[tuple[Any, Any, str]]) -> None:
         if self.on_conflict == "update":
             entries = self._last_per_key(entries)
+        with contextlib.suppress(TypeError):  # keys of mixed types: left in the order they came
+            # In key order, so two transactions inserting the same keys (a redelivery, a duplicate,
+            # another process) wait for each other instead of deadlocking (seen with 2 processes).
+            entries.sort(key=_key_of)
         async with self.pool.acquire() as conn:
             try:
                 await self._copy(conn, entries)
@@ -202,6 +209,10 @@ class ToPostgres:
             self.counts[outcome] += rows
             if self.metric is not None:
                 self.metric.labels(outcome).inc(rows)
+
+
+def _key_of(entry: tuple[Any, Any, str]) -> Any:
+    return entry[1]
 
 
 def _caused_by_a_row(exc: Exception) -> bool:
