@@ -255,7 +255,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     postgres = PostgresServer()
     postgres.start()
-    nsqd = NSQDProcess(binary=Path(args.bin).expanduser() / "nsqd")
+    nsqd = NSQDProcess(*args.nsqd_flag, binary=Path(args.bin).expanduser() / "nsqd")
     nsqd.start()
     servers = {"nsqd": nsqd, "postgres": postgres}
     root = Path(args.root).resolve()  # the fastnsq the NSQ runs import (another checkout: a before/after)
@@ -317,6 +317,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[400, 1000])
     parser.add_argument("--concurrency", type=int, default=4, help="the ceilings' batches at once per process")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--nsqd-flag", action="append", default=[],
+                        help="a flag for nsqd (default: none but its addresses and data path; e.g. "
+                             "--nsqd-flag=--max-rdy-count=5000)")
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
     parser.add_argument("--root", default=str(ROOT), help="the fastnsq checkout the NSQ runs use (default this one)")
     parser.add_argument("--out", default=str(HERE / "results" / f"sink_postgres-{time.strftime('%Y-%m-%d-%H%M')}.json"))
