@@ -189,7 +189,7 @@ async def through_nsq(way: str, processes: int, args: argparse.Namespace, env: d
               "--processes", str(processes)]
     if way == "worker":
         command = [sys.executable, "-m", "fastnsq", "worker", "sink_postgres:Ingest", *common,
-                   "--batch", f"{args.batch},0.25", "--log-level", "WARNING"]
+                   "--batch", f"{args.batch},0.25", "--log-level", "WARNING", *args.worker_arg]
     else:
         command = [sys.executable, "-m", "fastnsq", "to-postgres", *common, "--dsn", postgres.dsn, "--table",
                    "events", "--key", "id", "--batch-size", str(args.batch), "--log-level", "warn"]
@@ -320,6 +320,8 @@ def main() -> None:
     parser.add_argument("--nsqd-flag", action="append", default=[],
                         help="a flag for nsqd (default: none but its addresses and data path; e.g. "
                              "--nsqd-flag=--max-rdy-count=5000)")
+    parser.add_argument("--worker-arg", action="append", default=[],
+                        help="one more argument for fastnsq worker (--worker-arg=--concurrency --worker-arg=2)")
     parser.add_argument("--ways", nargs="+", choices=WAYS, default=list(WAYS))
     parser.add_argument("--root", default=str(ROOT), help="the fastnsq checkout the NSQ runs use (default this one)")
     parser.add_argument("--out", default=str(HERE / "results" / f"sink_postgres-{time.strftime('%Y-%m-%d-%H%M')}.json"))
