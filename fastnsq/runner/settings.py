@@ -28,8 +28,9 @@ DEFAULT_NSQD = "127.0.0.1:4150"
 #: Without --max-in-flight the group holds this many messages per process.
 MAX_IN_FLIGHT_PER_PROCESS = 100
 #: An async batch handler's batches handled at once per process (--concurrency). Measured with
-#: bench/sink_postgres.py (COPY into PostgreSQL 15, batches of 400): 1 batch at a time reached
-#: about half the database's rate, 4 reached it; more only held more messages.
+#: bench/sink_postgres.py (COPY into PostgreSQL 15, batches of 400, 300,000 events, 1 and 2
+#: processes, rows/s): 1: 16,264 / 30,959; 2: 21,769 / 28,603; 4: 41,599 / 50,122; 8: 18,449 /
+#: 29,401 (one round each on a loaded 2-core machine: docs/worker.md).
 DEFAULT_CONCURRENCY = 4
 
 
