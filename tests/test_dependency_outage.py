@@ -232,3 +232,47 @@ def test_ready_check_must_be_callable() -> None:
         Consumer("t", "c", nsqd_tcp_addresses=[], ready_check="mod:fn")  # type: ignore[arg-type]
 
 
+
+
+async def test_the_blocking_facade_holds_on_a_sync_check_and_gives_nothing_up(nsqd: Any) -> None:
+    """fastnsq.sync.Consumer: its handlers in threads, a sync check (run in a thread too)."""
+    import threading
+    import time
+
+    from fastnsq.sync import Consumer as BlockingConsumer
+
+    topic = unique("outage")
+    bodies = await publish(nsqd.tcp_address, topic, 100)
+    up = threading.Event()
+    checks: list[bool] = []
+    done: list[bytes] = []
+
+    def ready() -> bool:
+        checks.append(up.is_set())
+        return up.is_set()
+
+    def handle(message: Message) -> None:
+        if not up.is_set():
+            raise ConnectionRefusedError("the database is down")
+        done.append(bytes(message.body))
+
+    consumer = BlockingConsumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, workers=4,
+                                max_attempts=2, ready_check=ready, ready_check_interval=0.02)
+
+    def blocking() -> Any:
+        runner = threading.Thread(target=consumer.run)
+        runner.start()
+        deadline = time.monotonic() + 20
+        while (len(checks) < 30 or not consumer.snapshot().holding) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held = consumer.snapshot()
+        up.set()
+        while len(done) < len(bodies) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        consumer.stop()
+        runner.join(10)
+        return held, consumer.snapshot()
+
+    held, final = await asyncio.get_running_loop().run_in_executor(None, blocking)
+    assert held.holding == 1 and held.requeued <= 4  # the messages in the 4 handlers, then held
+    assert sorted(done) == bodies and final.given_up == 0 and final.holding == 0
