@@ -160,7 +160,7 @@ class Publisher:
 async def channel(session: aiohttp.ClientSession, http: str, topic: str, name: str) -> dict[str, Any]:
     async with session.get(f"http://{http}/stats", params={"format": "json", "topic": topic}) as resp:
         stats = await resp.json()
-    for entry in stats.get("topics", []):
+    for entry in stats.get("topics") or []:
         for ch in entry.get("channels", []):
             if ch["channel_name"] == name:
                 return dict(ch)

@@ -166,3 +166,13 @@ def test_the_hooks_and_the_dead_letter_topic_from_flags_environment_and_file(tmp
         merge(base, {}, {"give_up_handler": "keep"})
     with pytest.raises(SettingsError, match=r"dead_letter_topic 'no way'.*topic name"):
         merge({**base, "dead_letter_topic": "no way"}, {}, {})
+
+
+def test_the_apps_take_a_dead_letter_topic() -> None:
+    from fastnsq.cli._apps import consumer_options
+    from fastnsq.cli.main import build_parser
+
+    for app in ("to-file", "to-nsq", "to-http"):
+        args = build_parser().parse_args([app, "--topic", "t", "--dead-letter-topic", "t_dead"])
+        assert consumer_options(args)["dead_letter_topic"] == "t_dead", app
+        assert "dead_letter_topic" not in consumer_options(build_parser().parse_args([app, "--topic", "t"]))

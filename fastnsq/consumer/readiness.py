@@ -85,6 +85,7 @@ class Readiness:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        self.holding = self.not_ready = False  # RDY stays 0: the consumer is stopping
         self._ready.set()
 
     async def _poll(self) -> None:
