@@ -173,25 +173,41 @@ async def test_a_poison_message_lands_on_the_dead_letter_topic_with_its_body_int
     assert letters == [(poison, 1)]
 
 
-async def test_a_failed_dead_letter_publish_finishes_nothing(nsqd: Any) -> None:
-    """nsqd refuses the publish (an invalid topic name reaches it only through the consumer's
-    connection): the message is requeued, not finished, so nothing is dropped."""
-    topic = unique("poison")
-    async with Producer([nsqd.tcp_address]) as producer:
-        await producer.publish(topic, b"poison")
+async def test_a_failed_dead_letter_publish_finishes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """nsqd refuses the dead-letter PUB (the embedded nsqd's fault; nsqd then closes the connection):
+    the message is not finished, nsqd gives it out again after msg_timeout, and the next give-up
+    publishes it: one copy on the dead-letter topic."""
+    from fastnsq.testing import NSQD
 
-    def handle(message: Message) -> None:
-        raise ValueError("cannot parse")
+    topic, dead = unique("poison"), unique("dead")
+    async with NSQD() as nsqd:
+        async with Producer([nsqd.tcp_address]) as producer:
+            await producer.publish(topic, b"poison")
+        nsqd.faults.fail_next("PUB", "E_PUB_FAILED", "disk full", fatal=False)
 
-    consumer = Consumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=5,
-                        max_attempts=1, default_requeue_delay=0, max_backoff_duration=0,
-                        dead_letter_topic="bad topic!")
-    async with consumer:
-        await eventually(lambda: consumer.snapshot().given_up >= 1, timeout=10, what="the give-up")
-        await asyncio.sleep(0.2)
-        assert consumer.snapshot().dead_lettered == 0
-    depth, in_flight = await channel_depth(nsqd.http_address, topic, "c")
-    assert depth + in_flight == 1  # still in nsqd
+        def handle(message: Message) -> None:
+            raise ValueError("cannot parse")
+
+        consumer = Consumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=5,
+                            max_attempts=1, default_requeue_delay=0, max_backoff_duration=0,
+                            dead_letter_topic=dead, msg_timeout=1.0)
+        with caplog.at_level(logging.WARNING, logger="fastnsq"):
+            async with consumer:
+                await eventually(lambda: consumer.snapshot().dead_lettered == 1, timeout=20, what="the retry")
+                assert consumer.snapshot().given_up == 2  # the first one's publish failed: requeued
+        assert await channel_depth(nsqd.http_address, topic, "c") == (0, 0)
+        assert await channel_depth(nsqd.http_address, dead, "x") == (0, 0)
+        stats = await stats_json(nsqd.http_address, dead)
+        assert [t["message_count"] for t in stats["topics"] if t["topic_name"] == dead] == [1]
+    failed = [r.getMessage() for r in caplog.records if "publishing it to the dead-letter topic" in r.getMessage()]
+    assert len(failed) == 1 and "E_PUB_FAILED" in failed[0] and "not finished" in failed[0], failed
+
+
+def test_an_invalid_dead_letter_topic_is_refused_at_once() -> None:
+    from fastnsq.errors import InvalidValueError
+
+    with pytest.raises(InvalidValueError, match="invalid dead_letter_topic 'bad topic!'"):
+        Consumer("t", "c", nsqd_tcp_addresses=[], dead_letter_topic="bad topic!")
 
 
 async def test_the_hold_is_one_line_in_and_one_line_out_without_a_traceback(

@@ -175,6 +175,9 @@ class Consumer:
             partitions=self.partitions, fast_allowed=lambda: not self.ordered and not self._stopping,
         )
         self._dispatch.ha_check = self._ha.inspect
+        dead = s["dead_letter_topic"]
+        if dead is not None and not codec.valid_topic_name(dead):  # nsqd would close the connection at each try
+            raise InvalidValueError(f"invalid dead_letter_topic {dead!r}: 1-64 characters of [.a-zA-Z0-9_-]")
         self._readiness: Readiness | None = None
         if s["ready_check"] is None:
             self._rdy.on_backoff = self._dispatch.backoff_changed
