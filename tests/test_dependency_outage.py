@@ -173,25 +173,41 @@ async def test_a_poison_message_lands_on_the_dead_letter_topic_with_its_body_int
     assert letters == [(poison, 1)]
 
 
-async def test_a_failed_dead_letter_publish_finishes_nothing(nsqd: Any) -> None:
-    """nsqd refuses the publish (an invalid topic name reaches it only through the consumer's
-    connection): the message is requeued, not finished, so nothing is dropped."""
-    topic = unique("poison")
-    async with Producer([nsqd.tcp_address]) as producer:
-        await producer.publish(topic, b"poison")
+async def test_a_failed_dead_letter_publish_finishes_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """nsqd refuses the dead-letter PUB (the embedded nsqd's fault; nsqd then closes the connection):
+    the message is not finished, nsqd gives it out again after msg_timeout, and the next give-up
+    publishes it: one copy on the dead-letter topic."""
+    from fastnsq.testing import NSQD
 
-    def handle(message: Message) -> None:
-        raise ValueError("cannot parse")
+    topic, dead = unique("poison"), unique("dead")
+    async with NSQD() as nsqd:
+        async with Producer([nsqd.tcp_address]) as producer:
+            await producer.publish(topic, b"poison")
+        nsqd.faults.fail_next("PUB", "E_PUB_FAILED", "disk full", fatal=False)
 
-    consumer = Consumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=5,
-                        max_attempts=1, default_requeue_delay=0, max_backoff_duration=0,
-                        dead_letter_topic="bad topic!")
-    async with consumer:
-        await eventually(lambda: consumer.snapshot().given_up >= 1, timeout=10, what="the give-up")
-        await asyncio.sleep(0.2)
-        assert consumer.snapshot().dead_lettered == 0
-    depth, in_flight = await channel_depth(nsqd.http_address, topic, "c")
-    assert depth + in_flight == 1  # still in nsqd
+        def handle(message: Message) -> None:
+            raise ValueError("cannot parse")
+
+        consumer = Consumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=5,
+                            max_attempts=1, default_requeue_delay=0, max_backoff_duration=0,
+                            dead_letter_topic=dead, msg_timeout=1.0)
+        with caplog.at_level(logging.WARNING, logger="fastnsq"):
+            async with consumer:
+                await eventually(lambda: consumer.snapshot().dead_lettered == 1, timeout=20, what="the retry")
+                assert consumer.snapshot().given_up == 2  # the first one's publish failed: requeued
+        assert await channel_depth(nsqd.http_address, topic, "c") == (0, 0)
+        assert await channel_depth(nsqd.http_address, dead, "x") == (0, 0)
+        stats = await stats_json(nsqd.http_address, dead)
+        assert [t["message_count"] for t in stats["topics"] if t["topic_name"] == dead] == [1]
+    failed = [r.getMessage() for r in caplog.records if "publishing it to the dead-letter topic" in r.getMessage()]
+    assert len(failed) == 1 and "E_PUB_FAILED" in failed[0] and "not finished" in failed[0], failed
+
+
+def test_an_invalid_dead_letter_topic_is_refused_at_once() -> None:
+    from fastnsq.errors import InvalidValueError
+
+    with pytest.raises(InvalidValueError, match="invalid dead_letter_topic 'bad topic!'"):
+        Consumer("t", "c", nsqd_tcp_addresses=[], dead_letter_topic="bad topic!")
 
 
 async def test_the_hold_is_one_line_in_and_one_line_out_without_a_traceback(
@@ -232,3 +248,47 @@ def test_ready_check_must_be_callable() -> None:
         Consumer("t", "c", nsqd_tcp_addresses=[], ready_check="mod:fn")  # type: ignore[arg-type]
 
 
+
+
+async def test_the_blocking_facade_holds_on_a_sync_check_and_gives_nothing_up(nsqd: Any) -> None:
+    """fastnsq.sync.Consumer: its handlers in threads, a sync check (run in a thread too)."""
+    import threading
+    import time
+
+    from fastnsq.sync import Consumer as BlockingConsumer
+
+    topic = unique("outage")
+    bodies = await publish(nsqd.tcp_address, topic, 100)
+    up = threading.Event()
+    checks: list[bool] = []
+    done: list[bytes] = []
+
+    def ready() -> bool:
+        checks.append(up.is_set())
+        return up.is_set()
+
+    def handle(message: Message) -> None:
+        if not up.is_set():
+            raise ConnectionRefusedError("the database is down")
+        done.append(bytes(message.body))
+
+    consumer = BlockingConsumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, workers=4,
+                                max_attempts=2, ready_check=ready, ready_check_interval=0.02)
+
+    def blocking() -> Any:
+        runner = threading.Thread(target=consumer.run)
+        runner.start()
+        deadline = time.monotonic() + 20
+        while (len(checks) < 30 or not consumer.snapshot().holding) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held = consumer.snapshot()
+        up.set()
+        while len(done) < len(bodies) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        consumer.stop()
+        runner.join(10)
+        return held, consumer.snapshot()
+
+    held, final = await asyncio.get_running_loop().run_in_executor(None, blocking)
+    assert held.holding == 1 and held.requeued <= 4  # the messages in the 4 handlers, then held
+    assert sorted(done) == bodies and final.given_up == 0 and final.holding == 0

@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from ._apps import add_app_parser, add_consume_flags, duration_arg, require_servers, run_app_from
-from ._common import UsageError, int_at_least, passthrough_options, topic_arg
+from ._common import UsageError, int_at_least, passthrough_options
 
 _EPILOG = """\
 Each batch (full at --batch-size, or when nsqd will send no more until it is answered, or
@@ -24,6 +24,10 @@ def _build_to_postgres(commands: Any, common: argparse.ArgumentParser, client: a
                          description="Consume TOPIC and COPY its JSON messages into a PostgreSQL table, idempotent on "
                                      "a key column.", epilog=_EPILOG)
     what = add_consume_flags(sub, app="to-postgres", several_topics=False)
+    for action in sub._actions:  # the apps' --dead-letter-topic: here also where bad bodies go, with a default
+        if action.dest == "dead_letter_topic":
+            action.help = ("where bad bodies go (on the nsqd they came from) and messages past max_attempts "
+                           "(default TOPIC.dead)")
     what.set_defaults(max_in_flight=None)
     for action in what._group_actions:
         if action.dest == "max_in_flight":
@@ -40,9 +44,6 @@ def _build_to_postgres(commands: Any, common: argparse.ArgumentParser, client: a
                      help="a jsonb column for the fields without a column of their own (default: they are left out)")
     out.add_argument("--refuse-unknown-fields", action="store_true",
                      help="a body with a field that has no column goes to the dead-letter topic")
-    out.add_argument("--dead-letter-topic", type=topic_arg, default=None, metavar="TOPIC",
-                     help="where bad bodies go, on the nsqd they came from, and messages past max_attempts "
-                          "(default TOPIC.dead)")
     run = sub.add_argument_group("batches and processes")
     run.add_argument("--batch-size", type=int_at_least(1), default=1000, metavar="N",
                      help="rows per COPY at most (default 1000)")

@@ -175,6 +175,9 @@ class Consumer:
             partitions=self.partitions, fast_allowed=lambda: not self.ordered and not self._stopping,
         )
         self._dispatch.ha_check = self._ha.inspect
+        dead = s["dead_letter_topic"]
+        if dead is not None and not codec.valid_topic_name(dead):  # nsqd would close the connection at each try
+            raise InvalidValueError(f"invalid dead_letter_topic {dead!r}: 1-64 characters of [.a-zA-Z0-9_-]")
         self._readiness: Readiness | None = None
         if s["ready_check"] is None:
             self._rdy.on_backoff = self._dispatch.backoff_changed
@@ -183,7 +186,7 @@ class Consumer:
                                         lambda holding: self._apply(self._rdy.hold(holding)), self._touch_held,
                                         self._log, f"{topic}/{channel}")
             self._dispatch.on_failure = self._readiness.failed
-            self._dispatch.holding = lambda: self.holding
+            self._dispatch.holding = lambda: self._readiness is not None and self._readiness.holding
         self._loop: asyncio.AbstractEventLoop | None = None
         self._links: dict[Endpoint, list[Link]] = {}
         self._missing = Missing(topic, self._fill, self._direct, delay=self.reconnect_delay,
@@ -420,8 +423,9 @@ class Consumer:
 
     @property
     def holding(self) -> bool:
-        """True while the ``ready_check`` fails (RDY 0, nothing handed out)."""
-        return self._readiness is not None and self._readiness.holding
+        """True while the ``ready_check`` fails (RDY 0, nothing handed out): from its first failed
+        check to the first that passes."""
+        return self._readiness is not None and self._readiness.not_ready
 
     @property
     def connections(self) -> list[Connection]:

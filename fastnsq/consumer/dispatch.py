@@ -207,8 +207,9 @@ class Dispatcher:
         attempts = f"attempt {message.attempts} of {limit}" if limit else f"attempt {message.attempts}"
         answer = "requeueing" if message.auto_response and not message.has_responded else "answered by the handler"
         # While the consumer holds (its ready_check failing), the hold's line said why: DEBUG.
-        (self._log.debug if self.holding() else self._log.warning)("handler failed on message %s (%s): %s: %s; %s", _id_text(message), attempts,
-                          type(error).__name__, error, answer)
+        log = self._log.debug if self.holding() else self._log.warning
+        log("handler failed on message %s (%s): %s: %s; %s", _id_text(message), attempts, type(error).__name__, error,
+            answer)
         if self._log.isEnabledFor(logging.DEBUG):
             self._log.debug("the handler's traceback for message %s", _id_text(message), exc_info=error)
 
@@ -421,7 +422,8 @@ class Dispatcher:
 
     def _dead_letter_failed(self, message: Any, topic: str, error: BaseException) -> None:
         self._log.warning("message %s past max_attempts: publishing it to the dead-letter topic %s failed (%s: %s); "
-                          "requeueing it", _id_text(message), topic, type(error).__name__, error)
+                          "not finished: requeued (or, its connection closed, given out again after msg_timeout)",
+                          _id_text(message), topic, type(error).__name__, error)
         if not message.has_responded:
             message.requeue(self.settings.default_requeue_delay, backoff=False)
 

@@ -1,13 +1,14 @@
 """The consumer's ``ready_check``: hold while what the handler needs is down, resume the moment it is back.
 
 One job: after a handler failure, ask the user's check at once and then every
-``ready_check_interval`` until it passes. While it fails the consumer holds: RDY 0 on
-every connection (no probe message spends an attempt), the messages it already has are
-neither handed out (``batches()``, ``async for``) nor left to time out in nsqd (TOUCHed
-every third of ``msg_timeout``, which nsqd allows up to its ``--max-msg-timeout``, 15 min by
-default). The first check that passes ends the hold and any backoff at once: full
-``max_in_flight``, not a level stepped down per success. A check that passes at once (a
-poison message, not a dependency) costs one RDY 0 and one RDY back, and no log line.
+``ready_check_interval`` until it passes (a sync check runs in a thread). While it fails the
+consumer holds: RDY 0 on every connection (no probe message spends an attempt), the messages
+it already has are neither handed out (``batches()``, ``async for``) nor left to time out in
+nsqd (TOUCHed every third of ``msg_timeout``, which nsqd allows up to its
+``--max-msg-timeout``, 15 min by default). The first check that passes ends the hold and any
+backoff at once: full ``max_in_flight``, not a level stepped down per success. A check that
+passes at once (a poison message, not a dependency) costs one RDY 0 and one RDY back, and
+no log line.
 
 Log lines: one WARNING when the hold begins (the check's own error, type and text), one
 INFO when it ends (how long it lasted); the check's other failures at DEBUG.
@@ -23,6 +24,7 @@ from typing import Any
 
 from ..config import LoggerLike
 from ..errors import InvalidValueError
+from .dispatch import is_async_callable
 
 __all__ = ["Readiness"]
 
@@ -54,7 +56,11 @@ class Readiness:
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._ready.set()
+        #: RDY 0 and nothing handed out: from a failure until a check passes.
         self.holding = False
+        #: A check failed and the hold goes on (what /readyz and the metrics show: a hold that a
+        #: passing first check ends within milliseconds is no outage).
+        self.not_ready = False
         #: Holds begun (counted once each), for the snapshot and the tests.
         self.holds = 0
         self.since: float | None = None
@@ -79,6 +85,7 @@ class Readiness:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        self.holding = self.not_ready = False  # RDY stays 0: the consumer is stopping
         self._ready.set()
 
     async def _poll(self) -> None:
@@ -89,7 +96,7 @@ class Readiness:
                 if error is None:
                     break
                 if not told:
-                    told = True
+                    told = self.not_ready = True
                     self.holds += 1
                     self._log.warning("%s: not ready (ready_check: %s: %s): holding at RDY 0, checking every "
                                       "%.2f s", self._where, type(error).__name__, error, self._interval)
@@ -101,7 +108,7 @@ class Readiness:
         except asyncio.CancelledError:
             self._ready.set()  # stopping: the consumer's stop answers what is held; RDY stays 0
             raise
-        self._task, self.holding, self.since = None, False, None
+        self._task, self.holding, self.not_ready, self.since = None, False, False, None
         self._hold(False)
         self._ready.set()
         if told:
@@ -109,15 +116,20 @@ class Readiness:
                            time.monotonic() - started)
 
     async def _ask(self) -> BaseException | None:
-        """The check's error (False counts as one), or None when it passed."""
+        """The check's error (False counts as one), or None when it passed. A sync check runs in a
+        thread (a blocking ping must not stop the loop, nor the blocking facade's handlers' answers)."""
+        limit = max(MIN_CHECK_TIMEOUT, 4 * self._interval)
         try:
-            result = self._check()
-            if inspect.isawaitable(result):
-                result = await asyncio.wait_for(result, max(MIN_CHECK_TIMEOUT, 4 * self._interval))
+            if is_async_callable(self._check):
+                result = await asyncio.wait_for(self._check(), limit)
+            else:
+                result = await asyncio.wait_for(asyncio.to_thread(self._check), limit)
+                if inspect.isawaitable(result):
+                    result = await asyncio.wait_for(result, limit)
         except asyncio.CancelledError:
             raise
         except asyncio.TimeoutError:
-            return TimeoutError(f"took more than {max(MIN_CHECK_TIMEOUT, 4 * self._interval):.2f} s")
+            return TimeoutError(f"took more than {limit:.2f} s")
         except Exception as error:  # noqa: BLE001 - the user's check: its failure is the answer
             return error
         if result is False:

@@ -121,7 +121,7 @@ def load_function(target: str, setting: str) -> Callable[..., Any]:
         found = getattr(found, part, None)
     if not callable(found):
         raise LoadError(f"{setting} {target!r}: not a function of module {module_name!r}")
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def _hook(found: Any, name: str) -> Callable[..., Any] | None:
