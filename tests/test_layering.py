@@ -178,14 +178,15 @@ def test_the_runner_sits_above_the_clients() -> None:
 
 
 def test_the_apps_sit_above_the_runner() -> None:
-    """``fastnsq.apps`` (to-file, to-nsq, to-http) stands on the runner and the public clients:
+    """``fastnsq.apps`` (to-file, to-nsq, to-http, to-postgres) stands on the runner and the public clients:
     the runner runs an app only by its import path (never an import), nothing but the command
     line imports an app, and the apps reach the clients through their packages."""
     graph = import_graph()
     assert "fastnsq.runner" in graph["fastnsq.apps.hosting"]  # the rule is read from real edges
     users = {m for m, targets in graph.items() if any(in_room(t, ("fastnsq.apps",)) for t in targets)}
     assert {m for m in users if not in_room(m, ("fastnsq.apps",))} <= {
-        "fastnsq.cli.main", "fastnsq.cli.to_file", "fastnsq.cli.to_nsq", "fastnsq.cli.to_http", "fastnsq.cli._apps"}
+        "fastnsq.cli.main", "fastnsq.cli.to_file", "fastnsq.cli.to_nsq", "fastnsq.cli.to_http", "fastnsq.cli.to_postgres",
+        "fastnsq.cli._apps"}
     assert offending_edges(("fastnsq.runner",), ("fastnsq.apps",)) == []
     assert not [t for m, ts in graph.items() if in_room(m, ("fastnsq.apps",))
                 for t in ts if t.startswith(("fastnsq.consumer.", "fastnsq.producer."))]
