@@ -91,6 +91,14 @@ class PostgresServer:
                                         stderr=subprocess.STDOUT, start_new_session=True,
                                         **self._as_server_user())
         log.close()
+        try:
+            self._wait_ready(timeout)
+        except BaseException:
+            self.stop()  # never left running by a start that failed (the fixture would not stop it)
+            raise
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + timeout
         while subprocess.run([self.bin / "pg_isready", "-q", "-h", "127.0.0.1", "-p", str(self.port)],
                              check=False).returncode != 0:

@@ -42,8 +42,8 @@ def postgres() -> Iterator[PostgresServer]:
     if reason:
         pytest.skip(reason)
     server = PostgresServer(settings={"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"})
-    server.start()
     try:
+        server.start()
         yield server
     finally:
         server.remove()
