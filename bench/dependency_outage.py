@@ -26,7 +26,9 @@ MaxInFlight 4000 (``outage_bench``, built from bench/go/src/gonsq_outage by go_b
 2 goroutines write batches of 400 / 250 ms, one multi-row ``INSERT ... ON CONFLICT DO
 NOTHING`` each through a minimal hand-written PostgreSQL protocol client (no Go driver can
 be fetched here), FIN on success, ``Requeue(-1)`` on failure (go-nsq's backoff). Its
-given-up count is its "giving up" log lines; it has no /readyz.
+given-up count is its "giving up" log lines; it has no /readyz. ``consumer`` is the plain
+``Consumer`` (one process, no worker): ``batches(400, 0.25)``, the same handler and
+``ready_check=ready``, ``max_in_flight`` 4000.
 
 Writes bench/results/dependency_outage-<date>.json and .md and prints the table.
 """
@@ -89,9 +91,26 @@ class IngestReady(Ingest):
     async def ready(self):
         async with self.pool.acquire() as conn:
             await conn.fetchval("SELECT 1")
+
+
+async def consume(topic, address):
+    """The plain Consumer (no worker): batches() and the same handler, one process."""
+    import fastnsq
+
+    ingest = IngestReady()
+    await ingest.setup()
+    async with fastnsq.Consumer(topic, "ingest", nsqd_tcp_addresses=[address], max_in_flight=4000,
+                                ready_check=ingest.ready) as consumer:
+        async for batch in consumer.batches(400, 0.25):
+            try:
+                await ingest.handle(batch)
+            except Exception:
+                batch.requeue()
+            else:
+                batch.finish()
 '''
 
-MODES = {"ready": "ingest:IngestReady", "defaults": "ingest:Ingest", "go-nsq": ""}
+MODES = {"ready": "ingest:IngestReady", "defaults": "ingest:Ingest", "go-nsq": "", "consumer": ""}
 
 
 class Postgres:
@@ -198,8 +217,11 @@ async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     log_path = work / f"worker-{topic}.log"
     log = log_path.open("wb")
-    go = mode == "go-nsq"
-    if go:
+    go = mode in ("go-nsq", "consumer")  # no worker: no /metrics, /readyz
+    if mode == "consumer":
+        command = [sys.executable, "-c", "import asyncio, sys, ingest; asyncio.run(ingest.consume(*sys.argv[1:]))",
+                   topic, nsqd.tcp_address]
+    elif go:
         command = [str(args.go_binary), "--nsqd-tcp-address", nsqd.tcp_address, "--topic", topic, "--channel",
                    "ingest", "--pg-address", f"127.0.0.1:{pg.port}", "--max-in-flight", "4000", "--batch", "400",
                    "--max-wait", "250ms", "--writers", "2"]
@@ -266,7 +288,7 @@ async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path
     return {
         "mode": mode, "outage_s": outage, "published": publisher.published, "rows": rows,
         # go-nsq logs each message past MaxAttempts ("giving up") and finishes it.
-        "given_up": log_path.read_text().count("giving up") if go else metric(
+        "given_up": log_path.read_text().count("giving up") + log_path.read_text().count("gave up") if go else metric(
             text, "nsq_consumer_messages_given_up_total"),
         "dead_lettered": metric(text, "nsq_consumer_messages_dead_lettered_total"),
         "still_in_nsqd": held, "deferred": int(ch.get("deferred_count", 0)),
