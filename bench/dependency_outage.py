@@ -235,51 +235,54 @@ async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path
     samples: list[tuple[float, int]] = []
     readyz: list[tuple[float, int]] = []
     marks: dict[str, float] = {}
-    async with aiohttp.ClientSession() as session:
-        while not (await channel(session, nsqd.http_address, topic, "ingest")).get("clients") if go else \
-                (await status(session, metrics_port, "/healthz"))[0] != 200:
-            await asyncio.sleep(0.1)
-        feeding = asyncio.create_task(publisher.run())
-        stop_watch = asyncio.Event()
+    try:
+        async with aiohttp.ClientSession() as session:
+            while not (await channel(session, nsqd.http_address, topic, "ingest")).get("clients") if go else \
+                    (await status(session, metrics_port, "/healthz"))[0] != 200:
+                await asyncio.sleep(0.1)
+            feeding = asyncio.create_task(publisher.run())
+            stop_watch = asyncio.Event()
 
-        async def watch() -> None:
-            while not stop_watch.is_set():
-                now = time.monotonic()
+            async def watch() -> None:
+                while not stop_watch.is_set():
+                    now = time.monotonic()
+                    ch = await channel(session, nsqd.http_address, topic, "ingest")
+                    # nsqd counts FINs per client (the worker's connections live through the outage).
+                    samples.append((now, sum(int(c.get("finish_count", 0)) for c in ch.get("clients") or [])))
+                    if not go:
+                        readyz.append((now, (await status(session, metrics_port, "/readyz"))[0]))
+                    await asyncio.sleep(0.05)
+
+            watching = asyncio.create_task(watch())
+            await asyncio.sleep(args.warmup)
+            marks["stop"] = time.monotonic()
+            await asyncio.to_thread(pg.stop)
+            marks["stopped"] = time.monotonic()
+            await asyncio.sleep(max(0.0, outage - (marks["stopped"] - marks["stop"])))
+            marks["start"] = time.monotonic()
+            await asyncio.to_thread(pg.start, False)
+            while not await accepting(pg.dsn):
+                await asyncio.sleep(0.02)
+            marks["accepting"] = time.monotonic()
+            await asyncio.sleep(args.after)
+            publisher.stopped.set()
+            await feeding
+            # Let the backlog drain (what is deferred in nsqd waits out its delay: counted, not waited for).
+            drain_until = time.monotonic() + args.drain
+            while time.monotonic() < drain_until:
                 ch = await channel(session, nsqd.http_address, topic, "ingest")
-                # nsqd counts FINs per client (the worker's connections live through the outage).
-                samples.append((now, sum(int(c.get("finish_count", 0)) for c in ch.get("clients") or [])))
-                if not go:
-                    readyz.append((now, (await status(session, metrics_port, "/readyz"))[0]))
-                await asyncio.sleep(0.05)
-
-        watching = asyncio.create_task(watch())
-        await asyncio.sleep(args.warmup)
-        marks["stop"] = time.monotonic()
-        await asyncio.to_thread(pg.stop)
-        marks["stopped"] = time.monotonic()
-        await asyncio.sleep(max(0.0, outage - (marks["stopped"] - marks["stop"])))
-        marks["start"] = time.monotonic()
-        await asyncio.to_thread(pg.start, False)
-        while not await accepting(pg.dsn):
-            await asyncio.sleep(0.02)
-        marks["accepting"] = time.monotonic()
-        await asyncio.sleep(args.after)
-        publisher.stopped.set()
-        await feeding
-        # Let the backlog drain (what is deferred in nsqd waits out its delay: counted, not waited for).
-        drain_until = time.monotonic() + args.drain
-        while time.monotonic() < drain_until:
+                if ch.get("depth", 1) == 0 and ch.get("in_flight_count", 1) == 0:
+                    break
+                await asyncio.sleep(0.2)
+            stop_watch.set()
+            await watching
             ch = await channel(session, nsqd.http_address, topic, "ingest")
-            if ch.get("depth", 1) == 0 and ch.get("in_flight_count", 1) == 0:
-                break
-            await asyncio.sleep(0.2)
-        stop_watch.set()
-        await watching
-        ch = await channel(session, nsqd.http_address, topic, "ingest")
-        _, text = (0, "") if go else await status(session, metrics_port, "/metrics")
-    worker.terminate()
-    await worker.wait()
-    await nsqd.close()
+            _, text = (0, "") if go else await status(session, metrics_port, "/metrics")
+    finally:  # a failed run leaves no consumer or nsqd behind
+        if worker.returncode is None:
+            worker.terminate()
+        await worker.wait()
+        await nsqd.close()
     conn = await asyncpg.connect(pg.dsn)
     rows = await conn.fetchval("SELECT count(*) FROM events")
     await conn.close()
