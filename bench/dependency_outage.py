@@ -399,7 +399,7 @@ def main() -> int:
     result = asyncio.run(main_async(args))
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())  # two runs in one minute keep both
     (out / f"dependency_outage-{stamp}.json").write_text(json.dumps(result, indent=2))
     text = markdown(result)
     (out / f"dependency_outage-{stamp}.md").write_text(text)
