@@ -26,7 +26,9 @@ MaxInFlight 4000 (``outage_bench``, built from bench/go/src/gonsq_outage by go_b
 2 goroutines write batches of 400 / 250 ms, one multi-row ``INSERT ... ON CONFLICT DO
 NOTHING`` each through a minimal hand-written PostgreSQL protocol client (no Go driver can
 be fetched here), FIN on success, ``Requeue(-1)`` on failure (go-nsq's backoff). Its
-given-up count is its "giving up" log lines; it has no /readyz.
+given-up count is its "giving up" log lines; it has no /readyz. ``consumer`` is the plain
+``Consumer`` (one process, no worker): ``batches(400, 0.25)``, the same handler and
+``ready_check=ready``, ``max_in_flight`` 4000.
 
 Writes bench/results/dependency_outage-<date>.json and .md and prints the table.
 """
@@ -89,9 +91,26 @@ class IngestReady(Ingest):
     async def ready(self):
         async with self.pool.acquire() as conn:
             await conn.fetchval("SELECT 1")
+
+
+async def consume(topic, address):
+    """The plain Consumer (no worker): batches() and the same handler, one process."""
+    import fastnsq
+
+    ingest = IngestReady()
+    await ingest.setup()
+    async with fastnsq.Consumer(topic, "ingest", nsqd_tcp_addresses=[address], max_in_flight=4000,
+                                ready_check=ingest.ready) as consumer:
+        async for batch in consumer.batches(400, 0.25):
+            try:
+                await ingest.handle(batch)
+            except Exception:
+                batch.requeue()
+            else:
+                batch.finish()
 '''
 
-MODES = {"ready": "ingest:IngestReady", "defaults": "ingest:Ingest", "go-nsq": ""}
+MODES = {"ready": "ingest:IngestReady", "defaults": "ingest:Ingest", "go-nsq": "", "consumer": ""}
 
 
 class Postgres:
@@ -198,8 +217,11 @@ async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     log_path = work / f"worker-{topic}.log"
     log = log_path.open("wb")
-    go = mode == "go-nsq"
-    if go:
+    go = mode in ("go-nsq", "consumer")  # no worker: no /metrics, /readyz
+    if mode == "consumer":
+        command = [sys.executable, "-c", "import asyncio, sys, ingest; asyncio.run(ingest.consume(*sys.argv[1:]))",
+                   topic, nsqd.tcp_address]
+    elif go:
         command = [str(args.go_binary), "--nsqd-tcp-address", nsqd.tcp_address, "--topic", topic, "--channel",
                    "ingest", "--pg-address", f"127.0.0.1:{pg.port}", "--max-in-flight", "4000", "--batch", "400",
                    "--max-wait", "250ms", "--writers", "2"]
@@ -213,51 +235,54 @@ async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path
     samples: list[tuple[float, int]] = []
     readyz: list[tuple[float, int]] = []
     marks: dict[str, float] = {}
-    async with aiohttp.ClientSession() as session:
-        while not (await channel(session, nsqd.http_address, topic, "ingest")).get("clients") if go else \
-                (await status(session, metrics_port, "/healthz"))[0] != 200:
-            await asyncio.sleep(0.1)
-        feeding = asyncio.create_task(publisher.run())
-        stop_watch = asyncio.Event()
+    try:
+        async with aiohttp.ClientSession() as session:
+            while not (await channel(session, nsqd.http_address, topic, "ingest")).get("clients") if go else \
+                    (await status(session, metrics_port, "/healthz"))[0] != 200:
+                await asyncio.sleep(0.1)
+            feeding = asyncio.create_task(publisher.run())
+            stop_watch = asyncio.Event()
 
-        async def watch() -> None:
-            while not stop_watch.is_set():
-                now = time.monotonic()
+            async def watch() -> None:
+                while not stop_watch.is_set():
+                    now = time.monotonic()
+                    ch = await channel(session, nsqd.http_address, topic, "ingest")
+                    # nsqd counts FINs per client (the worker's connections live through the outage).
+                    samples.append((now, sum(int(c.get("finish_count", 0)) for c in ch.get("clients") or [])))
+                    if not go:
+                        readyz.append((now, (await status(session, metrics_port, "/readyz"))[0]))
+                    await asyncio.sleep(0.05)
+
+            watching = asyncio.create_task(watch())
+            await asyncio.sleep(args.warmup)
+            marks["stop"] = time.monotonic()
+            await asyncio.to_thread(pg.stop)
+            marks["stopped"] = time.monotonic()
+            await asyncio.sleep(max(0.0, outage - (marks["stopped"] - marks["stop"])))
+            marks["start"] = time.monotonic()
+            await asyncio.to_thread(pg.start, False)
+            while not await accepting(pg.dsn):
+                await asyncio.sleep(0.02)
+            marks["accepting"] = time.monotonic()
+            await asyncio.sleep(args.after)
+            publisher.stopped.set()
+            await feeding
+            # Let the backlog drain (what is deferred in nsqd waits out its delay: counted, not waited for).
+            drain_until = time.monotonic() + args.drain
+            while time.monotonic() < drain_until:
                 ch = await channel(session, nsqd.http_address, topic, "ingest")
-                # nsqd counts FINs per client (the worker's connections live through the outage).
-                samples.append((now, sum(int(c.get("finish_count", 0)) for c in ch.get("clients") or [])))
-                if not go:
-                    readyz.append((now, (await status(session, metrics_port, "/readyz"))[0]))
-                await asyncio.sleep(0.05)
-
-        watching = asyncio.create_task(watch())
-        await asyncio.sleep(args.warmup)
-        marks["stop"] = time.monotonic()
-        await asyncio.to_thread(pg.stop)
-        marks["stopped"] = time.monotonic()
-        await asyncio.sleep(max(0.0, outage - (marks["stopped"] - marks["stop"])))
-        marks["start"] = time.monotonic()
-        await asyncio.to_thread(pg.start, False)
-        while not await accepting(pg.dsn):
-            await asyncio.sleep(0.02)
-        marks["accepting"] = time.monotonic()
-        await asyncio.sleep(args.after)
-        publisher.stopped.set()
-        await feeding
-        # Let the backlog drain (what is deferred in nsqd waits out its delay: counted, not waited for).
-        drain_until = time.monotonic() + args.drain
-        while time.monotonic() < drain_until:
+                if ch.get("depth", 1) == 0 and ch.get("in_flight_count", 1) == 0:
+                    break
+                await asyncio.sleep(0.2)
+            stop_watch.set()
+            await watching
             ch = await channel(session, nsqd.http_address, topic, "ingest")
-            if ch.get("depth", 1) == 0 and ch.get("in_flight_count", 1) == 0:
-                break
-            await asyncio.sleep(0.2)
-        stop_watch.set()
-        await watching
-        ch = await channel(session, nsqd.http_address, topic, "ingest")
-        _, text = (0, "") if go else await status(session, metrics_port, "/metrics")
-    worker.terminate()
-    await worker.wait()
-    await nsqd.close()
+            _, text = (0, "") if go else await status(session, metrics_port, "/metrics")
+    finally:  # a failed run leaves no consumer or nsqd behind
+        if worker.returncode is None:
+            worker.terminate()
+        await worker.wait()
+        await nsqd.close()
     conn = await asyncpg.connect(pg.dsn)
     rows = await conn.fetchval("SELECT count(*) FROM events")
     await conn.close()
@@ -266,7 +291,7 @@ async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path
     return {
         "mode": mode, "outage_s": outage, "published": publisher.published, "rows": rows,
         # go-nsq logs each message past MaxAttempts ("giving up") and finishes it.
-        "given_up": log_path.read_text().count("giving up") if go else metric(
+        "given_up": log_path.read_text().count("giving up") + log_path.read_text().count("gave up") if go else metric(
             text, "nsq_consumer_messages_given_up_total"),
         "dead_lettered": metric(text, "nsq_consumer_messages_dead_lettered_total"),
         "still_in_nsqd": held, "deferred": int(ch.get("deferred_count", 0)),
@@ -374,7 +399,7 @@ def main() -> int:
     result = asyncio.run(main_async(args))
     out = ROOT / "bench" / "results"
     out.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M", time.gmtime())
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())  # two runs in one minute keep both
     (out / f"dependency_outage-{stamp}.json").write_text(json.dumps(result, indent=2))
     text = markdown(result)
     (out / f"dependency_outage-{stamp}.md").write_text(text)
