@@ -152,3 +152,39 @@ async def test_uncommitted_writes_are_in_stats_and_not_read(nsq_cluster_ha: Any)
         assert before == 14 and offset < ends.end
     finally:
         await http.close()
+
+
+async def test_a_read_task_waits_for_its_partitions_leader_to_come_back(
+    nsq_cluster_ha: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A task whose partition had no leader failed after 3 attempts (a few seconds: the issue's
+    query ended about 50 s after a leader died); it now asks again until a leader answers,
+    within leaderWaitTimeoutMs, and reads its range from it."""
+    cluster = nsq_cluster_ha
+    embedded_only(cluster)
+    topic = unique("spk_wait")
+    leaders = await cluster.create_topic(topic, partitions=1, replicas=1, channels=["keep"])
+    options = source_options(cluster, topic)
+    bodies = [b"w%04d" % i for i in range(500)]
+    async with Producer(lookupd_http_addresses=cluster.lookupd_http_addresses) as producer:
+        await producer.mpublish(topic, bodies, partition=0)
+    planner = OffsetPlanner(options)
+    try:
+        start = await planner.initial()
+        end, state = await planner.latest(start, None)
+        [plan] = (await planner.ranges(start, end, state))[0]
+    finally:
+        await planner.close()
+    await cluster.stop_node(leaders[0], fail_over=False)
+    with caplog.at_level("WARNING", logger="fastnsq.spark._range_read"):
+        reading = asyncio.create_task(read_range(options, plan))
+
+        def attempts() -> int:
+            return sum("failed on" in r.getMessage() for r in caplog.records)
+
+        while attempts() < 5 and not reading.done():
+            await asyncio.sleep(0.05)
+        assert not reading.done(), f"the read gave up while the partition had no leader: {reading.exception()!r}"
+        await cluster.start_node(leaders[0])
+        messages = await asyncio.wait_for(reading, 120)
+    assert [bytes(m.body) for m in messages] == bodies
