@@ -147,8 +147,11 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         else:  # a batch planned by an earlier run of the query (replayed from the checkpoint)
             plans, losses, state = self._call("replay", positions_from_json(start), positions_from_json(end))
             self._losses.extend(losses)
-            # what the query progress shows for this batch (Spark asks reportLatestOffset after it)
-            self._report = lag_report(positions_from_json(end), state, self._ending, self._losses)
+            # Spark asks reportLatestOffset only after latestOffset, which a replayed batch skips
+            # (its progress shows "latestOffset": null, as for Kafka's source): the lag goes to the log.
+            report = lag_report(positions_from_json(end), state, self._ending, self._losses)
+            logger.info("nsq offsets source on %s: replaying a batch from the checkpoint, to %s; the partitions' "
+                        "ends now: %s", self._options.topic, end, report)
         return [OffsetRangePartition(plan, i) for i, plan in enumerate(plans)]
 
     def _check_outages(self, state: TopicState) -> None:
