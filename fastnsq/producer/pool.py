@@ -9,13 +9,16 @@ import time
 from collections.abc import Callable
 
 from ..config import ConnectionOptions, LoggerLike
-from ..conn import Connection
+from ..conn import HANDSHAKE_TIMEOUT, Connection
 from ..errors import ConnectionClosedError, NoConnectionError, NsqdDown, NSQError, PublishTimeoutError
 from ..recovery import Redial
 
 #: fail_fast: how long a publish waits for the reconnect attempt it hurried (a refused port
 #: answers at once; a connect that times out would hold it for its dial_timeout).
 FAIL_FAST_WAIT = 0.2
+#: How often the pool looks at its connections' oldest unanswered commands (publish timeouts,
+#: suspects): a timer per pool, none per publish.
+TICK = 0.1
 
 __all__ = ["ConnectionPool", "NsqdDown", "describe"]
 
@@ -45,6 +48,13 @@ class ConnectionPool:
     waiting).
     Commands unanswered for ``publish_timeout`` fail with :class:`PublishTimeoutError` (a
     sweeper checks every connection's oldest command, so no publish needs a timer of its own).
+
+    A connection whose oldest unanswered command is ``suspect_after`` old (a hung nsqd, a black
+    hole, a lossy link) is *suspect*: it takes no new publish while another connection answers,
+    and the commands it holds fail with a retryable :class:`ConnectionClosedError`, which the
+    producer sends again on a healthy connection (``rerouted`` counts them: if the suspect nsqd
+    answers later after all, those messages are there twice). It is healthy again once it has
+    answered what it held. With no healthy connection, suspects are used as before.
     """
 
     def __init__(
@@ -55,6 +65,7 @@ class ConnectionPool:
         publish_timeout: float,
         reconnect_delay: float,
         max_reconnect_delay: float,
+        suspect_after: float = 0.5,
         log: LoggerLike = logger,
     ) -> None:
         self.options = options
@@ -65,6 +76,14 @@ class ConnectionPool:
         self.max_reconnect_delay = max_reconnect_delay
         #: The open connections, in the order they opened (round robin walks this list).
         self.open: list[Connection] = []
+        #: The connections new publishes go to: ``open`` itself while none is suspect, else the
+        #: healthy ones (or every open one, when none is healthy).
+        self.usable: list[Connection] = self.open
+        self.suspect_after = suspect_after
+        #: Suspect connections, each with the count of answers it must reach to be healthy again.
+        self.suspect: dict[Connection, int] = {}
+        #: Commands failed on a suspect connection for the producer to send elsewhere.
+        self.rerouted = 0
         self.reconnects = 0
         self.closing = False
         self._slots: dict[str, list[_Slot]] = {}
@@ -95,14 +114,18 @@ class ConnectionPool:
 
     def next_open(self) -> Connection:
         """The next open connection of any nsqd (the caller knows one is open)."""
-        self._next = (self._next + 1) % len(self.open)
-        return self.open[self._next]
+        usable = self.usable
+        self._next = (self._next + 1) % len(usable)
+        return usable[self._next]
 
     def pick(self, address: str | None = None) -> Connection | None:
-        """Round robin over the open connections (of one nsqd when ``address`` is given)."""
-        open_conns = self.open if address is None else self._open_by_address.get(address)
+        """Round robin over the usable connections (of one nsqd when ``address`` is given: its
+        healthy ones, else any of its open ones)."""
+        open_conns = self.usable if address is None else self._open_by_address.get(address)
         if not open_conns:
             return None
+        if address is not None and self.suspect:
+            open_conns = [conn for conn in open_conns if conn not in self.suspect] or open_conns
         self._next = (self._next + 1) % len(open_conns)
         return open_conns[self._next]
 
@@ -221,16 +244,20 @@ class ConnectionPool:
         for conn in conns:
             if conn in self.open:
                 self.open.remove(conn)
+            self.suspect.pop(conn, None)
+        self._route()
         await asyncio.gather(*(conn.close() for conn in conns), return_exceptions=True)
 
     async def _open_slot(self, slot: _Slot) -> None:
         conn = Connection(slot.address, self.options, on_close=functools.partial(self._on_close, slot))
         conn.round_trip_observer = self._round_trip_observer
-        await conn.connect()
+        # The handshake within the publish timeout: a hung nsqd's kernel still accepts the connect.
+        await conn.connect(handshake_timeout=min(HANDSHAKE_TIMEOUT, self.publish_timeout))
         slot.conn = conn
         slot.error = None
         self.open.append(conn)
         self._open_by_address.setdefault(slot.address, []).append(conn)
+        self._route()
         self._news()
         self._ensure_sweeper()
 
@@ -242,6 +269,8 @@ class ConnectionPool:
     def _on_close(self, slot: _Slot, conn: Connection, error: BaseException | None) -> None:
         if conn in self.open:
             self.open.remove(conn)
+        self.suspect.pop(conn, None)
+        self._route()
         same_node = self._open_by_address.get(slot.address)
         if same_node is not None and conn in same_node:
             same_node.remove(conn)
@@ -311,16 +340,57 @@ class ConnectionPool:
 
     def _ensure_sweeper(self) -> None:
         if self._sweeper is None and self._loop is not None:
-            self._sweeper = self._loop.call_later(min(1.0, self.publish_timeout / 4), self._sweep)
+            self._sweeper = self._loop.call_later(min(TICK, self.publish_timeout / 4), self._sweep)
 
     def _sweep(self) -> None:
-        """Fail commands unanswered for publish_timeout (each connection knows when it wrote them)."""
-        cutoff = time.perf_counter() - self.publish_timeout  # the clock of the connections' write marks
+        """Reroute what suspect connections hold, then fail commands unanswered for publish_timeout
+        (each connection knows when it wrote them)."""
+        now = time.perf_counter()  # the clock of the connections' write marks
+        self._watch_suspects(now)
+        cutoff = now - self.publish_timeout
         for conn in self.open:
             conn.expire_pending(cutoff, self._timeout_error)
         self._sweeper = None
         if not self.closing:
             self._ensure_sweeper()
+
+    def _watch_suspects(self, now: float) -> None:
+        """Suspect the connections whose oldest unanswered command is ``suspect_after`` old, clear
+        those that answered what they held, and while a healthy one is open, fail what the
+        suspects hold for the producer to send there."""
+        changed = False
+        for conn in self.open:
+            awaited = self.suspect.get(conn)
+            if awaited is not None:
+                if conn.answered >= awaited:
+                    del self.suspect[conn]
+                    changed = True
+                    self._log.info("nsqd %s answers again: it takes publishes again", conn.address)
+                continue
+            since = conn.unanswered_since()
+            if since is not None and now - since >= self.suspect_after:
+                self.suspect[conn] = conn.answered + conn.pending
+                changed = True
+                self._log.warning("nsqd %s has not answered for %.1f s (suspect_after=%s): publishes go to "
+                                  "the other connections while one answers", conn.address, now - since,
+                                  self.suspect_after)
+        if changed:
+            self._route()
+        if self.suspect and self.usable is not self.open:  # a healthy connection to send them to
+            for conn in self.suspect:
+                self.rerouted += conn.expire_pending(now, self._rerouted_error)
+
+    def _route(self) -> None:
+        """``usable`` after a change of the open or suspect connections."""
+        if not self.suspect:
+            self.usable = self.open
+            return
+        self.usable = [conn for conn in self.open if conn not in self.suspect] or self.open
+
+    @staticmethod
+    def _rerouted_error() -> ConnectionClosedError:
+        return ConnectionClosedError("nsqd did not answer within suspect_after: sent again on another connection "
+                                     "(it may arrive twice)")
 
     def _timeout_error(self) -> PublishTimeoutError:
         return PublishTimeoutError(f"no answer from nsqd within {self.publish_timeout} s (publish_timeout)")
