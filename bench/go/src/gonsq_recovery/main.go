@@ -5,7 +5,8 @@
 //	sub  a Consumer (-lookupd-http-address, or -nsqd-tcp-address) whose handler returns nil: each
 //	     message is FINed, which nsqd counts in its /stats (the bench's measure of a consumer).
 //	pub  a Producer (-nsqd-tcp-address) calling the synchronous Publish every -interval; one JSON
-//	     line per publish on stdout: {"t": CLOCK_MONOTONIC ns at its answer, "ok": bool, "err": "..."}.
+//	     line per publish on stdout: {"t": CLOCK_MONOTONIC ns at its answer, "took": ns the call
+//	     took, "ok": bool, "err": "..."}.
 //
 // Runs until SIGTERM or SIGINT. -client-id sets Config.ClientID (what the bench's counting
 // listener reads from IDENTIFY to tell the clients' connection attempts apart).
@@ -86,9 +87,10 @@ func consume(stop <-chan os.Signal) {
 }
 
 type outcome struct {
-	T   int64  `json:"t"`
-	OK  bool   `json:"ok"`
-	Err string `json:"err,omitempty"`
+	T    int64  `json:"t"`
+	Took int64  `json:"took"`
+	OK   bool   `json:"ok"`
+	Err  string `json:"err,omitempty"`
 }
 
 func publish(stop <-chan os.Signal) {
@@ -109,8 +111,10 @@ func publish(stop <-chan os.Signal) {
 			return
 		case <-ticker.C:
 		}
+		began := monotonicNs()
 		err := producer.Publish(*topic, []byte("go-"+strconv.Itoa(n)))
-		result := outcome{T: monotonicNs(), OK: err == nil}
+		now := monotonicNs()
+		result := outcome{T: now, Took: now - began, OK: err == nil}
 		if err != nil {
 			result.Err = err.Error()
 		}
