@@ -312,7 +312,7 @@ def start_go(args: argparse.Namespace, go_bin: Path, lookupd_http: str, b_tcp: s
     """go-nsq's Consumer through lookupd and its Producer on B (its publishes' outcomes to a file)."""
     out = open(args.out_dir / f"gray-go-pub-{os.getpid()}.jsonl", "wb")  # noqa: SIM115 - the child's stdout
     return [subprocess.Popen([str(go_bin), "-mode", "sub", "-lookupd-http-address", lookupd_http,
-                              "-topic", TOPIC, "-channel", "go"]),
+                              "-topic", TOPIC, "-channel", "go", "-max-in-flight", "100"]),
             subprocess.Popen([str(go_bin), "-mode", "pub", "-nsqd-tcp-address", b_tcp, "-topic", TOPIC,
                               "-interval", "50ms"], stdout=out)]
 

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import codec
 from ._protocol import HEARTBEAT, MAX_EXT_SIZE, MESSAGE_HEADER_SIZE, OK
 from .config import ConnectionOptions, parse_address
+from .dial import dial
 from .errors import (
     ConnectionClosedError,
     InvalidValueError,
@@ -214,14 +215,14 @@ class Connection(asyncio.BufferedProtocol):
         self._loop = loop = asyncio.get_running_loop()
         self._closed_waiter = loop.create_future()
         try:
-            local = self.options.local_addr
-            await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: self, self.host, self.port,
-                    local_addr=None if local is None else parse_address(local, default_port=0),
-                ),
-                self.options.dial_timeout,
-            )
+            local = self.options.local_addr  # staggered SYNs: a black hole that heals is not waited out
+            sock = await dial(self.host, self.port, self.options.dial_timeout,
+                              None if local is None else parse_address(local, default_port=0))
+            try:
+                await loop.create_connection(lambda: self, sock=sock)
+            except BaseException:
+                sock.close()
+                raise
             await asyncio.wait_for(self._handshake(), handshake_timeout)
         except BaseException as exc:
             self._abort(exc)

@@ -22,6 +22,7 @@ import pytest
 import fastnsq.sync
 from fastnsq import Producer
 from fastnsq.config import ConnectionOptions
+from fastnsq.conn import Connection
 from fastnsq.errors import PublishTimeoutError
 from fastnsq.testing import NSQD
 from fastnsq.testing.process import NSQDProcess
@@ -238,3 +239,36 @@ async def test_reconnect_failures_are_logged_once_then_summarised(caplog):
     lines = [r.getMessage() for r in caplog.records if "cannot reconnect" in r.getMessage()]
     assert len(lines) == 1, lines
     assert address in lines[0]
+
+
+async def test_connect_does_not_wait_out_a_dropped_syn():
+    """A listener whose accept queue is full drops SYNs, as a black hole does; it is freed 0.3 s
+    into a connect with dial_timeout=0.9. The kernel would send the first SYN again only at
+    1 s: a single connect times out; a connect joined by another every 0.25 s gets through."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        host, port = listener.getsockname()
+        filler = socket.create_connection((host, port))  # fills the accept queue
+        try:
+            loop = asyncio.get_running_loop()
+
+            def free() -> None:
+                accepted, _ = listener.accept()
+                accepted.close()
+
+            loop.call_later(0.3, free)
+            conn = Connection(f"{host}:{port}", ConnectionOptions(dial_timeout=0.9))
+            connecting = asyncio.ensure_future(conn.connect(handshake_timeout=0.5))
+            # Nothing answers IDENTIFY here: the attempt times out either way; what counts is
+            # whether a connection reached the listener's queue once it had room.
+            with pytest.raises(asyncio.TimeoutError):
+                await connecting
+            listener.setblocking(False)
+            try:
+                reached, _ = listener.accept()
+            except BlockingIOError:
+                pytest.fail("no connect reached the listener after its queue was freed")
+            reached.close()
+        finally:
+            filler.close()

@@ -8,8 +8,9 @@
 //	     line per publish on stdout: {"t": CLOCK_MONOTONIC ns at its answer, "took": ns the call
 //	     took, "ok": bool, "err": "..."}.
 //
-// Runs until SIGTERM or SIGINT. -client-id sets Config.ClientID (what the bench's counting
-// listener reads from IDENTIFY to tell the clients' connection attempts apart).
+// Runs until SIGTERM or SIGINT. -max-in-flight sets Config.MaxInFlight (sub; go-nsq's default 1).
+// -client-id sets Config.ClientID (what the bench's counting listener reads from IDENTIFY to tell
+// the clients' connection attempts apart).
 package main
 
 import (
@@ -35,6 +36,7 @@ var (
 	channel     = flag.String("channel", "go", "channel (sub)")
 	interval    = flag.Duration("interval", 50*time.Millisecond, "pub: one publish every interval")
 	clientID    = flag.String("client-id", "", "Config.ClientID")
+	maxInFlight = flag.Int("max-in-flight", 1, "sub: Config.MaxInFlight")
 	logLevel    = flag.String("log-level", "error", "go-nsq log level: debug|info|warn|error")
 )
 
@@ -63,6 +65,7 @@ func config() *nsq.Config {
 	if *clientID != "" {
 		cfg.ClientID = *clientID
 	}
+	cfg.MaxInFlight = *maxInFlight
 	return cfg
 }
 
