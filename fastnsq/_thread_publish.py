@@ -252,15 +252,15 @@ class ThreadPublisher:
         return self._take()
 
     def _avoided(self, address: str) -> bool:
-        """Whether ``address`` is left alone: quarantined here, or suspect in the loop's pool."""
+        """Whether ``address`` is left alone: quarantined here, or out of the loop pool's rotation."""
         if self._quarantined:
             until = self._quarantined.get(address)
             if until is not None:
                 if time.monotonic() < until:
                     return True
                 self._quarantined.pop(address, None)
-        suspect = self._pool.suspect
-        return bool(suspect) and any(conn.address == address for conn in list(suspect))
+        out = self._pool.suspects.out  # replaced, never changed in place: safe to read from here
+        return bool(out) and any(conn.address == address for conn in out)
 
     def _quarantine(self, address: str) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from typing import Any
 
@@ -75,6 +76,11 @@ async def _connect_one(info: tuple[Any, ...], local_addr: tuple[str, int] | None
         if local_addr is not None:
             sock.bind(local_addr)
         await asyncio.get_running_loop().sock_connect(sock, address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno:  # "Connect call failed (host, port)" says less than the errno's own text
+            raise OSError(exc.errno, os.strerror(exc.errno)) from None
+        raise
     except BaseException:
         sock.close()
         raise

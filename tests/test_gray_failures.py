@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 import threading
 import time
@@ -24,6 +25,7 @@ from fastnsq import Producer
 from fastnsq.config import ConnectionOptions
 from fastnsq.conn import Connection
 from fastnsq.errors import PublishTimeoutError
+from fastnsq.producer.suspects import Suspects
 from fastnsq.testing import NSQD
 from fastnsq.testing.process import NSQDProcess
 from fastnsq.testing.proxy import FaultProxy
@@ -272,3 +274,43 @@ async def test_connect_does_not_wait_out_a_dropped_syn():
             reached.close()
         finally:
             filler.close()
+
+
+class _Conn:
+    """What the suspect rule reads of a connection, set by hand."""
+
+    def __init__(self) -> None:
+        self.address = "b:4150"
+        self.answered = 0
+        self.pending = 0
+        self.since: float | None = None
+
+    def unanswered_since(self) -> float | None:
+        return self.since
+
+    def expire_pending(self, written_before: float, error) -> int:
+        return self.pending
+
+
+def test_an_nsqd_suspect_again_and_again_rests_longer():
+    """A lossy link: B answers late over and over. The first spell ends when B has answered
+    what it held (back at once); each further spell within RECALL rests 1, 2, 4... s before B
+    takes publishes again, so a reroute does not take a new share of them every second."""
+    log = logging.getLogger("test")
+    rule, conn = Suspects(0.5, log), _Conn()
+    rests = []
+    now = 0.0
+    for _ in range(4):
+        conn.since, conn.pending = now, 3
+        assert rule.check([conn], now + 0.6) and conn in rule.out  # suspect
+        conn.answered += 3
+        conn.since, conn.pending = None, 0
+        now += 1.0
+        rule.check([conn], now)  # it answered what it held
+        rest = 0.0
+        while conn in rule.out:
+            rest += 0.25
+            rule.check([conn], now + rest)
+        rests.append(rest)
+        now += rest + 1.0
+    assert rests == [0.0, 1.0, 2.0, 4.0]

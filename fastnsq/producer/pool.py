@@ -12,6 +12,7 @@ from ..config import ConnectionOptions, LoggerLike
 from ..conn import HANDSHAKE_TIMEOUT, Connection
 from ..errors import ConnectionClosedError, NoConnectionError, NsqdDown, NSQError, PublishTimeoutError
 from ..recovery import Redial
+from .suspects import Suspects
 
 #: fail_fast: how long a publish waits for the reconnect attempt it hurried (a refused port
 #: answers at once; a connect that times out would hold it for its dial_timeout).
@@ -54,7 +55,8 @@ class ConnectionPool:
     and the commands it holds fail with a retryable :class:`ConnectionClosedError`, which the
     producer sends again on a healthy connection (``rerouted`` counts them: if the suspect nsqd
     answers later after all, those messages are there twice). It is healthy again once it has
-    answered what it held. With no healthy connection, suspects are used as before.
+    answered what it held (an nsqd suspect again and again rests a while first:
+    :mod:`fastnsq.producer.suspects`). With no healthy connection, suspects are used as before.
     """
 
     def __init__(
@@ -76,12 +78,12 @@ class ConnectionPool:
         self.max_reconnect_delay = max_reconnect_delay
         #: The open connections, in the order they opened (round robin walks this list).
         self.open: list[Connection] = []
-        #: The connections new publishes go to: ``open`` itself while none is suspect, else the
-        #: healthy ones (or every open one, when none is healthy).
+        #: The connections new publishes go to: ``open`` itself while none is out of the rotation,
+        #: else the others (or every open one, when all are out).
         self.usable: list[Connection] = self.open
         self.suspect_after = suspect_after
-        #: Suspect connections, each with the count of answers it must reach to be healthy again.
-        self.suspect: dict[Connection, int] = {}
+        #: The connections out of the rotation (suspect or resting), read at each tick.
+        self.suspects = Suspects(suspect_after, log)
         #: Commands failed on a suspect connection for the producer to send elsewhere.
         self.rerouted = 0
         self.reconnects = 0
@@ -124,8 +126,9 @@ class ConnectionPool:
         open_conns = self.usable if address is None else self._open_by_address.get(address)
         if not open_conns:
             return None
-        if address is not None and self.suspect:
-            open_conns = [conn for conn in open_conns if conn not in self.suspect] or open_conns
+        out = self.suspects.out
+        if address is not None and out:
+            open_conns = [conn for conn in open_conns if conn not in out] or open_conns
         self._next = (self._next + 1) % len(open_conns)
         return open_conns[self._next]
 
@@ -244,7 +247,7 @@ class ConnectionPool:
         for conn in conns:
             if conn in self.open:
                 self.open.remove(conn)
-            self.suspect.pop(conn, None)
+            self.suspects.forget(conn)
         self._route()
         await asyncio.gather(*(conn.close() for conn in conns), return_exceptions=True)
 
@@ -269,7 +272,7 @@ class ConnectionPool:
     def _on_close(self, slot: _Slot, conn: Connection, error: BaseException | None) -> None:
         if conn in self.open:
             self.open.remove(conn)
-        self.suspect.pop(conn, None)
+        self.suspects.forget(conn)
         self._route()
         same_node = self._open_by_address.get(slot.address)
         if same_node is not None and conn in same_node:
@@ -338,9 +341,9 @@ class ConnectionPool:
 
     # ---- timeouts -----------------------------------------------------------------------
 
-    def _ensure_sweeper(self) -> None:
+    def _ensure_sweeper(self, delay: float = TICK) -> None:
         if self._sweeper is None and self._loop is not None:
-            self._sweeper = self._loop.call_later(min(TICK, self.publish_timeout / 4), self._sweep)
+            self._sweeper = self._loop.call_later(min(delay, self.publish_timeout / 4), self._sweep)
 
     def _sweep(self) -> None:
         """Reroute what suspect connections hold, then fail commands unanswered for publish_timeout
@@ -348,44 +351,31 @@ class ConnectionPool:
         now = time.perf_counter()  # the clock of the connections' write marks
         self._watch_suspects(now)
         cutoff = now - self.publish_timeout
+        delay = TICK
         for conn in self.open:
             conn.expire_pending(cutoff, self._timeout_error)
+            since = conn.unanswered_since()
+            if since is not None:  # the next tick at its deadline if that comes first: not up to a tick late
+                delay = min(delay, max(0.001, since - cutoff))
         self._sweeper = None
         if not self.closing:
-            self._ensure_sweeper()
+            self._ensure_sweeper(delay)
 
     def _watch_suspects(self, now: float) -> None:
-        """Suspect the connections whose oldest unanswered command is ``suspect_after`` old, clear
-        those that answered what they held, and while a healthy one is open, fail what the
+        """Update who is out of the rotation; while a connection in it is open, fail what the
         suspects hold for the producer to send there."""
-        changed = False
-        for conn in self.open:
-            awaited = self.suspect.get(conn)
-            if awaited is not None:
-                if conn.answered >= awaited:
-                    del self.suspect[conn]
-                    changed = True
-                    self._log.info("nsqd %s answers again: it takes publishes again", conn.address)
-                continue
-            since = conn.unanswered_since()
-            if since is not None and now - since >= self.suspect_after:
-                self.suspect[conn] = conn.answered + conn.pending
-                changed = True
-                self._log.warning("nsqd %s has not answered for %.1f s (suspect_after=%s): publishes go to "
-                                  "the other connections while one answers", conn.address, now - since,
-                                  self.suspect_after)
-        if changed:
+        if self.suspects.check(self.open, now):
             self._route()
-        if self.suspect and self.usable is not self.open:  # a healthy connection to send them to
-            for conn in self.suspect:
-                self.rerouted += conn.expire_pending(now, self._rerouted_error)
+        if self.suspects.suspect and self.usable is not self.open:  # a healthy connection to send them to
+            self.rerouted += self.suspects.reroute(now, self._rerouted_error)
 
     def _route(self) -> None:
-        """``usable`` after a change of the open or suspect connections."""
-        if not self.suspect:
+        """``usable`` after a change of the open connections or of those out of the rotation."""
+        out = self.suspects.out
+        if not out:
             self.usable = self.open
             return
-        self.usable = [conn for conn in self.open if conn not in self.suspect] or self.open
+        self.usable = [conn for conn in self.open if conn not in out] or self.open
 
     @staticmethod
     def _rerouted_error() -> ConnectionClosedError:
