@@ -18,7 +18,7 @@ The faults on B, one after another, ``--settle`` s apart: ``stop:S`` SIGSTOP for
 live in a table of this run's own (``gray57_<pid>``), deleted at the end even on an error.
 
 Per fault and face: failed publishes (raised within the fault or the settle after it), p99 and
-worst publish latency of the calls started during the fault, ``rerouted`` (fastnsq: publishes
+worst publish latency of the calls started during the fault or in flight when it began, ``rerouted`` (fastnsq: publishes
 B held, sent again to A: each may be there twice); for consumers, seconds from the fault's
 start until the face had no connection to B (``noticed``; fastnsq faces only) and seconds from
 the fault's end until B's /stats count a FIN on the face's channel again (``back``). At the
@@ -330,7 +330,7 @@ def summarise(kind: str, seconds: float, t0: float, t1: float, settle: float, fa
             go_calls.append((item["t"] / 1e9 - took, took, None if item["ok"] else item.get("err", "error")))
     faces["go-nsq Producer(B)"].calls = go_calls
     for name, face in faces.items():
-        during = [c for c in face.calls if t0 <= c[0] < t1]
+        during = [c for c in face.calls if c[0] < t1 and c[0] + c[1] > t0]  # started, or in flight, during it
         window = [c for c in face.calls if t0 <= c[0] < t1 + settle]
         failed = [c for c in window if c[2] is not None]
         row["producers"][name] = {

@@ -312,5 +312,6 @@ def test_an_nsqd_suspect_again_and_again_rests_longer():
             rest += 0.25
             rule.check([conn], now + rest)
         rests.append(rest)
+        assert (conn in rule.trial) == (rest > 0)  # back from a rest: a small share first
         now += rest + 1.0
     assert rests == [0.0, 1.0, 2.0, 4.0]

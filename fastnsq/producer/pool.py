@@ -12,7 +12,7 @@ from ..config import ConnectionOptions, LoggerLike
 from ..conn import HANDSHAKE_TIMEOUT, Connection
 from ..errors import ConnectionClosedError, NoConnectionError, NsqdDown, NSQError, PublishTimeoutError
 from ..recovery import Redial
-from .suspects import Suspects
+from .suspects import TRIAL_WEIGHT, Suspects
 
 #: fail_fast: how long a publish waits for the reconnect attempt it hurried (a refused port
 #: answers at once; a connect that times out would hold it for its dial_timeout).
@@ -371,11 +371,15 @@ class ConnectionPool:
 
     def _route(self) -> None:
         """``usable`` after a change of the open connections or of those out of the rotation."""
-        out = self.suspects.out
-        if not out:
+        out, trial = self.suspects.out, self.suspects.trial
+        if not out and not trial:
             self.usable = self.open
             return
-        self.usable = [conn for conn in self.open if conn not in out] or self.open
+        healthy = [conn for conn in self.open if conn not in out and conn not in trial]
+        tried = [conn for conn in self.open if conn in trial]
+        # Round robin over a list with each healthy connection TRIAL_WEIGHT times: one on trial
+        # gets a small share (still one list index per publish).
+        self.usable = healthy * TRIAL_WEIGHT + tried if healthy and tried else healthy or tried or self.open
 
     @staticmethod
     def _rerouted_error() -> ConnectionClosedError:

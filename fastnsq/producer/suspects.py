@@ -11,6 +11,9 @@ publishes just go unanswered). Read by the pool at each of its ticks, never per 
   up to ``MAX_REST`` s, so that such an nsqd does not get, and lose to a reroute, a new share
   of publishes every second. The first recovery of a while rests 0 s (a nsqd that hung once
   is used again as soon as it answers).
+* **on trial**: after a rest, ``TRIAL`` seconds with a small share of the publishes (the pool
+  gives each healthy connection ``TRIAL_WEIGHT`` turns for its one): if the link is still bad,
+  the next suspect spell holds, and reroutes, few publishes.
 """
 
 from __future__ import annotations
@@ -20,12 +23,16 @@ from typing import Protocol
 
 from ..config import LoggerLike
 
-__all__ = ["MAX_REST", "RECALL", "Suspects"]
+__all__ = ["MAX_REST", "RECALL", "TRIAL", "TRIAL_WEIGHT", "Suspects"]
 
 #: Seconds within which an nsqd's suspect spells count as one run of them.
 RECALL = 60.0
 #: The longest rest (seconds) of an nsqd that keeps falling suspect.
 MAX_REST = 30.0
+#: Seconds a connection back from a rest is on trial.
+TRIAL = 5.0
+#: Turns of each healthy connection for one of a connection on trial.
+TRIAL_WEIGHT = 9
 
 
 class Watched(Protocol):
@@ -54,6 +61,8 @@ class Suspects:
         self.suspect: dict[Watched, int] = {}
         #: Resting connections, each with the time it takes publishes again.
         self.resting: dict[Watched, float] = {}
+        #: Connections on trial, each with the time its trial ends.
+        self.trial: dict[Watched, float] = {}
         #: Every connection out of the rotation now (suspect or resting).
         self.out: set[Watched] = set()
         self._spells: dict[str, tuple[int, float]] = {}  # address -> (spells in a row, when the last ended)
@@ -73,10 +82,16 @@ class Suspects:
             if until is not None:
                 if now >= until:
                     del self.resting[conn]
+                    self.trial[conn] = now + TRIAL
                     changed = True
                 continue
+            until = self.trial.get(conn)
+            if until is not None and now >= until:
+                del self.trial[conn]
+                changed = True
             since = conn.unanswered_since()
             if since is not None and now - since >= self.suspect_after:
+                self.trial.pop(conn, None)
                 self.suspect[conn] = conn.answered + conn.pending
                 changed = True
                 self._log.warning("nsqd %s has not answered for %.1f s (suspect_after=%s): publishes go to "
@@ -104,6 +119,7 @@ class Suspects:
 
     def forget(self, conn: Watched) -> None:
         """``conn`` closed."""
+        self.trial.pop(conn, None)
         if conn in self.out:
             self.suspect.pop(conn, None)
             self.resting.pop(conn, None)
