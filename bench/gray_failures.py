@@ -263,6 +263,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     raise SystemExit(f"unknown fault {kind!r}: stop, hole or loss")
                 try:
                     await asyncio.sleep(seconds)
+                    # What B's clients had FINed as the fault ends (B's HTTP port is not the one
+                    # dropped; a stopped B does not answer, and FINed nothing since t0 anyway).
+                    fins_before = await fins_on_b(session, b.http_address, ["fast", "fastd", "go"]) or fins_before
                 finally:
                     if kind == "stop":
                         b.resume()

@@ -126,8 +126,8 @@ class ConnectionPool:
         open_conns = self.usable if address is None else self._open_by_address.get(address)
         if not open_conns:
             return None
-        out = self.suspects.out
-        if address is not None and out:
+        if address is not None and self.suspects.out:
+            out = self.suspects.out
             open_conns = [conn for conn in open_conns if conn not in out] or open_conns
         self._next = (self._next + 1) % len(open_conns)
         return open_conns[self._next]
