@@ -281,6 +281,7 @@ class _Conn:
 
     def __init__(self) -> None:
         self.address = "b:4150"
+        self.is_ha = False
         self.answered = 0
         self.pending = 0
         self.since: float | None = None

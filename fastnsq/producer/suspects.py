@@ -39,6 +39,7 @@ class Watched(Protocol):
     """What the rule reads of a connection (``fastnsq.conn.Connection`` has it)."""
 
     address: str
+    is_ha: bool
 
     @property
     def answered(self) -> int: ...
@@ -114,8 +115,9 @@ class Suspects:
             self._log.info("nsqd %s answers again: it takes publishes again", conn.address)
 
     def reroute(self, now: float, error: Callable[[], BaseException]) -> int:
-        """Fail every command the suspect connections hold (the producer sends them elsewhere)."""
-        return sum(conn.expire_pending(now, error) for conn in self.suspect)
+        """Fail every command the suspect connections hold (the producer sends them elsewhere).
+        Not an HA nsqd's: its publishes go to a partition's leader, which no other nsqd is."""
+        return sum(conn.expire_pending(now, error) for conn in self.suspect if not conn.is_ha)
 
     def forget(self, conn: Watched) -> None:
         """``conn`` closed."""
