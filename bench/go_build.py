@@ -25,7 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 #: Each program's source folder under bench/go/src, and the binary's name in the bin folder.
-PROGRAMS = {"gonsq_latency": "latency_bench", "gonsq_recovery": "recovery_bench", "gonsq_bench": "gonsq_bench"}
+PROGRAMS = {"gonsq_latency": "latency_bench", "gonsq_recovery": "recovery_bench", "gonsq_bench": "gonsq_bench",
+            "gonsq_outage": "outage_bench"}
 
 
 def build(bin_dir: Path, gopath: Path | None = None, program: str = "gonsq_latency", *, force: bool = False) -> Path:

@@ -139,6 +139,11 @@ class BackoffState:
             self.probe = None
             self.probe_msg = _NO_MSG
 
+    def reset(self) -> None:
+        """Back to normal consumption at once (a ready check passed: the cause is gone)."""
+        self.phase, self.level, self.wait_until = Phase.NORMAL, 0, None
+        self.probe, self.probe_msg = None, _NO_MSG
+
     def set_probe(self, record: Any) -> None:
         self.probe = record
         self.probe_msg = _NO_MSG

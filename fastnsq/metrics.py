@@ -78,6 +78,7 @@ _CONSUMER_COUNTERS = (
     ("requeue_dropped", "REQs not sent: their connection had closed (nsqd gives the message out again)"),
     ("timed_out", "messages answered after their msg_timeout (nsqd had given them out again)"),
     ("given_up", "messages past max_attempts, finished and handed to the give-up hook"),
+    ("dead_lettered", "messages past max_attempts published to the dead_letter_topic, then finished"),
     ("duplicates_dropped", "HA ordered channels: repeated deliveries of a partition's head, not handed out again"),
 )
 _CONSUMER_GAUGES = (
@@ -85,6 +86,7 @@ _CONSUMER_GAUGES = (
                    "in_flight_count also counts those on their way both ways; at most nsq_consumer_rdy)")),
     ("max_in_flight", "the consumer's max_in_flight"),
     ("backoff_level", "the backoff level (0: consuming normally)"),
+    ("holding", "1 while the ready_check fails: RDY 0, the messages held (0: consuming)"),
 )
 _PARTITION_GAUGES = (
     ("position", "HA: the channel's confirmed queue offset in the partition (everything before it is finished)"),

@@ -228,6 +228,16 @@ _CONSUMER = [
     _o("give_up_handler", "consumer", "Callable[[Message], object] | None", None,
        "Called with each message past max_attempts, after it was finished (may be async; None: a warning).",
        gonsq="FailedMessageLogger", pynsq=("giving_up",), off=(None,), callable_ok=True),
+    _fastnsq("dead_letter_topic", "consumer", "str | None", None,
+             "Messages past max_attempts are published here (their body as it came, on the nsqd they came "
+             "from) and finished only once nsqd took them (None: finished and logged).", kind="str",
+             off=(None,)),
+    _fastnsq("ready_check", "consumer", "Callable[[], object] | None", None,
+             "While a handler fails, polled every ready_check_interval (sync or async; raising or False: "
+             "not ready): RDY 0 until it passes, then full max_in_flight at once, failed messages requeued "
+             "without delay.", off=(None,), callable_ok=True),
+    _fastnsq("ready_check_interval", "consumer", "float", 0.25, "How often a failing ready_check is asked again.",
+             low=0.01, high=60, **_SECONDS),
     _fastnsq("ordered", "consumer", "bool", False, "HA: SUB_ORDERED, one message at a time per partition.",
              kind="bool", gonsq="EnableOrdered"),
     _fastnsq("ordered_give_up", "consumer", "Literal['finish', 'requeue', 'stop']", "finish",

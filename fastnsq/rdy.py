@@ -89,14 +89,7 @@ from fastnsq.backoff import STRATEGIES, BackoffPolicy, BackoffState, BackoffStra
 from fastnsq.codec import ConnRdy as _Conn
 from fastnsq.errors import InvalidValueError
 
-__all__ = [
-    "STARVED_RATIO",
-    "BackoffStrategy",
-    "ConnectionRdyStats",
-    "Outcome",
-    "RdyController",
-    "RdyUpdate",
-]
+__all__ = ["STARVED_RATIO", "BackoffStrategy", "ConnectionRdyStats", "Outcome", "RdyController", "RdyUpdate"]
 
 #: is_starved() threshold: in-flight count over the RDY last sent (the client guide, go-nsq, pynsq).
 STARVED_RATIO = 0.85
@@ -236,6 +229,7 @@ class RdyController:
         self._held: dict[Hashable, int] = {}
         # Every scope in normal operation: FINs may take the cheap path.
         self._all_normal = True
+        self._holding = False  # the consumer's ready_check failing: RDY 0 everywhere (hold())
 
     # -- read-only state ---------------------------------------------------------------------
 
@@ -411,6 +405,15 @@ class RdyController:
             self._held[conn_id] = reserve
         return self._rebalance(self._clock())
 
+    def hold(self, holding: bool) -> list[RdyUpdate]:
+        """RDY 0 on every connection while ``holding`` (the consumer's ``ready_check`` fails: no
+        probe either); released, every backoff scope is back to normal at once, at full RDY."""
+        self._holding = holding
+        if not holding:
+            for scope in self._scopes.values():
+                scope.reset()
+        return self._rebalance(self._clock())
+
     def set_max_rdy(self, conn_id: Hashable, max_rdy_count: int) -> list[RdyUpdate]:
         """Change the most RDY one connection may hold (a cap below nsqd's max_rdy_count)."""
         _check_count("max_rdy_count", max_rdy_count)
@@ -581,7 +584,7 @@ class RdyController:
             for c in self._conns.values():
                 if c not in flowing:
                     self._release_extra(c, now)
-        if self._mif == 0 or not self._conns:
+        if self._mif == 0 or self._holding or not self._conns:
             return
         probes = []
         for scope_key, scope in self._scopes.items():
@@ -597,7 +600,8 @@ class RdyController:
     def _flows(self, conn_id: Hashable) -> bool:
         """In normal operation: its backoff scope not backing off, its key not paused, not held."""
         key = self._key_of[conn_id]
-        return self._scopes[self._scope_key(key)].phase is Phase.NORMAL and self._flows_when_normal(conn_id)
+        return (not self._holding and self._scopes[self._scope_key(key)].phase is Phase.NORMAL
+                and self._flows_when_normal(conn_id))
 
     def _flows_when_normal(self, conn_id: Hashable) -> bool:
         return self._key_of[conn_id] not in self._paused and conn_id not in self._held
@@ -789,11 +793,7 @@ def _check_count(name: str, value: object, note: str = "") -> int:
 
 def _check_seconds(name: str, value: object) -> float:
     low, high = _BOUNDS[name]
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not low <= value <= high
-    ):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value)
+                                                                          and low <= value <= high):
         raise InvalidValueError(f"{name} must be a number of seconds in [{low:g}, {high:g}], got {value!r}")
     return float(value)

@@ -64,6 +64,10 @@ class ConsumerStats:
     reconnects: int = 0
     finish_dropped: int = 0
     requeue_dropped: int = 0
+    #: Of ``given_up``: those published to ``dead_letter_topic`` (then finished).
+    dead_lettered: int = 0
+    #: 1 while the ``ready_check`` fails (RDY 0, nothing handed out), else 0.
+    holding: int = 0
     #: nsqd's error frames by code (``E_FIN_FAILED``...), fatal or not.
     errors: dict[str, int] = field(default_factory=dict)
     connections: tuple[ConnectionStats, ...] = ()

@@ -143,6 +143,12 @@ class ConsumerOptions(ConnectionKeywords, total=False):
     """TOUCH messages whose handler runs past half their msg_timeout. Default False; fastnsq's own."""
     give_up_handler: Callable[[Message], object] | None
     """Called with each message past max_attempts, after it was finished (may be async; None: a warning). Default None; go-nsq: FailedMessageLogger; pynsq: giving_up."""
+    dead_letter_topic: str | None
+    """Messages past max_attempts are published here (their body as it came, on the nsqd they came from) and finished only once nsqd took them (None: finished and logged). Default None; fastnsq's own."""
+    ready_check: Callable[[], object] | None
+    """While a handler fails, polled every ready_check_interval (sync or async; raising or False: not ready): RDY 0 until it passes, then full max_in_flight at once, failed messages requeued without delay. Default None; fastnsq's own."""
+    ready_check_interval: float
+    """How often a failing ready_check is asked again. Default 0.25 s; fastnsq's own."""
     ordered: bool
     """HA: SUB_ORDERED, one message at a time per partition. Default False; go-nsq: EnableOrdered."""
     ordered_give_up: Literal['finish', 'requeue', 'stop']

@@ -79,7 +79,7 @@ async def test_a_failing_handler_is_one_warning_line_with_its_traceback_at_debug
     tracebacks = records(caplog, "the handler's traceback for message")
     assert [r.levelno for r in tracebacks] == [logging.DEBUG, logging.DEBUG]
     assert all(r.exc_info is not None and r.exc_info[0] is ValueError for r in tracebacks)
-    assert records(caplog, "giving up on message")[0].levelno == logging.WARNING
+    assert records(caplog, "gave up on message")[0].levelno == logging.WARNING
 
 
 async def test_backoff_is_logged_at_info_with_its_duration(caplog: pytest.LogCaptureFixture) -> None:

@@ -50,6 +50,9 @@ def add_consume_flags(parser: argparse.ArgumentParser, *, app: str, several_topi
     runtime.add_argument("--drain-timeout", type=duration_arg, default=30.0, metavar="DURATION",
                          help="on SIGTERM/SIGINT, how long to finish what is held before the rest is requeued "
                               "(default 30s)")
+    runtime.add_argument("--dead-letter-topic", type=topic_arg, metavar="TOPIC",
+                         help="messages past max_attempts are published to TOPIC (the body as it came), then "
+                              "finished (default: finished with a WARNING line naming the message)")
     return what
 
 
@@ -59,7 +62,8 @@ def consumer_options(args: argparse.Namespace) -> dict[str, Any]:
                   if value not in (None, False) and name != "user_agent"}
     passed = passthrough_options(args.consumer_opt, for_="consumer", flag="--consumer-opt")
     passed.pop("max_in_flight", None)  # nsq's apps set it from --max-in-flight after the passthrough
-    return {**connection, **passed}
+    dead = {"dead_letter_topic": args.dead_letter_topic} if getattr(args, "dead_letter_topic", None) else {}
+    return {**connection, **passed, **dead}
 
 
 def require_servers(args: argparse.Namespace) -> None:

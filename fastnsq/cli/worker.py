@@ -40,7 +40,21 @@ def _build_worker(commands: Any, common: argparse.ArgumentParser, client: argpar
     what.add_argument("--consumer-opt", action="append", metavar="NAME=VALUE",
                       help="any Consumer option, go-nsq's names (max_attempts=10, msg_timeout=2m...; repeatable)")
     what.add_argument("--batch", metavar="MAX_SIZE,MAX_WAIT", type=_typed("batch"),
-                      help="hand the handler batches (Consumer.batches(): full, starved, or MAX_WAIT s old)")
+                      help="hand the handler batches (Consumer.batches(): full, starved, or MAX_WAIT s old); "
+                           "a batch that raises is requeued, each message after default_requeue_delay x its "
+                           "attempts (90 s, 180 s...; --consumer-opt default_requeue_delay=5), or at once "
+                           "with a ready check (below)")
+    failing = sub.add_argument_group("when the handler fails")
+    failing.add_argument("--ready-check", type=_typed("ready_check"), metavar="MODULE:FUNCTION",
+                         help="a function (sync or async, no argument; raising or False: not ready) asked every "
+                              "ready_check_interval (0.25 s) while the handler fails: the process holds its "
+                              "messages at RDY 0 until it passes, then resumes at full rate (default: the "
+                              "handler object's ready() if it has one, else backoff)")
+    failing.add_argument("--dead-letter-topic", type=_typed("dead_letter_topic"), metavar="TOPIC",
+                         help="messages past max_attempts are published to TOPIC (the body as it came), then "
+                              "finished (default: finished with a WARNING line naming the message, and counted)")
+    failing.add_argument("--give-up-handler", type=_typed("give_up_handler"), metavar="MODULE:FUNCTION",
+                         help="called with each message past max_attempts (after the dead-letter publish)")
     group = sub.add_argument_group("processes")
     group.add_argument("--processes", type=_typed("processes"), metavar="N|auto",
                        help="worker processes (default 1; auto: one per core this process may use)")
@@ -97,7 +111,7 @@ def _typed(name: str) -> Any:
 
 def _run_worker(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from ..runner import SettingsError, run_group
-    from ..runner.loading import LoadError, load
+    from ..runner.loading import LoadError, load, load_function
     from ..runner.settings import merge, read_config_file
 
     flags = vars(args).copy()
@@ -109,6 +123,9 @@ def _run_worker(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
         file_values = read_config_file(args.config) if args.config else {}
         settings = merge(flags, os.environ, file_values, connection=connection)
         handler = load(settings.target)  # here, once: a module that does not import is exit status 2
+        for hook, flag in ((settings.ready_check, "--ready-check"), (settings.give_up_handler, "--give-up-handler")):
+            if hook:
+                load_function(hook, flag)
     except (SettingsError, LoadError) as exc:
         raise UsageError(str(exc)) from None
     if settings.threads and handler.is_async:

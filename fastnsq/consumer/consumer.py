@@ -52,6 +52,7 @@ from .express import ExpressLanes
 from .ha import HAConsumer, direct_endpoints
 from .missing import REFRESH_ERRORS, Missing
 from .partitions import Partitions
+from .readiness import Readiness
 
 if TYPE_CHECKING:
     from typing_extensions import Self, Unpack
@@ -163,7 +164,8 @@ class Consumer:
                 topic=topic, channel=channel, handler=handler, max_attempts=self.max_attempts,
                 default_requeue_delay=self.default_requeue_delay, max_requeue_delay=self.max_requeue_delay,
                 ordered=self.ordered, ordered_give_up=self.ordered_give_up,
-                give_up_handler=s["give_up_handler"], log=self._log,
+                give_up_handler=s["give_up_handler"], log=self._log, dead_letter_topic=s["dead_letter_topic"],
+                requeue_at_once=s["ready_check"] is not None,
             ),
             self._rdy, self.partitions, self._inbox, self._apply, lambda: self.set_max_in_flight(0),
         )
@@ -173,7 +175,18 @@ class Consumer:
             partitions=self.partitions, fast_allowed=lambda: not self.ordered and not self._stopping,
         )
         self._dispatch.ha_check = self._ha.inspect
-        self._rdy.on_backoff = self._dispatch.backoff_changed
+        dead = s["dead_letter_topic"]
+        if dead is not None and not codec.valid_topic_name(dead):  # nsqd would close the connection at each try
+            raise InvalidValueError(f"invalid dead_letter_topic {dead!r}: 1-64 characters of [.a-zA-Z0-9_-]")
+        self._readiness: Readiness | None = None
+        if s["ready_check"] is None:
+            self._rdy.on_backoff = self._dispatch.backoff_changed
+        else:  # the check, not a backoff's waits and probes, says when to resume
+            self._readiness = Readiness(s["ready_check"], s["ready_check_interval"],
+                                        lambda holding: self._apply(self._rdy.hold(holding)), self._touch_held,
+                                        self._log, f"{topic}/{channel}")
+            self._dispatch.on_failure = self._readiness.failed
+            self._dispatch.holding = lambda: self._readiness is not None and self._readiness.holding
         self._loop: asyncio.AbstractEventLoop | None = None
         self._links: dict[Endpoint, list[Link]] = {}
         self._missing = Missing(topic, self._fill, self._direct, delay=self.reconnect_delay,
@@ -262,6 +275,8 @@ class Consumer:
             await self._topology.close()
         await self._ha.close()
         self._apply(self._rdy.set_max_in_flight(0))
+        if self._readiness is not None:
+            self._readiness.cancel()
         await asyncio.gather(*(self._cls(link, timeout) for link in self._all_links()), return_exceptions=True)
         while self._queue:  # never handed out: back to nsqd now
             message = self._queue.popleft()
@@ -307,6 +322,8 @@ class Consumer:
     def __aiter__(self) -> AsyncIterator[Message]:
         if self._handler is not None:
             raise RuntimeError("this consumer has a handler; `async for` is for consumers without one")
+        if self._readiness is not None:
+            return self._when_ready()
         # In C, a queued message is handed out without a coroutine; _next_message does the waiting.
         return codec.MessageIterator(self._inbox, self._next_message, _YIELD_EVERY)
 
@@ -319,6 +336,16 @@ class Consumer:
                 raise StopAsyncIteration
             await self._wait_queue()
         return self._queue.popleft()
+
+    async def _when_ready(self) -> AsyncIterator[Message]:
+        """`async for` with a ready_check: nothing handed out while the consumer holds."""
+        assert self._readiness is not None
+        while True:
+            await self._readiness.wait()
+            try:
+                yield await self._next_message(False)
+            except StopAsyncIteration:
+                return
 
     async def batches(self, max_size: int = 100, max_wait: float = 1.0) -> AsyncIterator[Batch]:
         """Yield batches: when ``max_size`` messages are ready, when the connections are
@@ -342,6 +369,9 @@ class Consumer:
                 if remaining <= 0:
                     break
                 await self._wait_queue(remaining)
+            if self._readiness is not None and self._readiness.holding and not self._stopping:
+                await self._readiness.wait()  # held: the queue stays, TOUCHed, until the check passes
+                continue
             take = min(max_size, len(self._queue))
             if take:
                 yield Batch([self._queue.popleft() for _ in range(take)])
@@ -392,6 +422,12 @@ class Consumer:
         return self._rdy.backoff_level
 
     @property
+    def holding(self) -> bool:
+        """True while the ``ready_check`` fails (RDY 0, nothing handed out): from its first failed
+        check to the first that passes."""
+        return self._readiness is not None and self._readiness.not_ready
+
+    @property
     def connections(self) -> list[Connection]:
         return [link.conn for link in self._all_links() if link.conn.is_open]
 
@@ -440,6 +476,7 @@ class Consumer:
             duplicates_dropped=self.duplicates_dropped,
             reconnects=self.reconnects,
             finish_dropped=self._dispatch.finish_dropped, requeue_dropped=self._dispatch.requeue_dropped,
+            dead_lettered=self._dispatch.dead_lettered, holding=int(self.holding),
             errors=dict(self._errors),
             connections=tuple(self._connection_stats(link) for link in links),
         )
@@ -714,6 +751,13 @@ class Consumer:
                     message.touch()
         if not self._stopping:
             self._schedule_touch()
+
+    def _touch_held(self) -> float:
+        """TOUCH the messages queued while holding; seconds until the next TOUCH is due."""
+        for message in self._queue:
+            if not message.has_responded:
+                message.touch()
+        return min((link.msg_timeout for link in self._all_links()), default=60.0) / 3
 
     def _cancel_timers(self) -> None:
         for timer in (self._rdy_timer, self._touch_timer):

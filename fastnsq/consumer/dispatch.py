@@ -50,6 +50,10 @@ class DispatchSettings:
     ordered_give_up: str
     give_up_handler: Callable[[Any], Any] | None
     log: LoggerLike = logger
+    #: Past max_attempts: published here, then finished (None: finished and logged, or the hook).
+    dead_letter_topic: str | None = None
+    #: A ready_check decides when to retry: a failed message is requeued without delay.
+    requeue_at_once: bool = False
 
     @property
     def handler_is_async(self) -> bool:
@@ -88,6 +92,10 @@ class Dispatcher:
         self._now: Callable[[], float] = _no_loop_time
         self.tasks: set[asyncio.Future[Any]] = set()
         self.given_up = 0
+        self.dead_lettered = 0
+        #: The consumer's ready_check: told of each failure (a REQ with backoff); holding.
+        self.on_failure: Callable[[], None] | None = None
+        self.holding: Callable[[], bool] = lambda: False
         self.closed_counts = [0, 0, 0]  # received, finished, requeued
         self.closed_timed_out = 0
         # Not finished or requeued as far as nsqd knows: counting them as such hid the loss.
@@ -154,7 +162,7 @@ class Dispatcher:
         if self.ha_check is not None and not self.ha_check(link, message):
             return
         if settings.max_attempts and message.attempts > settings.max_attempts:
-            self._give_up(message)
+            self._give_up(link, message)
             return
         handler = self._handler
         if handler is None:
@@ -198,8 +206,10 @@ class Dispatcher:
         limit = self.settings.max_attempts
         attempts = f"attempt {message.attempts} of {limit}" if limit else f"attempt {message.attempts}"
         answer = "requeueing" if message.auto_response and not message.has_responded else "answered by the handler"
-        self._log.warning("handler failed on message %s (%s): %s: %s; %s", _id_text(message), attempts,
-                          type(error).__name__, error, answer)
+        # While the consumer holds (its ready_check failing), the hold's line said why: DEBUG.
+        log = self._log.debug if self.holding() else self._log.warning
+        log("handler failed on message %s (%s): %s: %s; %s", _id_text(message), attempts, type(error).__name__, error,
+            answer)
         if self._log.isEnabledFor(logging.DEBUG):
             self._log.debug("the handler's traceback for message %s", _id_text(message), exc_info=error)
 
@@ -243,6 +253,8 @@ class Dispatcher:
         else:
             link.requeued += 1
             link.conn.req(message, delay_ms)
+        if backoff and self.on_failure is not None:
+            self.on_failure()
 
     def on_touch(self, link: Link, message: Any) -> None:
         if message in link.in_flight or link.current_delivery(message) is not None:
@@ -314,6 +326,8 @@ class Dispatcher:
         settings = self.settings
         if settings.ordered:
             return 0  # HA ignores REQ delays on ordered channels: redeliver at once
+        if delay is None and settings.requeue_at_once:
+            delay = 0  # the ready_check holds RDY at 0 until the dependency is back: no wait after that
         if delay is None:
             delay = min(settings.default_requeue_delay * message.attempts, settings.max_requeue_delay)
         if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
@@ -368,8 +382,9 @@ class Dispatcher:
 
     # ---- give-up ------------------------------------------------------------------------
 
-    def _give_up(self, message: Any) -> None:
-        """Past max_attempts: FIN it (or, ordered, per ordered_give_up) and call the give-up hook."""
+    def _give_up(self, link: Link, message: Any) -> None:
+        """Past max_attempts: to the dead-letter topic, or FIN it (or, ordered, per ordered_give_up); then
+        the give-up hook (or a WARNING line: nothing is dropped without one)."""
         settings = self.settings
         self.given_up += 1
         if settings.ordered and settings.ordered_give_up == "requeue":
@@ -378,12 +393,48 @@ class Dispatcher:
             self._log.error("ordered message %r is past max_attempts; pausing the consumer", message)
             message.requeue(0, backoff=False)
             self._pause()
+        elif settings.dead_letter_topic is not None:
+            self._dead_letter(link, message, settings.dead_letter_topic)
+            return
         else:
             message.finish()
+        self._after_give_up(message, None)
+
+    def _dead_letter(self, link: Link, message: Any, topic: str) -> None:
+        """PUB the body, as it came, to ``topic`` on the message's own connection (the nsqd it came from);
+        FIN only on nsqd's OK. A failed publish requeues it: the next delivery tries again."""
+        try:
+            answer = link.conn.publish(topic, bytes(message.body))
+        except Exception as error:  # noqa: BLE001 - a closed connection: nsqd redelivers it after msg_timeout
+            self._dead_letter_failed(message, topic, error)
+            return
+        answer.add_done_callback(lambda done: self._dead_letter_answered(message, topic, done))
+
+    def _dead_letter_answered(self, message: Any, topic: str, answer: asyncio.Future[Any]) -> None:
+        error = asyncio.CancelledError() if answer.cancelled() else answer.exception()
+        if error is not None:
+            self._dead_letter_failed(message, topic, error)
+            return
+        self.dead_lettered += 1
+        if not message.has_responded:
+            message.finish()
+        self._after_give_up(message, topic)
+
+    def _dead_letter_failed(self, message: Any, topic: str, error: BaseException) -> None:
+        self._log.warning("message %s past max_attempts: publishing it to the dead-letter topic %s failed (%s: %s); "
+                          "not finished: requeued (or, its connection closed, given out again after msg_timeout)",
+                          _id_text(message), topic, type(error).__name__, error)
+        if not message.has_responded:
+            message.requeue(self.settings.default_requeue_delay, backoff=False)
+
+    def _after_give_up(self, message: Any, dead_letter_topic: str | None) -> None:
+        settings = self.settings
         hook = settings.give_up_handler
         if hook is None:
-            self._log.warning("giving up on message %r after %d attempts (max_attempts=%d)",
-                           message, message.attempts, settings.max_attempts)
+            where = (f"published to the dead-letter topic {dead_letter_topic}" if dead_letter_topic
+                     else "finished and dropped (set dead_letter_topic or give_up_handler to keep it)")
+            self._log.warning("gave up on message %s after %d attempts (max_attempts=%d): %s", _id_text(message),
+                              message.attempts - 1, settings.max_attempts, where)
             return
         try:
             result = hook(message)

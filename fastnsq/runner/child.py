@@ -26,7 +26,7 @@ from ..consumer import Consumer
 from ..loop import run
 from .activity import Activity
 from .channel import Channel
-from .loading import Handler, LoadError, load, run_hook
+from .loading import Handler, LoadError, load, load_function, run_hook
 from .settings import WorkerSettings
 from .spawning import FD_ENV
 from .threads import HandlerThreads
@@ -35,6 +35,9 @@ logger = logging.getLogger("fastnsq.worker")
 
 #: Seconds between the reports (health and metrics) a child sends on its own.
 HEALTH_INTERVAL = 1.0
+#: How often a child looks whether its consumer began or ended a hold (its ready_check): a change
+#: is reported at once, so that /readyz follows the dependency within this, not HEALTH_INTERVAL.
+HOLD_WATCH_INTERVAL = 0.05
 
 
 class Child:
@@ -71,6 +74,7 @@ class Child:
         self.tasks.append(asyncio.create_task(self._report_health()))
         # With --split-nsqd and no nsqd yet, the consumer runs with none: the supervisor may give it one.
         await self._start_consumer(self.assignment)
+        self.tasks.append(asyncio.create_task(self._watch_hold()))
         if self.assignment is not None and self.consumer is not None:
             self.activity = Activity(self.consumer)
             self.tasks.append(asyncio.create_task(self.activity.watch(self._activity_changed)))
@@ -143,7 +147,8 @@ class Child:
     async def _start_consumer(self, nsqd: list[str] | None) -> None:
         settings = self.settings
         options = {"user_agent": f"fastnsq-worker/{__version__} worker={self.index}",
-                   **settings.consumer_options, "max_in_flight": settings.share_of(self.index)}
+                   **settings.consumer_options, **self._consumer_hooks(),
+                   "max_in_flight": settings.share_of(self.index)}
         self.consumer = Consumer(
             settings.topic_of(self.index), settings.channel,
             nsqd_tcp_addresses=nsqd if nsqd is not None else settings.nsqd_tcp_addresses,
@@ -158,6 +163,26 @@ class Child:
             self.handler.attach(self.consumer)
         if settings.batch:
             self.tasks.append(asyncio.create_task(self._consume_batches(self.consumer), name="batches"))
+
+    def _consumer_hooks(self) -> dict[str, Any]:
+        """--ready-check (else the handler object's ``ready()``) and --give-up-handler, imported here."""
+        settings, hooks = self.settings, {}
+        ready = load_function(settings.ready_check, "--ready-check") if settings.ready_check else self.handler.ready
+        if ready is not None:
+            hooks["ready_check"] = ready
+        if settings.give_up_handler:
+            hooks["give_up_handler"] = load_function(settings.give_up_handler, "--give-up-handler")
+        return hooks
+
+    async def _watch_hold(self) -> None:
+        """A report as soon as the consumer begins or ends a hold (/readyz follows it)."""
+        holding = False
+        while True:
+            await asyncio.sleep(HOLD_WATCH_INTERVAL)
+            now = self.consumer is not None and self.consumer.holding
+            if now != holding:
+                holding = now
+                self.channel.send({"type": "report", **self._report()})
 
     def _message_handler(self) -> Any:
         call, threads = self.handler.call, self.threads
@@ -290,6 +315,7 @@ class Child:
             "backoff_level": level,
             "backoff_for": 0.0 if self.backoff_since is None else now - self.backoff_since,
             "draining": self.draining,
+            "holding": consumer is not None and consumer.holding,
             "in_flight": snapshot.in_flight if snapshot is not None else 0,
             "rdy": sum(c.rdy for c in snapshot.connections) if snapshot is not None else 0,
             "failing_for": self._failing_for(snapshot, now),

@@ -7,7 +7,9 @@ One job: answering them from :meth:`Supervisor.status` and :meth:`Supervisor.met
 * ``/readyz``: 200 when healthy, not draining, not stuck in backoff (every consuming
   worker in backoff for more than ``--backoff-grace`` seconds) and not failing every
   message (every consuming worker has requeued each message it answered, and finished none,
-  for more than ``--backoff-grace`` seconds); 503 otherwise, with why.
+  for more than ``--backoff-grace`` seconds) and no worker holding because its ready check
+  fails (``--ready-check`` or the handler's ``ready()``: reported the moment it changes); 503
+  otherwise, with why.
 * ``/metrics``: the group's Prometheus text (:mod:`.gather`); prometheus_client is there, as
   the settings check refuses ``--metrics-port`` without the extra ``metrics``.
 
@@ -40,6 +42,7 @@ def build_app(supervisor: Supervisor) -> web.Application:
             ("draining", status["draining"]),
             ("stuck in backoff", status["stuck_in_backoff"]),
             ("the handler failed every message", status["failing_every_message"]),
+            ("the ready check fails (the handler's dependency is down)", status["not_ready"]),
         ) if failed]
         return web.json_response({"ready": not reasons, "reasons": reasons, **status},
                                  status=503 if reasons else 200)

@@ -44,6 +44,8 @@ class Handler:
     #: belong to one thread (sqlite3) opens them there.
     setup_thread: Callable[[], Any] | None = None
     teardown_thread: Callable[[], Any] | None = None
+    #: ``ready()`` (sync or async): the Consumer's ``ready_check``, polled while the handler fails.
+    ready: Callable[[], Any] | None = None
 
 
 def load(target: str, options: dict[str, Any] | None = None) -> Handler:
@@ -97,16 +99,29 @@ def _describe(target: str, found: Any) -> Handler:
         call = found
     else:
         raise LoadError(f"handler {target!r} is a {type(found).__name__}, not a function or an object with handle()")
-    setup, teardown, attach, drain, hup, setup_thread, teardown_thread = (
+    setup, teardown, attach, drain, hup, setup_thread, teardown_thread, ready = (
         _hook(found, name) if hooks else None
-        for name in ("setup", "teardown", "attach", "drain", "hup", "setup_thread", "teardown_thread"))
+        for name in ("setup", "teardown", "attach", "drain", "hup", "setup_thread", "teardown_thread", "ready"))
     for name, hook in (("setup_thread", setup_thread), ("teardown_thread", teardown_thread)):
         if hook is not None and _is_coroutine_function(hook):
             raise LoadError(f"handler {target!r}: {name}() is a coroutine function; it runs in a handler "
                             "thread, so it must be a plain function")
     return Handler(target, call, _is_coroutine_function(call), setup, teardown, attach, drain,
                    bool(getattr(found, "answers_batches", False)) if hooks else False, hup,
-                   setup_thread, teardown_thread)
+                   setup_thread, teardown_thread, ready)
+
+
+def load_function(target: str, setting: str) -> Callable[..., Any]:
+    """``MODULE:FUNCTION`` for a hook setting (``--ready-check``, ``--give-up-handler``): the callable."""
+    module_name, _, attribute = target.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    found: Any = _import(module_name, target)
+    for part in attribute.split("."):
+        found = getattr(found, part, None)
+    if not callable(found):
+        raise LoadError(f"{setting} {target!r}: not a function of module {module_name!r}")
+    return found
 
 
 def _hook(found: Any, name: str) -> Callable[..., Any] | None:

@@ -55,6 +55,13 @@ class WorkerSettings:
     restart_window: float = 60.0
     backoff_grace: float = 60.0
     log_level: str = "INFO"
+    #: ``MODULE:FUNCTION`` (sync or async, no argument) polled while the handler fails: the
+    #: Consumer's ``ready_check`` (""; a handler object's ``ready()`` is taken when it has one).
+    ready_check: str = ""
+    #: ``MODULE:FUNCTION`` called with each message past max_attempts (the Consumer's ``give_up_handler``).
+    give_up_handler: str = ""
+    #: Messages past max_attempts are published there, then finished (the Consumer option).
+    dead_letter_topic: str = ""
     #: A built-in app's own settings, the keyword arguments of its handler class (not a flag).
     handler_options: dict[str, Any] | None = None
     #: A topic per process (nsq_to_file's several --topic): child i consumes topics[i] with the
@@ -94,6 +101,9 @@ _SCALARS: dict[str, Any] = {
     "max_in_flight": int, "drain_timeout": parse_duration, "split_nsqd": lambda t: _boolean("split_nsqd", t),
     "http_host": str, "metrics_port": int, "max_restarts": int, "restart_window": parse_duration,
     "backoff_grace": parse_duration, "log_level": lambda text: log_level(text), "batch": lambda text: _batch(text),
+    "ready_check": lambda text: _import_path("ready_check", text),
+    "give_up_handler": lambda text: _import_path("give_up_handler", text),
+    "dead_letter_topic": lambda text: _topic("dead_letter_topic", text),
 }
 _LISTS = {"nsqd_tcp_addresses": "nsqd_tcp_address", "lookupd_http_addresses": "lookupd_http_address"}
 
@@ -160,6 +170,11 @@ def check(settings: WorkerSettings) -> WorkerSettings:
             raise SettingsError(str(exc)) from None
     if settings.max_restarts < 0:
         raise SettingsError(f"--max-restarts {settings.max_restarts}: must be 0 or more")
+    for name in ("ready_check", "give_up_handler"):
+        if callable(settings.consumer_options.get(name)):  # a Python object cannot cross to the children
+            raise SettingsError(f"{name}: give MODULE:FUNCTION as --{name.replace('_', '-')} or in the settings file")
+    if settings.dead_letter_topic:
+        settings.consumer_options["dead_letter_topic"] = _topic("dead_letter_topic", settings.dead_letter_topic)
     if settings.split_nsqd and "express_lane" not in settings.consumer_options:
         # --split-nsqd promises one connection per nsqd for the group; the express lane would
         # add a second one to each. Asking for it explicitly still works.
@@ -284,6 +299,22 @@ def _boolean(name: str, text: str) -> bool:
     if lowered in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"{name} takes true or false")
+
+
+def _import_path(name: str, text: str) -> str:
+    """``MODULE:FUNCTION``, imported in each child (the supervisor imports it first, to fail early)."""
+    module, sep, function = text.strip().partition(":")
+    if not (sep and module and function):
+        raise SettingsError(f"{name} {text!r}: is MODULE:FUNCTION (e.g. myapp.db:ready)")
+    return text.strip()
+
+
+def _topic(name: str, text: str) -> str:
+    from ..codec import valid_topic_name
+
+    if not valid_topic_name(text):
+        raise SettingsError(f"{name} {text!r}: a topic name is 1-64 characters of [.a-zA-Z0-9_-]")
+    return text
 
 
 def _batch(text: str) -> tuple[int, float]:

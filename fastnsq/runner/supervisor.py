@@ -341,6 +341,7 @@ class Supervisor:
             "draining": self.stopping,
             "stuck_in_backoff": every_consuming("backoff_for"),
             "failing_every_message": every_consuming("failing_for"),
+            "not_ready": any(s.health.get("holding") for s in consuming),
             **({"nsqd_moves": self.shares.moves} if self.settings.split_nsqd else {}),
             "workers": [
                 {"index": s.index, "pid": s.process.pid if s.process else None, "alive": s.alive,
