@@ -13,7 +13,11 @@ the call goes through the loop (the answer :data:`NOT_TAKEN`), which has every f
   the error a user gets from any publish;
 - no connection of the loop's open (nsqd down at start, a producer still connecting): the
   loop's fail-fast and wait-for-first-connect rules hold;
-- a connection lost under a publish: the loop retries it (``max_retries``), as it would its own.
+- a connection lost under a publish: the loop retries it (``max_retries``), as it would its own;
+- an nsqd that does not answer within ``suspect_after`` while the producer has another (a hung
+  nsqd, a black hole): the line is dropped, that nsqd is left alone here for ``QUARANTINE``
+  seconds (and while the loop's pool holds it suspect), and the loop sends the call elsewhere
+  (``rerouted``: the first nsqd may still take it, so it may arrive twice).
 
 The connections identify with heartbeats off, so an idle one stays open (nsqd would drop it
 after two missed heartbeats otherwise); a dead one is found at its next use. After a burst,
@@ -35,6 +39,7 @@ from . import codec, tracing
 from .codec import round_trip
 from .config import parse_address
 from .errors import PublishTimeoutError, is_fatal, server_error, split_error
+from .liveness import tune_socket
 from .producer.load import NodeStats
 from .producer.producer import _retryable
 
@@ -55,6 +60,8 @@ _OK_SIZE = len(_OK_FRAME)
 #: Seconds a connection of this path stays open unused once others are in use (nsqd keeps a
 #: producer's connection for ever with heartbeats off: a burst of 64 threads would leave 64).
 IDLE_CLOSE = 60.0
+#: Seconds an nsqd that left a call unanswered for suspect_after gets no new line here.
+QUARANTINE = 1.0
 
 
 class _Lost(Exception):
@@ -151,6 +158,8 @@ class ThreadPublisher:
         self._closed = False
         self.published_on_closed: dict[str, int] = {}  # per nsqd, messages of lines closed since
         self.failed = 0
+        self.rerouted = 0  # calls left unanswered by a suspect nsqd and handed to the loop
+        self._quarantined: dict[str, float] = {}  # address -> time.monotonic() it may be used again
         self.errors: dict[str, int] = {}
 
     # ---- the caller's thread ---------------------------------------------------------------
@@ -167,12 +176,17 @@ class ThreadPublisher:
             return NOT_TAKEN
         observer = self._pool._round_trip_observer  # NSQMetrics' histogram, when one is attached
         started = time.perf_counter() if observer is not None else 0.0
+        # Another nsqd to turn to: wait suspect_after for this one, not the whole timeout.
+        bound = min(timeout, self._pool.suspect_after) if len(self._producer._nsqd_addresses) > 1 else timeout
         try:
-            if timeout != line.timeout:
-                line.set_timeout(timeout)
+            if bound != line.timeout:
+                line.set_timeout(bound)
             kind, data = line.round_trip(command)
         except BlockingIOError:  # the kernel's deadline: nothing came within the timeout
             self._drop(line)
+            if bound < timeout:
+                self._quarantine(line.address)
+                return NOT_TAKEN  # the loop sends it elsewhere (it may still arrive here: twice)
             with self._lock:
                 self.failed += 1
             raise PublishTimeoutError(f"no answer from nsqd {line.address} within {timeout:.3f} s "
@@ -232,10 +246,26 @@ class ThreadPublisher:
             line = self._idle.pop()
         except IndexError:
             return self._open()
-        if line.address in self._producer._nsqd_addresses:
+        if line.address in self._producer._nsqd_addresses and not self._avoided(line.address):
             return line
-        self._drop(line)  # its nsqd was taken out of the producer
+        self._drop(line)  # its nsqd was taken out of the producer, or does not answer
         return self._take()
+
+    def _avoided(self, address: str) -> bool:
+        """Whether ``address`` is left alone: quarantined here, or out of the loop pool's rotation."""
+        if self._quarantined:
+            until = self._quarantined.get(address)
+            if until is not None:
+                if time.monotonic() < until:
+                    return True
+                self._quarantined.pop(address, None)
+        out = self._pool.suspects.out  # replaced, never changed in place: safe to read from here
+        return bool(out) and any(conn.address == address for conn in out)
+
+    def _quarantine(self, address: str) -> None:
+        with self._lock:
+            self.rerouted += 1
+            self._quarantined[address] = time.monotonic() + QUARANTINE
 
     def _give_back(self, line: _Line) -> None:
         if self._closed:
@@ -259,7 +289,8 @@ class ThreadPublisher:
         if not self._usable:
             return None
         open_now = {conn.address for conn in self._producer.connections}
-        addresses = [address for address in self._producer._nsqd_addresses if address in open_now]
+        addresses = [address for address in self._producer._nsqd_addresses
+                     if address in open_now and not self._avoided(address)]
         with self._lock:
             if self._closed or not addresses or len(self._lines) + self._opening >= self._limit:
                 return None
@@ -267,10 +298,13 @@ class ThreadPublisher:
             self._next += 1
             address = addresses[self._next % len(addresses)]
         line = None
+        # With another nsqd to turn to, one that does not answer IDENTIFY within suspect_after is left alone.
+        multi = len(self._producer._nsqd_addresses) > 1
         try:
-            line = self._connect(address)
+            line = self._connect(address, self._pool.suspect_after if multi else None)
         except (OSError, _Lost, ValueError):
-            pass
+            if multi:
+                self._quarantined[address] = time.monotonic() + QUARANTINE
         with self._lock:
             self._opening -= 1
             if line is not None and not self._closed:
@@ -280,7 +314,7 @@ class ThreadPublisher:
             line.close()
         return None
 
-    def _connect(self, address: str) -> _Line | None:
+    def _connect(self, address: str, answer_within: float | None) -> _Line | None:
         """A connection identified with heartbeats off; None (and this path off for good) when
         nsqd wants what only the loop's connections do (AUTH, or it is youzan's HA nsqd)."""
         options = self._producer.options
@@ -288,12 +322,13 @@ class ThreadPublisher:
         sock = socket.create_connection((host, port), timeout=options.dial_timeout)
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune_socket(sock, options.dead_after)  # heartbeats off here: keepalive still probes it
         line = _Line(address, sock)
         identify = {**options.identify_body(), "heartbeat_interval": -1}
         out = codec.WriteBuffer(max_body_size=options.max_body_size)
         out.identify(json.dumps(identify).encode())
         try:
-            line.set_timeout(options.dial_timeout + 5.0)  # IDENTIFY's answer
+            line.set_timeout(answer_within or options.dial_timeout + 5.0)  # IDENTIFY's answer
             kind, data = line.round_trip(codec.MAGIC_V2 + out.take())
             info = json.loads(data) if kind == codec.FRAME_RESPONSE and data != b"OK" else {}
         except (OSError, _Lost, ValueError):
@@ -325,7 +360,7 @@ class ThreadPublisher:
             busy = max(0, len(self._lines) - len(self._idle))  # lines with a call on them now
             return dataclasses.replace(stats, published=stats.published + published, failed=stats.failed + self.failed,
                                        waiting=stats.waiting + busy, connections=stats.connections + len(self._lines),
-                                       errors=errors)
+                                       rerouted=stats.rerouted + self.rerouted, errors=errors)
 
     def added_to_nodes(self, nodes: dict[str, NodeStats]) -> dict[str, NodeStats]:
         """Each nsqd's figures with this path's: its answered publishes, its connections, the

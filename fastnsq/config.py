@@ -153,14 +153,16 @@ class ConnectionOptions:
     hostname: str = field(default_factory=socket.gethostname)
     user_agent: str = f"fastnsq/{__version__}"
     dial_timeout: float = 1.0
-    # A connection silent this long is dead (None: two heartbeat intervals, 60 s by default,
-    # as go-nsq's ReadTimeout); with heartbeats off, None never times out.
+    # A connection silent this long is dead (None: two heartbeat intervals, 10 s by default;
+    # go-nsq's ReadTimeout is 60 s); with heartbeats off, None never times out.
     read_timeout: float | None = None
     # Writes buffered for nsqd that make no progress this long mean it stopped reading: the
     # connection is closed (go-nsq's WriteTimeout, 1 s; None waits for ever).
     write_timeout: float | None = 1.0
     local_addr: str | None = None  # the local "host" or "host:port" to connect from (go-nsq's LocalAddr)
-    heartbeat_interval: float | None = 30.0  # None (or -1) disables heartbeats; consumers need them
+    # None (or -1) disables heartbeats; consumers need them. 5 s (go-nsq: 30 s): a hung or
+    # black-holed nsqd is noticed within 10 s, for one small frame each way per 5 s (issue 57).
+    heartbeat_interval: float | None = 5.0
     output_buffer_size: int = 16384  # -1 disables nsqd's output buffering
     output_buffer_timeout: float = 0.25  # -1 disables
     msg_timeout: float | None = None  # None: nsqd's default (60 s)

@@ -24,7 +24,6 @@ import asyncio
 import itertools
 import json
 import logging
-import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from . import codec
 from ._protocol import HEARTBEAT, MAX_EXT_SIZE, MESSAGE_HEADER_SIZE, OK
 from .config import ConnectionOptions, parse_address
+from .dial import dial
 from .errors import (
     ConnectionClosedError,
     InvalidValueError,
@@ -42,6 +42,7 @@ from .errors import (
     is_fatal,
     server_error,
 )
+from .liveness import SilenceWatch, tune_socket
 
 if TYPE_CHECKING:
     from .compression import CompressionStream
@@ -155,7 +156,7 @@ class Connection(asyncio.BufferedProtocol):
         self._deflater: CompressionStream | None = None
         self._raw_buffer: bytearray | None = None
         self._closed_waiter: asyncio.Future[None] | None = None
-        self._heartbeat_timer: asyncio.TimerHandle | None = None
+        self._heartbeat_timer: SilenceWatch | None = None
         self._write_paused = False
         self._eof_written = False  # close(wait_for_server=...): nothing more goes out
         self._write_timer: asyncio.TimerHandle | None = None
@@ -184,11 +185,25 @@ class Connection(asyncio.BufferedProtocol):
         return len(self._pending)
 
     @property
+    def answered(self) -> int:
+        """Commands nsqd answered (or that failed) so far on this connection."""
+        return self._answered
+
+    def unanswered_since(self) -> float | None:
+        """When the oldest command still waiting for nsqd's answer went out (time.perf_counter()),
+        from the write marks expire_pending() has not taken; None: nothing written is unanswered."""
+        for expected, written in self._write_marks:
+            if expected > self._answered:
+                return written
+        return None
+
+    @property
     def is_open(self) -> bool:
         return self.state in (STATE_CONNECTED, STATE_SUBSCRIBED, STATE_CLOSING)
 
-    async def connect(self) -> dict[str, Any]:
-        """Open TCP, send magic and IDENTIFY, run the upgrades nsqd agreed to, AUTH if required.
+    async def connect(self, handshake_timeout: float = HANDSHAKE_TIMEOUT) -> dict[str, Any]:
+        """Open TCP, send magic and IDENTIFY, run the upgrades nsqd agreed to, AUTH if required
+        (within ``dial_timeout``, then ``handshake_timeout``: a hung nsqd's kernel still accepts).
 
         Returns nsqd's IDENTIFY answer. Raises ``ConnectionError``/``OSError`` when
         nsqd cannot be reached, ``ServerError`` when it refuses, ``asyncio.TimeoutError``
@@ -200,15 +215,15 @@ class Connection(asyncio.BufferedProtocol):
         self._loop = loop = asyncio.get_running_loop()
         self._closed_waiter = loop.create_future()
         try:
-            local = self.options.local_addr
-            await asyncio.wait_for(
-                loop.create_connection(
-                    lambda: self, self.host, self.port,
-                    local_addr=None if local is None else parse_address(local, default_port=0),
-                ),
-                self.options.dial_timeout,
-            )
-            await asyncio.wait_for(self._handshake(), HANDSHAKE_TIMEOUT)
+            local = self.options.local_addr  # staggered SYNs: a black hole that heals is not waited out
+            sock = await dial(self.host, self.port, self.options.dial_timeout,
+                              None if local is None else parse_address(local, default_port=0))
+            try:
+                await loop.create_connection(lambda: self, sock=sock)
+            except BaseException:
+                sock.close()
+                raise
+            await asyncio.wait_for(self._handshake(), handshake_timeout)
         except BaseException as exc:
             self._abort(exc)
             # GeneratorExit: the coroutine is being closed (its loop went away); awaiting now
@@ -218,7 +233,7 @@ class Connection(asyncio.BufferedProtocol):
             raise
         self.state = STATE_CONNECTED
         self._established = True
-        self._start_heartbeat_watch()
+        self._heartbeat_timer = SilenceWatch.start(self)  # None: no bound (heartbeats off)
         return self.identify_response
 
     async def _handshake(self) -> None:
@@ -493,6 +508,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        tune_socket(transport.get_extra_info("socket"), self.options.dead_after)  # ends a black-holed one
         assert self._loop is not None
         self.last_read = self._loop.time()
 
@@ -748,23 +764,6 @@ class Connection(asyncio.BufferedProtocol):
             self._wbuf.nop()
             self._schedule_flush()
 
-    def _start_heartbeat_watch(self) -> None:
-        dead_after = self.options.dead_after
-        if dead_after is None or self._loop is None:
-            return
-        self._heartbeat_timer = self._loop.call_later(dead_after, self._check_alive, dead_after)
-
-    def _check_alive(self, dead_after: float) -> None:
-        """Due ``dead_after`` after the last read as last known: dead at that bound, not a check later."""
-        assert self._loop is not None
-        silent = self._loop.time() - self.last_read
-        if silent >= dead_after:
-            why = "read_timeout" if self.options.read_timeout is not None else "two heartbeat intervals"
-            self._abort(ConnectionClosedError(f"{self.address} sent nothing for {silent:.1f} s ({why}): connection dead"))
-            return
-        # At least a millisecond: the loop's clock is in milliseconds under uvloop.
-        self._heartbeat_timer = self._loop.call_later(max(dead_after - silent, 0.001), self._check_alive, dead_after)
-
     def _fail_pending(self, error: BaseException) -> None:
         self._write_marks.clear()
         while self._pending:
@@ -794,7 +793,3 @@ class Connection(asyncio.BufferedProtocol):
         if self._closed_waiter is not None and self._transport is None and not self._closed_waiter.done():
             self._closed_waiter.set_result(None)
 
-
-def is_tls_error(exc: BaseException) -> bool:
-    """Whether a connect failure came from TLS (certificate, hostname, version)."""
-    return isinstance(exc, ssl.SSLError) or isinstance(exc.__cause__, ssl.SSLError)

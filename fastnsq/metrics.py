@@ -98,6 +98,7 @@ _PRODUCER_COUNTERS = (
     ("failed", "messages whose publish raised", "messages_failed"),
     ("retried", "publishes sent again after a lost connection or a moved leader", "retries"),
     ("reconnects", "connections re-opened after a loss", "reconnects"),
+    ("rerouted", "publish commands a suspect nsqd held, sent again elsewhere (each may arrive twice)", "rerouted"),
 )
 
 
@@ -213,7 +214,7 @@ class NSQMetrics(Collector):
         errors: dict[tuple[str, ...], float] = defaultdict(float)
         for producer, name in list(self._producers.items()):
             stats = producer.snapshot()
-            for field in ("published", "failed", "retried", "reconnects", "waiting", "connections"):
+            for field in ("published", "failed", "retried", "reconnects", "rerouted", "waiting", "connections"):
                 totals[field][(name,)] += getattr(stats, field)
             _add_errors(errors, (name,), PRODUCER_CODES, stats.errors)
         for field, help_text, metric in _PRODUCER_COUNTERS:

@@ -78,10 +78,20 @@ Attempt = Callable[[], Awaitable[object]]
 K = TypeVar("K", bound=Hashable)
 
 
+#: Seconds between two "cannot reconnect" lines of one address while its attempts keep failing.
+SAY_EVERY = 30.0
+
+
+def _describe(error: BaseException | None) -> str:
+    text = str(error) if error is not None else ""
+    return text or (type(error).__name__ if error is not None else "unknown")
+
+
 class _Address:
     """One address with connections missing: the keys wanted there and the task trying them."""
 
-    __slots__ = ("address", "error", "failures", "hurried", "keys", "last_start", "rush", "task", "trying", "turn")
+    __slots__ = ("address", "error", "failures", "hurried", "keys", "last_start", "rush", "said_at", "task", "trying",
+                 "turn")
 
     def __init__(self, address: str) -> None:
         self.address = address
@@ -94,6 +104,7 @@ class _Address:
         self.hurried: asyncio.Event | None = None  # set to cut the current wait short
         self.rush = False  # the next round is wanted now (hurry() before the wait began)
         self.turn = 0  # which key probes next (a key that keeps failing does not starve the others)
+        self.said_at = float("-inf")  # loop time the last "still unreachable" line was logged
 
 
 class Redial:
@@ -235,12 +246,26 @@ class Redial:
             else:
                 opened = whole = False
             entry.failures = 0 if opened else entry.failures + 1
-            if not whole:
+            if not opened:
+                self._say_failed(entry)
+            elif not whole:
                 self._log.debug("nsqd %s still missing: %s", entry.address, entry.error)
         finally:
             entry.trying = False
             if self._on_round is not None:
                 self._on_round(entry.address)
+
+    def _say_failed(self, entry: _Address) -> None:
+        """A round that opened nothing: the first said at WARNING with its cause, then a line
+        every SAY_EVERY seconds at most (not one per attempt, nor silence until it is back)."""
+        now = self._now()
+        if entry.failures == 1 or now - entry.said_at >= SAY_EVERY:
+            entry.said_at = now
+            again = "" if entry.failures == 1 else f" ({entry.failures} attempts in a row)"
+            self._log.warning("cannot reconnect to nsqd %s%s: %s; trying again", entry.address, again,
+                              _describe(entry.error))
+        else:
+            self._log.debug("nsqd %s still missing: %s", entry.address, entry.error)
 
     async def _attempt(self, entry: _Address, key: Hashable, attempt: Attempt) -> bool:
         entry.last_start = self._now()

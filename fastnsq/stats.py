@@ -80,7 +80,8 @@ class ConsumerStats:
 class ProducerStats:
     """A producer's messages: ``published`` (acknowledged by nsqd), ``failed`` (their publish or
     mpublish raised); ``retried``: publishes sent again after a lost connection or a moved
-    leader; ``reconnects``; ``waiting``: publish calls not answered yet; open ``connections``."""
+    leader; ``reconnects``; ``waiting``: publish calls not answered yet; open ``connections``;
+    ``rerouted``: publish commands a suspect nsqd held, sent again elsewhere (each may arrive twice)."""
 
     published: int = 0
     failed: int = 0
@@ -88,6 +89,7 @@ class ProducerStats:
     reconnects: int = 0
     waiting: int = 0
     connections: int = 0
+    rerouted: int = 0
     #: nsqd's refusals of publishes by error code (``E_BAD_TOPIC``, ``E_PUB_FAILED``...).
     errors: dict[str, int] = field(default_factory=dict)
 

@@ -49,13 +49,13 @@ class ConnectionKeywords(TypedDict, total=False):
     dial_timeout: float
     """How long a TCP connect may take. Default 1.0 s; go-nsq: dial_timeout; pynsq: timeout."""
     read_timeout: float | None
-    """A connection silent this long is dead (None: two heartbeat intervals; above heartbeat_interval). Default None (60 with the default heartbeat); go-nsq: read_timeout."""
+    """A connection silent this long is dead (None: two heartbeat intervals; above heartbeat_interval). Default None (10 with the default heartbeat); go-nsq: read_timeout."""
     write_timeout: float | None
     """Buffered writes nsqd takes none of for this long close the connection (None: wait for ever). Default 1.0 s; go-nsq: write_timeout."""
     local_addr: str | None
     """The local 'host' or 'host:port' to connect from. Default None; go-nsq: local_addr."""
     heartbeat_interval: float | None
-    """nsqd's heartbeat interval; None or -1 switches heartbeats off (a producer only). Default 30.0 s; go-nsq: heartbeat_interval; pynsq: heartbeat_interval."""
+    """nsqd's heartbeat interval; None or -1 switches heartbeats off (a producer only). Default 5.0 s; go-nsq: heartbeat_interval; pynsq: heartbeat_interval."""
     output_buffer_size: int
     """nsqd's output buffer for this client; -1 switches it off. Default 16384 bytes; go-nsq: output_buffer_size; pynsq: output_buffer_size."""
     output_buffer_timeout: float
@@ -192,6 +192,8 @@ class SyncProducerOptions(ConnectionKeywords, total=False):
     """A lost nsqd is tried again every reconnect_delay/2 to reconnect_delay (the recovery rule). Default 0.4 s; fastnsq's own; pynsq: reconnect_interval."""
     max_reconnect_delay: float
     """Above reconnect_delay: the wait doubles up to this. Default 0.4 s; fastnsq's own."""
+    suspect_after: float
+    """A connection whose oldest unanswered publish is this old takes no new publishes while another answers, and what it holds is sent again there (it may arrive twice). Default 0.5 s; fastnsq's own."""
     fail_fast: bool
     """While no connection is open and the attempts failed, a publish raises at once (False: it waits for a connection within its timeout). Default True; fastnsq's own."""
     lookupd_poll_interval: float

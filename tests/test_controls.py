@@ -257,7 +257,7 @@ async def test_local_addr_is_where_connections_come_from(nsqd) -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"read_timeout": 20.0}, "read_timeout=20.0 must be above heartbeat_interval=30.0"),
+        ({"read_timeout": 4.0}, "read_timeout=4.0 must be above heartbeat_interval=5.0"),
         ({"read_timeout": 0}, "read_timeout=0 is outside"),
         ({"write_timeout": -1}, "write_timeout=-1 is outside"),
         ({"local_addr": "127.0.0.1:99999"}, "invalid port"),

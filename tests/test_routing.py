@@ -74,3 +74,28 @@ async def test_a_partition_the_topic_does_not_have_is_an_input_error() -> None:
     with pytest.raises(InvalidValueError, match="no partition 9"):
         await router(topology).target("t", 9, None, asyncio.get_running_loop().time() + 30)
     assert topology.asked == 0
+
+
+async def test_a_short_route_is_asked_for_again_while_publishes_go_to_the_other_partitions() -> None:
+    """Round robin over the listed partitions kept the short route until it expired (the 60 s
+    poll): partition 1 took no writes after lookupd listed it again (issue 61). Now a short route
+    is asked for again in the background (the recovery rule's fast cadence) on any publish."""
+    topology = ScriptedTopology(route(0, 2, 3), route(0, 2, 3), route(0, 1, 2, 3))
+    routed = router(topology)
+    deadline = asyncio.get_running_loop().time() + 30
+    chosen: list[int | None] = []
+    for _ in range(400):  # publishes with no partition named, ~10 ms apart
+        chosen.append((await routed.target("t", None, None, deadline))[1])
+        if 1 in chosen:
+            break
+        await asyncio.sleep(0.01)
+    assert 1 in chosen, f"partition 1 never chosen after lookupd listed it ({topology.asked} lookups)"
+    assert topology.asked == 2  # one poll per FAST_POLL[0] at most, not one per publish
+    assert set(chosen[:2]) <= {0, 2, 3}
+
+
+async def test_a_sharding_key_whose_partition_has_no_leader_waits_for_one() -> None:
+    topology = ScriptedTopology(route(0, 2, 3), route(0, 2, 3), route(0, 1, 2, 3))
+    key = next(k for k in range(100) if murmur3_32(str(k).encode()) % 4 == 1)
+    deadline = asyncio.get_running_loop().time() + 30
+    assert await router(topology).target("t", None, key, deadline) == ("n1:4150", 1)

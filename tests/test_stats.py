@@ -74,7 +74,7 @@ def test_a_snapshot_is_a_frozen_copy() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.published = 2  # type: ignore[misc]
     assert stats.as_dict() == {"published": 1, "failed": 0, "retried": 0, "reconnects": 0, "waiting": 0,
-                               "connections": 0, "errors": {}}
+                               "connections": 0, "rerouted": 0, "errors": {}}
 
 
 async def test_the_old_spellings_warn_and_give_the_same_figures(nsqd) -> None:

@@ -9,13 +9,17 @@ import time
 from collections.abc import Callable
 
 from ..config import ConnectionOptions, LoggerLike
-from ..conn import Connection
+from ..conn import HANDSHAKE_TIMEOUT, Connection
 from ..errors import ConnectionClosedError, NoConnectionError, NsqdDown, NSQError, PublishTimeoutError
 from ..recovery import Redial
+from .suspects import TRIAL_WEIGHT, Suspects
 
 #: fail_fast: how long a publish waits for the reconnect attempt it hurried (a refused port
 #: answers at once; a connect that times out would hold it for its dial_timeout).
 FAIL_FAST_WAIT = 0.2
+#: How often the pool looks at its connections' oldest unanswered commands (publish timeouts,
+#: suspects): a timer per pool, none per publish.
+TICK = 0.1
 
 __all__ = ["ConnectionPool", "NsqdDown", "describe"]
 
@@ -45,6 +49,14 @@ class ConnectionPool:
     waiting).
     Commands unanswered for ``publish_timeout`` fail with :class:`PublishTimeoutError` (a
     sweeper checks every connection's oldest command, so no publish needs a timer of its own).
+
+    A connection whose oldest unanswered command is ``suspect_after`` old (a hung nsqd, a black
+    hole, a lossy link) is *suspect*: it takes no new publish while another connection answers,
+    and the commands it holds fail with a retryable :class:`ConnectionClosedError`, which the
+    producer sends again on a healthy connection (``rerouted`` counts them: if the suspect nsqd
+    answers later after all, those messages are there twice). It is healthy again once it has
+    answered what it held (an nsqd suspect again and again rests a while first:
+    :mod:`fastnsq.producer.suspects`). With no healthy connection, suspects are used as before.
     """
 
     def __init__(
@@ -55,6 +67,7 @@ class ConnectionPool:
         publish_timeout: float,
         reconnect_delay: float,
         max_reconnect_delay: float,
+        suspect_after: float = 0.5,
         log: LoggerLike = logger,
     ) -> None:
         self.options = options
@@ -65,6 +78,14 @@ class ConnectionPool:
         self.max_reconnect_delay = max_reconnect_delay
         #: The open connections, in the order they opened (round robin walks this list).
         self.open: list[Connection] = []
+        #: The connections new publishes go to: ``open`` itself while none is out of the rotation,
+        #: else the others (or every open one, when all are out).
+        self.usable: list[Connection] = self.open
+        self.suspect_after = suspect_after
+        #: The connections out of the rotation (suspect or resting), read at each tick.
+        self.suspects = Suspects(suspect_after, log)
+        #: Commands failed on a suspect connection for the producer to send elsewhere.
+        self.rerouted = 0
         self.reconnects = 0
         self.closing = False
         self._slots: dict[str, list[_Slot]] = {}
@@ -95,14 +116,19 @@ class ConnectionPool:
 
     def next_open(self) -> Connection:
         """The next open connection of any nsqd (the caller knows one is open)."""
-        self._next = (self._next + 1) % len(self.open)
-        return self.open[self._next]
+        usable = self.usable
+        self._next = (self._next + 1) % len(usable)
+        return usable[self._next]
 
     def pick(self, address: str | None = None) -> Connection | None:
-        """Round robin over the open connections (of one nsqd when ``address`` is given)."""
-        open_conns = self.open if address is None else self._open_by_address.get(address)
+        """Round robin over the usable connections (of one nsqd when ``address`` is given: its
+        healthy ones, else any of its open ones)."""
+        open_conns = self.usable if address is None else self._open_by_address.get(address)
         if not open_conns:
             return None
+        if address is not None and self.suspects.out:
+            out = self.suspects.out
+            open_conns = [conn for conn in open_conns if conn not in out] or open_conns
         self._next = (self._next + 1) % len(open_conns)
         return open_conns[self._next]
 
@@ -221,16 +247,20 @@ class ConnectionPool:
         for conn in conns:
             if conn in self.open:
                 self.open.remove(conn)
+            self.suspects.forget(conn)
+        self._route()
         await asyncio.gather(*(conn.close() for conn in conns), return_exceptions=True)
 
     async def _open_slot(self, slot: _Slot) -> None:
         conn = Connection(slot.address, self.options, on_close=functools.partial(self._on_close, slot))
         conn.round_trip_observer = self._round_trip_observer
-        await conn.connect()
+        # The handshake within the publish timeout: a hung nsqd's kernel still accepts the connect.
+        await conn.connect(handshake_timeout=min(HANDSHAKE_TIMEOUT, self.publish_timeout))
         slot.conn = conn
         slot.error = None
         self.open.append(conn)
         self._open_by_address.setdefault(slot.address, []).append(conn)
+        self._route()
         self._news()
         self._ensure_sweeper()
 
@@ -242,6 +272,8 @@ class ConnectionPool:
     def _on_close(self, slot: _Slot, conn: Connection, error: BaseException | None) -> None:
         if conn in self.open:
             self.open.remove(conn)
+        self.suspects.forget(conn)
+        self._route()
         same_node = self._open_by_address.get(slot.address)
         if same_node is not None and conn in same_node:
             same_node.remove(conn)
@@ -309,18 +341,50 @@ class ConnectionPool:
 
     # ---- timeouts -----------------------------------------------------------------------
 
-    def _ensure_sweeper(self) -> None:
+    def _ensure_sweeper(self, delay: float = TICK) -> None:
         if self._sweeper is None and self._loop is not None:
-            self._sweeper = self._loop.call_later(min(1.0, self.publish_timeout / 4), self._sweep)
+            self._sweeper = self._loop.call_later(min(delay, self.publish_timeout / 4), self._sweep)
 
     def _sweep(self) -> None:
-        """Fail commands unanswered for publish_timeout (each connection knows when it wrote them)."""
-        cutoff = time.perf_counter() - self.publish_timeout  # the clock of the connections' write marks
+        """Reroute what suspect connections hold, then fail commands unanswered for publish_timeout
+        (each connection knows when it wrote them)."""
+        now = time.perf_counter()  # the clock of the connections' write marks
+        self._watch_suspects(now)
+        cutoff = now - self.publish_timeout
+        delay = TICK
         for conn in self.open:
             conn.expire_pending(cutoff, self._timeout_error)
+            since = conn.unanswered_since()
+            if since is not None:  # the next tick at its deadline if that comes first: not up to a tick late
+                delay = min(delay, max(0.001, since - cutoff))
         self._sweeper = None
         if not self.closing:
-            self._ensure_sweeper()
+            self._ensure_sweeper(delay)
+
+    def _watch_suspects(self, now: float) -> None:
+        """Update who is out of the rotation; while a connection in it is open, fail what the
+        suspects hold for the producer to send there."""
+        if self.suspects.check(self.open, now):
+            self._route()
+        if self.suspects.suspect and self.usable is not self.open:  # a healthy connection to send them to
+            self.rerouted += self.suspects.reroute(now, self._rerouted_error)
+
+    def _route(self) -> None:
+        """``usable`` after a change of the open connections or of those out of the rotation."""
+        out, trial = self.suspects.out, self.suspects.trial
+        if not out and not trial:
+            self.usable = self.open
+            return
+        healthy = [conn for conn in self.open if conn not in out and conn not in trial]
+        tried = [conn for conn in self.open if conn in trial]
+        # Round robin over a list with each healthy connection TRIAL_WEIGHT times: one on trial
+        # gets a small share (still one list index per publish).
+        self.usable = healthy * TRIAL_WEIGHT + tried if healthy and tried else healthy or tried or self.open
+
+    @staticmethod
+    def _rerouted_error() -> ConnectionClosedError:
+        return ConnectionClosedError("nsqd did not answer within suspect_after: sent again on another connection "
+                                     "(it may arrive twice)")
 
     def _timeout_error(self) -> PublishTimeoutError:
         return PublishTimeoutError(f"no answer from nsqd within {self.publish_timeout} s (publish_timeout)")

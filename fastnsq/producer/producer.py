@@ -142,9 +142,9 @@ class Producer:
         self.lookupd_poll_timeout: float = settings["lookupd_poll_timeout"]
         self._log = check_logger(settings["logger"], logger)
         self._pool = ConnectionPool(
-            connection_options, pool_size=self.pool_size, publish_timeout=self.publish_timeout,
-            reconnect_delay=self.reconnect_delay, max_reconnect_delay=self.max_reconnect_delay, log=self._log,
-        )
+            connection_options, pool_size=self.pool_size, publish_timeout=self.publish_timeout, log=self._log,
+            reconnect_delay=self.reconnect_delay, max_reconnect_delay=self.max_reconnect_delay,
+            suspect_after=settings["suspect_after"])
         topology = None
         if self._lookupd_addresses:
             topology = Topology(
@@ -268,7 +268,7 @@ class Producer:
             retried=self.retried,
             reconnects=self.reconnects,
             waiting=self._waiting(),
-            connections=len(self._pool.open),
+            connections=len(self._pool.open), rerouted=self._pool.rerouted,
             errors=dict(self._errors),
         )
 

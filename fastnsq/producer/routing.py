@@ -8,9 +8,11 @@ choice among them from :mod:`fastnsq.sharding`. A target is ``(address, partitio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from ..errors import InvalidValueError, NoConnectionError, PublishTimeoutError
+from ..recovery import FAST_POLL
 from ..sharding import Hasher, RoundRobin, key_bytes
 from ..topology import Topology
 from .load import LoadAware, NodeLoads
@@ -34,6 +36,8 @@ class Router:
         self._loads = loads  # pub_strategy="dynamic_load" (.load); None: round robin
         self._turns: dict[str, Any] = {}
         self._pass_keys: dict[str, Any] = {}  # topic -> coalescing key of this loop pass
+        self._short_polls: dict[str, float] = {}  # topic -> when its short route may be asked for again
+        self._polling: set[asyncio.Task[None]] = set()
 
     def target_now(self, topic: str, partition: int | None, sharding_key: Any) -> Target | None:
         """The target from what is known now; None when a lookup is needed first."""
@@ -46,6 +50,8 @@ class Router:
         route = self.topology.cached(topic)
         if route is None:
             return None
+        if route.is_ha and len(route.partitions) < route.partition_num:
+            self._poll_short(topic)
         if not route.partitions:
             if sharding_key is not None:
                 raise InvalidValueError(f"topic {topic!r} has no partitions (not an HA nsqd): sharding_key needs them")
@@ -95,13 +101,32 @@ class Router:
             target = self.target_now(topic, partition, sharding_key)
             if target is not None:
                 return target
-            if partition is None or loop.time() >= deadline:
+            if (partition is None and sharding_key is None) or loop.time() >= deadline:
                 break
         route = self.topology.cached(topic)
         listed = list(route.pids) if route is not None else []
         which = "the partition" if partition is None else f"partition {partition}"
         raise NoConnectionError(f"nsqlookupd knows no nsqd leading {which} of topic {topic!r} "
                                 f"(partitions with a leader: {listed})")
+
+    def _poll_short(self, topic: str) -> None:
+        """The route lacks a partition's leader (a failover): ask lookupd again in the background,
+        at the recovery rule's fast cadence (every FAST_POLL[0] s at most), so that the partition
+        takes writes again within a second of lookupd listing its new leader, not after
+        ``lookupd_poll_interval`` (60 s), whatever partition the publishes name."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if now < self._short_polls.get(topic, 0.0):
+            return
+        self._short_polls[topic] = now + FAST_POLL[0]
+        task = loop.create_task(self._quiet_look_up(topic))
+        self._polling.add(task)
+        task.add_done_callback(self._polling.discard)
+
+    async def _quiet_look_up(self, topic: str) -> None:
+        # A failed background poll changes nothing: the publishes see the route they had.
+        with contextlib.suppress(Exception):
+            await self._look_up(topic)
 
     async def _look_up(self, topic: str) -> None:
         """A new route for ``topic``, with a connection to each of its nsqd (failures logged)."""

@@ -17,11 +17,12 @@ import asyncio
 import itertools
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DataLossError, InvalidValueError, NSQError
 from ..nsqd_http import NsqdHTTP, PartitionEnds
+from ._committed import committed_ends
 from ._options import parse_ending_offsets, parse_starting_offsets
 
 if TYPE_CHECKING:
@@ -31,10 +32,6 @@ __all__ = ["NEW_PARTITION_START", "DataLoss", "DataLossError", "Leader", "Offset
            "TopicState", "plan_ranges", "positions_from_json", "positions_to_json"]
 
 logger = logging.getLogger(__name__)
-
-#: How long the driver retries a topic whose leaders are moving before it gives up.
-_LEADER_SETTLE_TIMEOUT = 30.0
-
 
 @dataclass(frozen=True)
 class Position:
@@ -71,11 +68,13 @@ class Leader:
 
 @dataclass(frozen=True)
 class TopicState:
-    """Every partition's leader and ends, and whether the topic is an ext topic."""
+    """Every available partition's leader and committed ends, whether the topic is an ext
+    topic, and the partitions without a leader that answers now (with why)."""
 
     leaders: dict[int, Leader]
     ends: dict[int, PartitionEnds]
     ext: bool
+    unavailable: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -123,36 +122,47 @@ class OffsetPlanner:
         await self._http.close()
 
     async def topic_state(self) -> TopicState:
-        """Leaders from the lookupd's write lookup (it names leaders only), ends from each leader.
+        """Leaders from the lookupd's write lookup (it names leaders only), each partition's
+        committed end from its leader (:mod:`._committed`: never a write it may roll back).
 
-        A node that the lookupd names but that does not (yet) lead the partition is asked
-        again after a lookup, for up to 30 s: leadership moves take a few seconds.
+        A partition is left out, in ``unavailable`` with the reason, while the lookupd names
+        no leader of it (youzan's lookupd lists none from a leader's death until another node
+        of its ISR leads it), while the node it names does not answer or does not (yet) lead
+        it: the planner carries its position unchanged, it does not fail the query.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _LEADER_SETTLE_TIMEOUT
-        while True:
-            leaders, ext = await self._lookup()
-            ends: dict[int, PartitionEnds] = {}
-            for http in sorted({leader.http for leader in leaders.values()}):
+        leaders, ext, partition_num = await self._lookup()
+        unavailable = {p: "the lookupd lists no leader of it" for p in range(partition_num) if p not in leaders}
+        ends: dict[int, PartitionEnds] = {}
+        for http in sorted({leader.http for leader in leaders.values()}):
+            mine = {p for p, leader in leaders.items() if leader.http == http}
+            try:
                 held = await self._http.partition_ends(http, self._options.topic)
-                ends.update({p: e for p, e in held.items() if e.leader and leaders.get(p, None) is not None
-                             and leaders[p].http == http})
-            missing = sorted(set(leaders) - set(ends))
-            if not missing:
-                return TopicState(leaders, ends, ext)
-            if loop.time() > deadline:
-                raise NSQError(f"topic {self._options.topic!r}: the nodes the lookupd names as leaders of "
-                               f"partition(s) {missing} do not lead them (after {_LEADER_SETTLE_TIMEOUT:.0f} s)")
-            await asyncio.sleep(1.0)
+                led = {p: e for p, e in held.items() if p in mine and e.leader}
+                committed = await committed_ends(self._http, http, self._options.topic, led)
+            except NSQError as exc:
+                unavailable.update({p: f"its leader {http} does not answer ({exc})" for p in mine})
+                continue
+            for p in sorted(mine):
+                if committed.get(p) is not None:
+                    ends[p] = committed[p]  # type: ignore[assignment]
+                elif p in led:
+                    unavailable[p] = f"its leader {http} shows no committed message of it"
+                else:
+                    unavailable[p] = f"the node the lookupd names, {http}, does not lead it (yet)"
+        if unavailable:
+            logger.info("topic %s: partition(s) %s not advanced this batch: %s", self._options.topic,
+                        sorted(unavailable), "; ".join(f"{p}: {why}" for p, why in sorted(unavailable.items())))
+        return TopicState({p: leaders[p] for p in ends}, ends, ext, unavailable)
 
     async def leader(self, partition: int) -> Leader:
         """The leader of one partition now (a read task whose leader stopped answering asks this)."""
-        leaders, _ = await self._lookup()
+        leaders, _, _ = await self._lookup()
         if partition not in leaders:
             raise NSQError(f"topic {self._options.topic!r}: the lookupd lists no leader of partition {partition}")
         return leaders[partition]
 
-    async def _lookup(self) -> tuple[dict[int, Leader], bool]:
+    async def _lookup(self) -> tuple[dict[int, Leader], bool, int]:
+        """(leaders by partition, ext topic, the topic's partition count from its meta)."""
         from ..lookupd import LookupdClient
 
         errors = []
@@ -165,23 +175,47 @@ class OffsetPlanner:
                 except NSQError as exc:
                     errors.append(f"{address}: {exc}")
                     continue
-                if not result.is_ha or not result.partitions:
-                    raise InvalidValueError(
-                        f"readMode=offsets: lookupd {address} lists no partition of topic {self._options.topic!r} "
-                        "(an HA topic on youzan's nsqlookupd is needed; upstream nsqd has no queue offsets)"
-                    )
+                partition_num = result.meta.partition_num if result.meta is not None else 0
+                if not result.is_ha or not (result.partitions or partition_num):
+                    raise InvalidValueError(self._not_ha(address, result.is_ha))
                 leaders = {p: Leader(node.address, node.http_address) for p, node in result.partitions.items()}
-                return leaders, bool(result.meta and result.meta.extend_support)
+                return leaders, bool(result.meta and result.meta.extend_support), partition_num
         raise NSQError(f"no lookupd answered for topic {self._options.topic!r}: {'; '.join(errors)}")
+
+    def _not_ha(self, address: str, is_ha: bool) -> str:
+        """Why the lookupd's answer cannot be read by offsets: the topic is missing, or not HA."""
+        topic = self._options.topic
+        if is_ha:
+            return (f"readMode=offsets: topic {topic!r} does not exist on lookupd {address} (it lists no partition "
+                    "of it and has no meta for it): create it on the lookupd first (POST /topic/create)")
+        return (f"readMode=offsets: lookupd {address} is not youzan's HA nsqlookupd (topic {topic!r}): upstream "
+                "nsqd has no queue offsets; use readMode=partitioned or simple")
 
     # -- positions ----------------------------------------------------------------------
 
     async def initial(self, state: TopicState | None = None) -> dict[int, Position]:
         """The starting options as a position in every partition (``startingTimestamp`` first,
         then ``startingOffsetsByTimestamp``, then ``startingOffsets``: Spark's Kafka source's order)."""
-        state = state or await self.topic_state()
+        state = state or await self.complete_state()
         option, wanted = self._wanted(state, ending=False)
         return {p: await self._position(state, p, spec, option) for p, spec in sorted(wanted.items())}
+
+    async def complete_state(self) -> TopicState:
+        """The topic's state once every partition has a leader that answers (the starting and
+        ending options are resolved once, for every partition): asked every second, for up to
+        ``leaderWaitTimeoutMs``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._options.leader_wait_timeout
+        while True:
+            state = await self.topic_state()
+            if not state.unavailable:
+                return state
+            if loop.time() >= deadline:
+                raise NSQError(f"topic {self._options.topic!r}: partition(s) {sorted(state.unavailable)} had no "
+                               f"leader that answers for {self._options.leader_wait_timeout:.0f} s (option "
+                               f"'leaderWaitTimeoutMs'): " + "; ".join(f"{p}: {why}" for p, why in
+                                                                       sorted(state.unavailable.items())))
+            await asyncio.sleep(1.0)
 
     async def ending(self, state: TopicState | None = None, default: str | None = None) -> dict[int, Position] | None:
         """The ending options as a position in every partition (the first message not read), or
@@ -189,7 +223,7 @@ class OffsetPlanner:
         ``endingOffsetsByTimestamp``, then ``endingOffsets``."""
         if not self._options.has_ending and default is None:
             return None
-        state = state or await self.topic_state()
+        state = state or await self.complete_state()
         option, wanted = self._wanted(state, ending=True, default=default)
         return {p: await self._position(state, p, spec, option) for p, spec in sorted(wanted.items())}
 
@@ -299,11 +333,18 @@ class OffsetPlanner:
         for partition in sorted(set(ends) - set(start)):
             logger.info("topic %s has a new partition %d: read from its beginning", self._options.topic, partition)
         origin = {p: start.get(p, NEW_PARTITION_START) for p in ends}
+        for partition in sorted(p for p in ends if ends[p].offset < origin[p].offset):
+            logger.warning("topic %s partition %d: its leader's committed end %s is before where the query has "
+                           "read to, %s (the leader lost messages it had committed?): not moved back",
+                           self._options.topic, partition, ends[partition], origin[partition])
         backlog = {p: max(0, ends[p].count - origin[p].count) for p in ends if ends[p].offset > origin[p].offset}
+        # A partition read before and without a leader now keeps its position: carried in every
+        # batch's end offsets, it is read on from there when a leader is listed again.
+        carried = {p: pos for p, pos in start.items() if p not in ends}
         total = sum(backlog.values())
         if max_rows is None or total <= max_rows:
-            return {p: ends[p] if p in backlog else origin[p] for p in ends}, state
-        planned = {}
+            return {**carried, **{p: ends[p] if p in backlog else origin[p] for p in ends}}, state
+        planned = dict(carried)
         for partition, end in ends.items():
             share = backlog.get(partition, 0) * max_rows // total
             planned[partition] = await self._cut(state, partition, origin[partition], end, share)
@@ -323,6 +364,13 @@ class OffsetPlanner:
 
 
     # -- ranges ---------------------------------------------------------------------------
+
+    async def replay(self, start: Mapping[int, Position],
+                     end: Mapping[int, Position]) -> tuple[list[RangePlan], list[DataLoss], TopicState]:
+        """The read tasks of a batch planned by an earlier run of the query, and the topic now."""
+        state = await self.topic_state()
+        plans, losses = await self.ranges(start, end, state)
+        return plans, losses, state
 
     async def ranges(self, start: Mapping[int, Position], end: Mapping[int, Position],
                      state: TopicState | None) -> tuple[list[RangePlan], list[DataLoss]]:

@@ -178,6 +178,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "ha": _bool,
     "startingOffsets": _text,
     "readStallTimeoutMs": lambda n, t: _int(n, t, 100, 86_400_000),
+    "leaderWaitTimeoutMs": lambda n, t: _int(n, t, 1_000, 604_800_000),
     # readMode=offsets, named as Spark's Kafka source names them
     "endingOffsets": _text,
     "startingTimestamp": lambda n, t: _int(n, t, 0, MAX_TIMESTAMP_MS),
@@ -198,8 +199,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
 KNOWN_OPTIONS = tuple(_PARSERS)
 _BY_LOWER = {name.lower(): name for name in _PARSERS}
 #: Options of readMode=offsets only (Spark's Kafka source has each of them, under the same name).
-OFFSETS_ONLY = ("startingOffsets", "readStallTimeoutMs", "endingOffsets", "startingTimestamp", "endingTimestamp",
-                "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "failOnDataLoss", "minPartitions",
+OFFSETS_ONLY = ("startingOffsets", "readStallTimeoutMs", "leaderWaitTimeoutMs", "endingOffsets", "startingTimestamp",
+                "endingTimestamp", "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "failOnDataLoss", "minPartitions",
                 "maxOffsetsPerTrigger")
 _SOURCE_ONLY = ("channel", "maxInFlight", "connectionsPerNsqd", "maxRecordsPerBatch", "msgTimeoutMs",
                 "numPartitions", "readMode", "rowTransport", "rowServerHost", "rowServerPort",
@@ -254,6 +255,9 @@ class SourceOptions:
     ha: bool = False
     starting_offsets: str = "earliest"  # readMode=offsets: earliest, latest or JSON {"partition": offset}
     read_stall_timeout: float = 30.0  # readMode=offsets: a range read with no message for this long fails
+    #: readMode=offsets: how long a partition may have no leader that answers (lookupd lists none,
+    #: or the one listed is down) before its read task, or the driver's planning, fails the query
+    leader_wait_timeout: float = 600.0
     # readMode=offsets, as Spark's Kafka source has them (a timestamp option wins over its offsets option)
     ending_offsets: str | None = None  # latest or JSON {"partition": offset}; None: no end (streaming)
     starting_timestamp: int | None = None  # ms since the epoch, every partition
@@ -426,6 +430,7 @@ def parse_source(options: Mapping[str, str]) -> SourceOptions:
         ha=values.get("ha", False) or values.get("readMode") == "offsets",
         starting_offsets=values.get("startingOffsets", "earliest"),
         read_stall_timeout=values.get("readStallTimeoutMs", 30_000) / 1000,
+        leader_wait_timeout=values.get("leaderWaitTimeoutMs", 600_000) / 1000,
         ending_offsets=values.get("endingOffsets"),
         starting_timestamp=values.get("startingTimestamp"),
         ending_timestamp=values.get("endingTimestamp"),

@@ -15,7 +15,9 @@ in offset order, whatever the task attempt. How:
    the move changes nothing); finish every message as it arrives.
 3. Done when the cursor reaches ``end``. No message for ``readStallTimeoutMs``, a refused
    channel or a lost leader: ask the lookupd for the partition's leader again and read the
-   whole range again from its start, up to three times, then fail the task (Spark retries it).
+   whole range again from its start. Three reads a leader answered and that did not complete
+   fail the task (Spark retries it); a partition with no leader that answers (a leader's
+   outage) is asked for again until one does, for up to ``leaderWaitTimeoutMs``.
 
 Before each read the leader's ``/stats`` says where the partition starts now: a range that
 retention removed (in part) since it was planned fails the task at once naming the partition
@@ -87,12 +89,22 @@ class _Collector:
 
 
 async def read_range(options: SourceOptions, plan: RangePlan) -> list[Any]:
-    """The range's messages, in offset order; raises :class:`RangeReadError` after three tries."""
+    """The range's messages, in offset order.
+
+    A read that a leader answered and that did not complete (no message for
+    ``readStallTimeoutMs``, a refused channel) counts: the third fails the task with
+    :class:`RangeReadError` (Spark retries it). A partition without a leader that answers (the
+    lookupd lists none, or the node it lists is down: a leader's outage) does not count: it is
+    asked again every second or two until one answers, for up to ``leaderWaitTimeoutMs``.
+    """
+    loop = asyncio.get_running_loop()
     leader = plan.leader
-    failures = []
-    for attempt in range(ATTEMPTS):
+    failures: list[str] = []
+    stalls = 0
+    leaderless_since: float | None = None
+    while True:
         try:
-            if attempt or not leader.tcp:
+            if failures or not leader.tcp:
                 leader = await _current_leader(options, plan.partition)
             rest = await _retained_rest(options, replace(plan, leader=leader))
             if rest is None:
@@ -100,13 +112,27 @@ async def read_range(options: SourceOptions, plan: RangePlan) -> list[Any]:
             return await _read_once(options, rest, leader)
         except DataLossError:
             raise
-        except (NSQError, OSError) as exc:
+        except RangeReadError as exc:  # the leader answered: the range did not come
+            stalls += 1
+            leaderless_since = None
             failures.append(f"{leader.tcp}: {exc}")
-            logger.warning("topic %s partition %d range %d..%d: attempt %d failed on %s (%s)", options.topic,
-                           plan.partition, plan.start.offset, plan.end.offset, attempt + 1, leader.tcp, exc)
-            await asyncio.sleep(0.5 * (attempt + 1))
-    raise RangeReadError(f"topic {options.topic!r} partition {plan.partition}: range {plan.start.offset}.."
-                         f"{plan.end.offset} not read in {ATTEMPTS} attempts: {'; '.join(failures)}")
+            if stalls >= ATTEMPTS:
+                raise RangeReadError(f"topic {options.topic!r} partition {plan.partition}: range {plan.start.offset}.."
+                                     f"{plan.end.offset} not read in {ATTEMPTS} attempts: "
+                                     f"{'; '.join(failures[-ATTEMPTS:])}") from None
+        except (NSQError, OSError) as exc:  # no leader listed, or the one listed does not answer
+            failures.append(f"{leader.tcp or 'no leader'}: {exc}")
+            now = loop.time()
+            leaderless_since = now if leaderless_since is None else leaderless_since
+            if now - leaderless_since > options.leader_wait_timeout:
+                raise RangeReadError(
+                    f"topic {options.topic!r} partition {plan.partition}: range {plan.start.offset}..{plan.end.offset}: "
+                    f"no leader that answers for {now - leaderless_since:.0f} s (option 'leaderWaitTimeoutMs'): "
+                    f"{failures[-1]}") from None
+        logger.warning("topic %s partition %d range %d..%d: attempt %d failed on %s (%s)", options.topic,
+                       plan.partition, plan.start.offset, plan.end.offset, len(failures), leader.tcp or "no leader",
+                       failures[-1])
+        await asyncio.sleep(min(0.5 * len(failures), 2.0))
 
 
 async def _current_leader(options: SourceOptions, partition: int) -> Leader:

@@ -53,7 +53,7 @@ class NSQOffsetBatchReader(DataSourceReader):
     async def _plan(self) -> tuple[list[RangePlan], list[DataLoss]]:
         planner = OffsetPlanner(self._options)
         try:
-            state = await planner.topic_state()
+            state = await planner.complete_state()  # a batch read reads every partition
             start = await planner.initial(state)
             end = await planner.ending(state, default="latest")
             assert end is not None

@@ -20,6 +20,7 @@ gone, and says so).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from ..errors import NSQError
 from ..loop import run
 from ._offsets import (
     NEW_PARTITION_START,
@@ -83,6 +85,7 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._report: dict[str, Any] | None = None  # reportLatestOffset: the ends and the lag behind them
         self._losses: list[DataLoss] = []  # failOnDataLoss=false: what planning skipped
         self._planned: tuple[str, str, list[RangePlan]] | None = None  # (start, end, ranges) of the last batch
+        self._outages: dict[int, float] = {}  # partition -> since when it has had no leader that answers
 
     def initialOffset(self) -> dict[str, Any]:
         positions = self._call("initial")
@@ -116,6 +119,7 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             start = self._last_end if self._last_end is not None else self.initialOffset()
         max_rows = getattr(limit, "max_rows", None) if limit is not None else self._options.max_records_per_batch
         end, state = self._call("latest", positions_from_json(start), max_rows, self._stop_at())
+        self._check_outages(state)
         encoded = positions_to_json(end)
         self._last_end = encoded
         self._state = (repr(encoded), state)
@@ -141,9 +145,29 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         if self._planned is not None and self._planned[:2] == (repr(start), repr(end)):
             plans = self._planned[2]
         else:  # a batch planned by an earlier run of the query (replayed from the checkpoint)
-            plans, losses = self._call("ranges", positions_from_json(start), positions_from_json(end), None)
+            plans, losses, state = self._call("replay", positions_from_json(start), positions_from_json(end))
             self._losses.extend(losses)
+            # Spark asks reportLatestOffset only after latestOffset, which a replayed batch skips
+            # (its progress shows "latestOffset": null, as for Kafka's source): the lag goes to the log.
+            report = lag_report(positions_from_json(end), state, self._ending, self._losses)
+            logger.info("nsq offsets source on %s: replaying a batch from the checkpoint, to %s; the partitions' "
+                        "ends now: %s", self._options.topic, end, report)
         return [OffsetRangePartition(plan, i) for i, plan in enumerate(plans)]
+
+    def _check_outages(self, state: TopicState) -> None:
+        """A partition without a leader stalls (its position is carried), the query goes on; for
+        longer than ``leaderWaitTimeoutMs`` it fails the query, naming the partition and why."""
+        now = time.monotonic()
+        for partition in list(self._outages):
+            if partition not in state.unavailable:
+                logger.info("topic %s partition %d has a leader again after %.1f s: read on", self._options.topic,
+                            partition, now - self._outages.pop(partition))
+        for partition, why in sorted(state.unavailable.items()):
+            since = self._outages.setdefault(partition, now)
+            if now - since > self._options.leader_wait_timeout:
+                raise NSQError(f"topic {self._options.topic!r} partition {partition}: no leader that answers for "
+                               f"{now - since:.0f} s (option 'leaderWaitTimeoutMs' = "
+                               f"{self._options.leader_wait_timeout * 1000:.0f}): {why}")
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self._options, self._arrow(), partition.plan)  # type: ignore[attr-defined]
@@ -197,8 +221,14 @@ def lag_report(end: dict[int, Position], state: TopicState, ending: dict[int, Po
         latest = {p: min(pos, ending.get(p, pos), key=lambda x: x.offset) for p, pos in latest.items()}
     behind = {str(p): max(0, pos.count - end.get(p, NEW_PARTITION_START).count) for p, pos in sorted(latest.items())}
     lags = list(behind.values()) or [0]
-    return {**positions_to_json(latest), "offsetsBehindLatest": behind, "maxOffsetsBehindLatest": max(lags),
-            "avgOffsetsBehindLatest": f"{sum(lags) / len(lags):.1f}", **_loss_report(losses)}
+    # A partition without a leader now: its end is not known, the batch carried its position.
+    stalled = {p: end[p] for p in end if p not in latest}
+    report = {**positions_to_json({**stalled, **latest}), "offsetsBehindLatest": behind,
+              "maxOffsetsBehindLatest": max(lags), "avgOffsetsBehindLatest": f"{sum(lags) / len(lags):.1f}",
+              **_loss_report(losses)}
+    if state.unavailable:
+        report["partitionsWithoutLeader"] = {str(p): why for p, why in sorted(state.unavailable.items())}
+    return report
 
 
 def _loss_report(losses: list[DataLoss]) -> dict[str, Any]:

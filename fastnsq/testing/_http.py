@@ -6,14 +6,16 @@ that what goes out matches nsqio's ``internal/http_api`` byte for byte.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
-import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import unquote_plus
 
 from aiohttp import web
+
+from ._ports import PortKeeper, listen_socket
 
 __all__ = [
     "JSON_CONTENT_TYPE",
@@ -132,43 +134,66 @@ def join_host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (port 0: any free port), SO_REUSEADDR set.
-
-    SO_REUSEADDR lets a stopped server start again on the same port at once.
-    """
-    family, _, _, _, sockaddr = socket.getaddrinfo(
-        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    return socket.create_server(sockaddr[:2], family=family, backlog=128)
-
-
 class HTTPSite:
-    """One aiohttp application served on one socket; start, stop, start again on the same port."""
+    """One aiohttp application served on one socket; start, stop, start again on the same port.
 
-    def __init__(self, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> None:
+    While stopped, the port stays bound (see :mod:`._ports`): nothing else can take it
+    before the restart, and connections are refused as by a server that is down.
+    """
+
+    def __init__(
+        self,
+        handler: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None,
+        *,
+        app_factory: Callable[[], web.Application] | None = None,
+        shutdown_timeout: float = 1.0,
+    ) -> None:
+        if (handler is None) == (app_factory is None):
+            raise TypeError("HTTPSite takes a handler or an app_factory")
         self._handler = handler
+        self._app_factory = app_factory
+        self._shutdown_timeout = shutdown_timeout
         self._runner: web.AppRunner | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._address: tuple[str, int] | None = None
+        self._ports = PortKeeper()
 
-    async def start(self, host: str, port: int) -> int:
-        """Serve on ``host:port``; returns the bound port."""
+    def _make_app(self) -> web.Application:
+        if self._app_factory is not None:
+            return self._app_factory()
+        assert self._handler is not None
         app = web.Application()
         # One catch-all route: the handler answers 404/405 itself, as httprouter does.
         app.router.add_route("*", "/{path:.*}", self._handler)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        return app
+
+    async def start(self, host: str, port: int) -> int:
+        """Serve on ``host:port``; returns the bound port."""
+        runner = web.AppRunner(
+            self._make_app(), access_log=None, handle_signals=False, shutdown_timeout=self._shutdown_timeout
+        )
         await runner.setup()
+        protocol_factory = runner.server
+        assert protocol_factory is not None  # set by setup()
         sock = listen_socket(host, port)
         try:
-            await web.SockSite(runner, sock).start()
+            # The low-level server, not a site: stop() closes the listener itself, at once.
+            server = await asyncio.get_running_loop().create_server(protocol_factory, sock=sock)
         except BaseException:
             sock.close()
             await runner.cleanup()
             raise
-        self._runner = runner
-        return int(sock.getsockname()[1])
+        bound = int(sock.getsockname()[1])
+        self._ports.release(host, bound)
+        self._runner, self._server, self._address = runner, server, (host, bound)
+        return bound
 
     async def stop(self) -> None:
         """Stop serving; idle keep-alive connections are closed."""
-        runner, self._runner = self._runner, None
+        runner, server, self._runner, self._server = self._runner, self._server, None, None
+        if server is not None:
+            server.close()
+            assert self._address is not None
+            self._ports.hold(*self._address)
         if runner is not None:
             await runner.cleanup()

@@ -67,11 +67,11 @@ from ._http import (
     HTTPSite,
     go_json,
     join_host_port,
-    listen_socket,
     parse_go_query,
     respond_plain,
     respond_v1,
 )
+from ._ports import PortKeeper, listen_socket
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -549,6 +549,7 @@ class LookupdServer:
         self._connections: set[_LookupProtocolV1] = set()
         self._tcp_server: asyncio.AbstractServer | None = None
         self._http = HTTPSite(self._dispatch)
+        self._ports = PortKeeper()  # the TCP port, kept while stopped
         self._waiters: set[asyncio.Future[None]] = set()
         self._node_ids = itertools.count(1)
 
@@ -571,6 +572,7 @@ class LookupdServer:
             sock.close()
             raise
         self._tcp_port = int(sock.getsockname()[1])
+        self._ports.release(self.host, self._tcp_port)
         try:
             self._http_port = await self._http.start(self.host, self._http_port)
         except BaseException:
@@ -585,6 +587,7 @@ class LookupdServer:
         if server is None:
             return
         server.close()
+        self._ports.hold(self.host, self._tcp_port)
         for conn in list(self._connections):
             conn.close()
         await self._http.stop()

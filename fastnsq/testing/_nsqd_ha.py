@@ -466,6 +466,12 @@ class HATopic(Topic):
         self.retained_before = 0
         #: Standalone: (loop time, message) published while there was no channel.
         self._unflushed: list[tuple[float, Msg]] = []
+        #: youzan's leader writes a publish to its disk queue first, then replicates it to the
+        #: ISR, then commits it (or rolls it back: ``failed write begin rollback``). What it
+        #: wrote and has not committed yet counts in ``/stats`` (``backend_depth`` and
+        #: ``message_count`` are the write end); readers and ``/message/get`` see only what is
+        #: committed. :meth:`write_uncommitted` stands for that window, on demand.
+        self.uncommitted: list[Msg] = []
 
     def get_channel(self, name: str) -> Channel:
         channel = self.channels.get(name)
@@ -557,6 +563,46 @@ class HATopic(Topic):
         self._retain(msgs)
         self.put(msgs, nbytes)
 
+    def write_uncommitted(self, bodies: list[bytes]) -> None:
+        """Write ``bodies`` after the committed end without committing them (a leader waiting
+        for its ISR): :meth:`commit` or :meth:`rollback` ends it, before the next publish
+        (youzan writes one partition's publishes one after the other)."""
+        timestamp = time.time_ns()
+        next_id = self.next_internal_id + len(self.uncommitted)
+        offset = self.write_end
+        base = _RECORD_BASE + 1 if self.ext else _RECORD_BASE
+        for body in bodies:
+            id8 = _U64.pack(next_id)
+            raw = base + len(body)
+            self.uncommitted.append((id8, (body, id8 + b"\0" * 8, 0, None, offset, raw), timestamp, 0, 0))
+            offset += raw
+            next_id += 1
+
+    @property
+    def write_end(self) -> int:
+        """Where the next write goes: past what is written, committed or not."""
+        if not self.uncommitted:
+            return self.next_offset
+        last = self.uncommitted[-1][1]
+        return int(last[4] + last[5])
+
+    def commit(self) -> None:
+        """The ISR acknowledged what was written: readers see it now."""
+        msgs, self.uncommitted = self.uncommitted, []
+        if msgs:
+            self.next_internal_id += len(msgs)
+            self.next_offset = int(msgs[-1][1][4] + msgs[-1][1][5])
+            self._retain(msgs)
+            self.put(msgs, sum(len(msg[1][0]) for msg in msgs))
+
+    def rollback(self) -> int:
+        """Replication failed: the write end goes back to the committed end (youzan's
+        ``ResetBackendEndNoLock``); the next publish takes the same offsets. Returns how many
+        messages were dropped."""
+        dropped = len(self.uncommitted)
+        self.uncommitted = []
+        return dropped
+
     def _retain(self, msgs: list[Msg]) -> None:
         retained = self.retained
         retained.extend(msgs)
@@ -633,10 +679,11 @@ class HATopic(Topic):
         entry = super().stats(channel_name, include_clients)
         if entry is not None:
             entry["topic_partition"] = str(self.partition)
-            entry["backend_depth"] = self.next_offset  # youzan: where the partition ends
+            entry["backend_depth"] = self.write_end  # youzan: where the partition's writes end
             # youzan: the first offset on disk, and the messages written since the partition began
+            # (both with what is written and not committed yet: the write end)
             entry["backend_start"] = _offset_of(self.retained[0]) if self.retained else self.next_offset
-            entry["message_count"] = self.retained_before + len(self.retained)
+            entry["message_count"] = self.retained_before + len(self.retained) + len(self.uncommitted)
             for channel in entry["channels"]:
                 channel["client_num"] = channel["client_count"]  # youzan's name
                 held = self.channels.get(channel["channel_name"])

@@ -150,15 +150,18 @@ class NSQCluster:
         await self._wait_registered(nsqd, present=True)
         return nsqd
 
-    async def stop_node(self, index: int, **stop_options: Any) -> None:
+    async def stop_node(self, index: int, *, fail_over: bool = True, **stop_options: Any) -> None:
         """Stop nsqd ``index`` and wait until the lookupd has dropped it.
 
-        HA: the partitions it leads fail over to another running node first.
+        HA: the partitions it leads fail over to another running node first; with
+        ``fail_over=False`` they keep no leader until it starts again (youzan's lookupd lists
+        no writable leader of a partition whose ISR lost its leader, until a node of the ISR
+        comes back: the partition is not in ``/lookup?access=w`` meanwhile).
         """
         nsqd = self.nsqds[index]
         if index in self._stopped:
             return
-        if self.ha:
+        if self.ha and fail_over:
             await self._fail_over(index)
         self._stopped.add(index)
         await nsqd.stop(**stop_options)
@@ -295,6 +298,25 @@ class NSQCluster:
                 count = held.remove_before(offset)
                 removed = count if index == placement.leader else removed
         return removed
+
+    def write_uncommitted(self, topic: str, partition: int, bodies: list[bytes]) -> None:
+        """HA: the partition's leader writes ``bodies`` without committing them (youzan's leader
+        between its local write and the ISR's acknowledgement): ``/stats`` counts them, readers
+        and ``/message/get`` do not, until :meth:`commit` or :meth:`rollback`."""
+        self._leader_partition(topic, partition).write_uncommitted(bodies)
+
+    def commit(self, topic: str, partition: int) -> None:
+        """HA: the ISR acknowledged what :meth:`write_uncommitted` wrote: it is read now."""
+        self._leader_partition(topic, partition).commit()
+
+    def rollback(self, topic: str, partition: int) -> int:
+        """HA: replication failed (youzan: ``failed write begin rollback``): what
+        :meth:`write_uncommitted` wrote is gone and the next publish takes its offsets."""
+        return self._leader_partition(topic, partition).rollback()
+
+    def _leader_partition(self, topic: str, partition: int) -> Any:
+        placement = self._placement(topic, partition)
+        return self.nsqds[placement.leader].partitions[(topic, partition)]
 
     async def move_leader(self, topic: str, partition: int, to_node: int) -> None:
         """HA: make node ``to_node`` the leader of ``partition`` (see the class docstring).

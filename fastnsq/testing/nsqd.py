@@ -47,12 +47,14 @@ from aiohttp import web
 from fastnsq import codec
 from fastnsq.errors import InvalidValueError
 
+from ._http import HTTPSite
 from ._nsqd_auth import AuthState, query_any_auth_server
 from ._nsqd_base import HA_VERSION, MASTER, RELEASED, VERSION, NSQDOptions
 from ._nsqd_client import ClientConnection
 from ._nsqd_faults import Faults
 from ._nsqd_ha import HAClientConnection, HATopic
 from ._nsqd_queue import EPHEMERAL_SUFFIX, Channel, Topic
+from ._ports import PortKeeper
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing_extensions import Self
@@ -188,7 +190,8 @@ class NSQD:
         self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         # An asyncio server, or one being created after refuse_connections = False.
         self._tcp_server: Any = None
-        self._http_runner: web.AppRunner | None = None
+        self._http_site = HTTPSite(app_factory=self._build_http_app, shutdown_timeout=0.25)
+        self._ports = PortKeeper()  # the TCP port, kept while stopped or refusing
         self._http_session: aiohttp.ClientSession | None = None
         self._watched: set[Channel] = set()
         self._scan_timer: asyncio.TimerHandle | None = None
@@ -222,8 +225,6 @@ class NSQD:
         """Listen on the TCP and HTTP ports and connect to the lookupds."""
         if self.running:
             return
-        from ._nsqd_http import build_app
-        from ._nsqd_http_ha import build_ha_app
         from ._nsqd_lookup import LookupRegistrar
 
         self.loop = asyncio.get_running_loop()
@@ -231,22 +232,13 @@ class NSQD:
         sock = _listen(options.host, self.tcp_port)
         self._tcp_server = await self.loop.create_server(self._new_connection, sock=sock)
         self.tcp_port = sock.getsockname()[1]
+        self._ports.release(options.host, self.tcp_port)
         self._refusing = False
         try:
-            runner = web.AppRunner(
-                build_ha_app(self) if self.ha else build_app(self),
-                access_log=None,
-                handle_signals=False,
-                shutdown_timeout=0.25,
-            )
-            await runner.setup()
-            site = web.TCPSite(runner, options.host, self.http_port)
-            await site.start()
+            self.http_port = await self._http_site.start(options.host, self.http_port)
         except BaseException:
             self._tcp_server.close()
             raise
-        self._http_runner = runner
-        self.http_port = runner.addresses[0][1]
         timeout = aiohttp.ClientTimeout(
             total=options.http_client_request_timeout, connect=options.http_client_connect_timeout
         )
@@ -276,6 +268,7 @@ class NSQD:
             await self._lookup.stop()
             self._lookup = None
         self._tcp_server.close()
+        self._ports.hold(self.options.host, self.tcp_port)
         clients = list(self.clients.values())
         for client in clients:
             client.close()
@@ -308,9 +301,7 @@ class NSQD:
             await asyncio.wait_for(self._tcp_server.wait_closed(), _CLOSE_GRACE)
         self._tcp_server = None
         self._refusing = False
-        if self._http_runner is not None:
-            await self._http_runner.cleanup()
-            self._http_runner = None
+        await self._http_site.stop()
         if self._http_session is not None:
             await self._http_session.close()
             self._http_session = None
@@ -321,6 +312,12 @@ class NSQD:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.stop()
+
+    def _build_http_app(self) -> web.Application:
+        from ._nsqd_http import build_app
+        from ._nsqd_http_ha import build_ha_app
+
+        return build_ha_app(self) if self.ha else build_app(self)
 
     def _new_connection(self) -> ClientConnection:
         return self.connection_class(self)
@@ -343,8 +340,10 @@ class NSQD:
         self._refusing = bool(refuse)
         if refuse:
             self._tcp_server.close()
+            self._ports.hold(self.options.host, self.tcp_port)
             return
         sock = _listen(self.options.host, self.tcp_port)
+        self._ports.release(self.options.host, self.tcp_port)
         self._tcp_server = _PendingServer(self.loop, self.loop.create_server(self._new_connection, sock=sock))
 
     def _build_tls_context(self) -> ssl.SSLContext | None:

@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ._ports import PortKeeper
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -81,6 +83,7 @@ class ServerProcess:
         self.process: subprocess.Popen[bytes] | None = None
         self.tcp_address = ""
         self.http_address = ""
+        self._ports = PortKeeper()  # the ports, kept bound between a stop and the next start
 
     # -- what subclasses say ---------------------------------------------------------------
 
@@ -122,6 +125,7 @@ class ServerProcess:
                 self._spawn_and_wait(timeout)
                 return
             except ServerProcessError as exc:
+                self._release_ports()
                 if keep_ports or "address already in use" not in str(exc) or attempt + 1 == _PORT_ATTEMPTS:
                     raise
                 self.tcp_address = self.http_address = ""
@@ -136,11 +140,21 @@ class ServerProcess:
             if self.process.poll() is not None:
                 raise ServerProcessError(f"{self.name} exited with {self.process.returncode}; log tail:\n{self._tail()}")
             if _ping(self.http_address):
+                self._release_ports()  # the server listens beside the holds (SO_REUSEADDR on both)
                 return
             time.sleep(0.05)
         self.kill()
         raise ServerProcessError(f"{self.name} did not answer /ping on {self.http_address} in {timeout} s; "
                                  f"log tail:\n{self._tail()}")
+
+    def _hold_ports(self) -> None:
+        for address in (self.tcp_address, self.http_address):
+            if address:
+                host, _, port = address.rpartition(":")
+                self._ports.hold(host, int(port))
+
+    def _release_ports(self) -> None:
+        self._ports.release_all()
 
     def _tail(self) -> str:
         return self.log.read_text(errors="replace")[-2000:] if self.log.exists() else "(no log)"
@@ -153,16 +167,20 @@ class ServerProcess:
         self.process.send_signal(signal.SIGCONT)  # a paused process cannot act on SIGTERM
         self.process.terminate()
         try:
-            return self.process.wait(timeout)
+            status = self.process.wait(timeout)
         except subprocess.TimeoutExpired:
             return self.kill()
+        self._hold_ports()
+        return status
 
     def kill(self) -> int | None:
         """SIGKILL: a crash; nothing is flushed."""
         if self.process is None or self.process.poll() is not None:
             return None
         self.process.kill()
-        return self.process.wait()
+        status = self.process.wait()
+        self._hold_ports()
+        return status
 
     def pause(self) -> None:
         """SIGSTOP: the process freezes, its sockets stay open and nobody answers (a hung server)."""
@@ -183,6 +201,7 @@ class ServerProcess:
     def close(self) -> None:
         """Stop, and remove the data folder if it was a temporary one."""
         self.stop()
+        self._release_ports()
         if self._own_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 

@@ -5,10 +5,12 @@
 //	sub  a Consumer (-lookupd-http-address, or -nsqd-tcp-address) whose handler returns nil: each
 //	     message is FINed, which nsqd counts in its /stats (the bench's measure of a consumer).
 //	pub  a Producer (-nsqd-tcp-address) calling the synchronous Publish every -interval; one JSON
-//	     line per publish on stdout: {"t": CLOCK_MONOTONIC ns at its answer, "ok": bool, "err": "..."}.
+//	     line per publish on stdout: {"t": CLOCK_MONOTONIC ns at its answer, "took": ns the call
+//	     took, "ok": bool, "err": "..."}.
 //
-// Runs until SIGTERM or SIGINT. -client-id sets Config.ClientID (what the bench's counting
-// listener reads from IDENTIFY to tell the clients' connection attempts apart).
+// Runs until SIGTERM or SIGINT. -max-in-flight sets Config.MaxInFlight (sub; go-nsq's default 1).
+// -client-id sets Config.ClientID (what the bench's counting listener reads from IDENTIFY to tell
+// the clients' connection attempts apart).
 package main
 
 import (
@@ -34,6 +36,7 @@ var (
 	channel     = flag.String("channel", "go", "channel (sub)")
 	interval    = flag.Duration("interval", 50*time.Millisecond, "pub: one publish every interval")
 	clientID    = flag.String("client-id", "", "Config.ClientID")
+	maxInFlight = flag.Int("max-in-flight", 1, "sub: Config.MaxInFlight")
 	logLevel    = flag.String("log-level", "error", "go-nsq log level: debug|info|warn|error")
 )
 
@@ -62,6 +65,7 @@ func config() *nsq.Config {
 	if *clientID != "" {
 		cfg.ClientID = *clientID
 	}
+	cfg.MaxInFlight = *maxInFlight
 	return cfg
 }
 
@@ -86,9 +90,10 @@ func consume(stop <-chan os.Signal) {
 }
 
 type outcome struct {
-	T   int64  `json:"t"`
-	OK  bool   `json:"ok"`
-	Err string `json:"err,omitempty"`
+	T    int64  `json:"t"`
+	Took int64  `json:"took"`
+	OK   bool   `json:"ok"`
+	Err  string `json:"err,omitempty"`
 }
 
 func publish(stop <-chan os.Signal) {
@@ -109,8 +114,10 @@ func publish(stop <-chan os.Signal) {
 			return
 		case <-ticker.C:
 		}
+		began := monotonicNs()
 		err := producer.Publish(*topic, []byte("go-"+strconv.Itoa(n)))
-		result := outcome{T: monotonicNs(), OK: err == nil}
+		now := monotonicNs()
+		result := outcome{T: now, Took: now - began, OK: err == nil}
 		if err != nil {
 			result.Err = err.Error()
 		}

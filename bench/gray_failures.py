@@ -1,0 +1,393 @@
+"""Gray failures (issue 57): a hung nsqd, a black-holed port, a lossy link, on real nsqd, every face.
+
+    python bench/gray_failures.py --real ~/nsq-real/bin                      # the five faults
+    python bench/gray_failures.py --real ~/nsq-real/bin --faults stop:20,hole:30 --settle 10
+
+Two real nsqd (A healthy, B faulted) registered with one nsqlookupd, their flags the defaults
+(``--data-path``, addresses, ``--lookupd-tcp-address``). The faces, all at once, with their defaults:
+
+* ``Producer([A, B])`` publishing every 5 ms (200 msg/s; each publish a task of its own),
+  ``fastnsq.sync.Producer([A, B])`` every 10 ms from one thread, ``Producer([B])`` every 50 ms;
+* fastnsq's ``Consumer`` through lookupd and direct (``[A, B]``), max_in_flight 100;
+* go-nsq v1.1.0 (bench/go/src/gonsq_recovery, ``recovery_bench``): a Consumer through lookupd and
+  a Producer on B calling ``Publish`` every 50 ms (go-nsq's Producer has one nsqd).
+
+The faults on B, one after another, ``--settle`` s apart: ``stop:S`` SIGSTOP for S s;
+``hole:S`` every packet to or from B's TCP port on loopback dropped by nftables for S s;
+``loss:S`` 30 % of them dropped at random (``numgen random mod 100 < 30``) for S s. The rules
+live in a table of this run's own (``gray57_<pid>``), deleted at the end even on an error.
+
+Per fault and face: failed publishes (raised within the fault or the settle after it), p99 and
+worst publish latency of the calls started during the fault or in flight when it began, ``rerouted`` (fastnsq: publishes
+B held, sent again to A: each may be there twice); for consumers, seconds from the fault's
+start until the face had no connection to B (``noticed``; fastnsq faces only) and seconds from
+the fault's end until B's /stats count a FIN on the face's channel again (``back``). At the
+end, each fastnsq consumer's lost (acknowledged by nsqd, never consumed) and duplicated
+messages among those the fastnsq producers published. Writes bench/results/gray-<date>.json/.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import aiohttp
+
+import fastnsq
+import fastnsq.sync
+from fastnsq import Consumer, Producer
+from fastnsq.testing.process import NSQDProcess, NSQLookupdProcess
+
+TOPIC = "gray"
+
+
+@dataclass
+class Calls:
+    """A producer face's publishes: (started, took, error or None), on time.monotonic()."""
+
+    name: str
+    calls: list[tuple[float, float, str | None]] = field(default_factory=list)
+    acked: set[bytes] = field(default_factory=set)
+    rerouted: Any = None  # a callable: the face's rerouted count now
+
+    def add(self, started: float, took: float, error: BaseException | str | None, body: bytes = b"") -> None:
+        self.calls.append((started, took, None if error is None else (str(error) or type(error).__name__)))
+        if error is None and body:
+            self.acked.add(body)
+
+
+@dataclass
+class Watch:
+    """A consumer face: when it had a connection to B (sampled), what it consumed."""
+
+    name: str
+    channel: str
+    samples: list[tuple[float, bool]] = field(default_factory=list)
+    seen: Counter[bytes] = field(default_factory=Counter)
+
+
+# ---- the fault ---------------------------------------------------------------------------------
+
+
+class Nft:
+    """This run's nftables table: drop (all, or a share) of B's port on loopback."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.table = f"gray57_{os.getpid()}"
+        self.made = False
+
+    def _nft(self, script: str) -> None:
+        subprocess.run(["nft", "-f", "-"], input=script.encode(), check=True)
+
+    def drop(self, percent: int | None) -> None:
+        share = "" if percent is None else f"numgen random mod 100 < {percent} "
+        self._nft(f"""table inet {self.table} {{
+  chain input {{ type filter hook input priority -10; policy accept;
+    iif lo tcp dport {self.port} {share}drop
+    iif lo tcp sport {self.port} {share}drop
+  }}
+}}""")
+        self.made = True
+
+    def heal(self) -> None:
+        if self.made:
+            subprocess.run(["nft", "delete", "table", "inet", self.table], check=False)
+            self.made = False
+
+
+# ---- the faces ---------------------------------------------------------------------------------
+
+
+async def async_producer(face: Calls, producer: Producer, every: float, stop: asyncio.Event) -> None:
+    tasks: set[asyncio.Task[Any]] = set()
+    n = 0
+    while not stop.is_set():
+        body = f"{face.name}-{n}".encode()
+        n += 1
+        task = asyncio.ensure_future(_timed_publish(face, producer, body))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        await asyncio.sleep(every)
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _timed_publish(face: Calls, producer: Producer, body: bytes) -> None:
+    began = time.monotonic()
+    try:
+        await producer.publish(TOPIC, body)
+    except Exception as exc:  # noqa: BLE001 - counted
+        face.add(began, time.monotonic() - began, exc)
+    else:
+        face.add(began, time.monotonic() - began, None, body)
+
+
+def sync_producer(face: Calls, producer: fastnsq.sync.Producer, every: float, stop: threading.Event) -> None:
+    n = 0
+    while not stop.is_set():
+        body = f"{face.name}-{n}".encode()
+        n += 1
+        began = time.monotonic()
+        try:
+            producer.publish(TOPIC, body)
+        except Exception as exc:  # noqa: BLE001 - counted
+            face.add(began, time.monotonic() - began, exc)
+        else:
+            face.add(began, time.monotonic() - began, None, body)
+        time.sleep(max(0.0, every - (time.monotonic() - began)))
+
+
+async def watch_consumer(watch: Watch, consumer: Consumer, b_address: str, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        conns = consumer.snapshot().connections
+        watch.samples.append((time.monotonic(), any(c.address == b_address for c in conns)))
+        await asyncio.sleep(0.05)
+
+
+async def fins_on_b(session: aiohttp.ClientSession, b_http: str, channels: list[str]) -> dict[str, dict[str, int]] | None:
+    """Per channel of ``channels``: each client's FIN count on B (None: B did not answer)."""
+    try:
+        async with session.get(f"http://{b_http}/stats?format=json&topic={TOPIC}",
+                               timeout=aiohttp.ClientTimeout(total=0.3)) as response:
+            data = json.loads(await response.read())
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+    data = data.get("data", data)
+    found: dict[str, dict[str, int]] = {}
+    for topic in data.get("topics") or []:
+        if topic["topic_name"] == TOPIC:
+            for channel in topic.get("channels") or []:
+                if channel["channel_name"] in channels:
+                    found[channel["channel_name"]] = {
+                        f"{c.get('client_id')}/{c.get('remote_address')}": int(c.get("finish_count", 0))
+                        for c in channel.get("clients") or []}
+    return found
+
+
+def progressed(before: dict[str, int], now: dict[str, int]) -> bool:
+    """A client FINed something since ``before`` (a new client counts from 0)."""
+    return any(count > before.get(client, 0) for client, count in now.items())
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+
+def p99(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    real = args.real.expanduser()
+    lookupd = NSQLookupdProcess(real / "nsqlookupd")
+    lookupd.start()
+    a = NSQDProcess(binary=real / "nsqd", lookupd_tcp_addresses=[lookupd.tcp_address])
+    b = NSQDProcess(binary=real / "nsqd", lookupd_tcp_addresses=[lookupd.tcp_address])
+    a.start()
+    b.start()
+    nft = Nft(b.tcp_port)
+    go_procs: list[subprocess.Popen[bytes]] = []
+    results: dict[str, Any] = {"faults": [], "server": "nsqd/nsqlookupd v1.3.0, default flags",
+                               "fastnsq": fastnsq.__version__}
+    try:
+        async with aiohttp.ClientSession() as session:
+            for server in (a, b):
+                for path in (f"/topic/create?topic={TOPIC}",
+                             *(f"/channel/create?topic={TOPIC}&channel={c}" for c in ("fast", "fastd", "go"))):
+                    async with session.post(f"http://{server.http_address}{path}") as response:
+                        await response.read()
+            await asyncio.sleep(1.0)  # registered with lookupd
+            stop = asyncio.Event()
+            thread_stop = threading.Event()
+            faces = {"Producer([A, B])": Calls("ab"), "sync.Producer([A, B])": Calls("sab"),
+                     "Producer([B])": Calls("b"), "go-nsq Producer(B)": Calls("go")}
+            p_ab = Producer([a.tcp_address, b.tcp_address])
+            p_b = Producer([b.tcp_address])
+            await p_ab.start()
+            await p_b.start()
+            s_ab = fastnsq.sync.Producer([a.tcp_address, b.tcp_address])
+            faces["Producer([A, B])"].rerouted = lambda: getattr(p_ab.snapshot(), "rerouted", 0)
+            faces["sync.Producer([A, B])"].rerouted = lambda: getattr(s_ab.snapshot(), "rerouted", 0)
+            watches = [Watch("Consumer (lookupd)", "fast"), Watch("Consumer (direct)", "fastd")]
+            consumers = []
+            for watch, kwargs in zip(watches, ({"lookupd_http_addresses": [lookupd.http_address]},
+                                               {"nsqd_tcp_addresses": [a.tcp_address, b.tcp_address]})):
+                def handler(message: Any, watch: Watch = watch) -> None:
+                    watch.seen[bytes(message.body)] += 1
+
+                consumer = Consumer(TOPIC, watch.channel, handler=handler, max_in_flight=100, **kwargs)
+                await consumer.start()
+                consumers.append(consumer)
+            go_bin = args.go_bin
+            go_procs.extend(start_go(args, go_bin, lookupd.http_address, b.tcp_address))
+            tasks = [asyncio.ensure_future(async_producer(faces["Producer([A, B])"], p_ab, 0.005, stop)),
+                     asyncio.ensure_future(async_producer(faces["Producer([B])"], p_b, 0.05, stop)),
+                     *(asyncio.ensure_future(watch_consumer(w, c, b.tcp_address, stop))
+                       for w, c in zip(watches, consumers))]
+            sync_thread = threading.Thread(target=sync_producer, args=(faces["sync.Producer([A, B])"], s_ab, 0.01,
+                                                                        thread_stop), daemon=True)
+            sync_thread.start()
+            await asyncio.sleep(args.settle)
+            for spec in args.faults.split(","):
+                kind, _, seconds_text = spec.partition(":")
+                seconds = float(seconds_text)
+                rerouted_before = {n: f.rerouted() for n, f in faces.items() if f.rerouted}
+                fins_before = await fins_on_b(session, b.http_address, ["fast", "fastd", "go"]) or {}
+                t0 = time.monotonic()
+                print(f"{kind} {seconds:g} s on B ...", flush=True)
+                if kind == "stop":
+                    b.pause()
+                elif kind == "hole":
+                    nft.drop(None)
+                elif kind == "loss":
+                    nft.drop(args.loss)
+                else:
+                    raise SystemExit(f"unknown fault {kind!r}: stop, hole or loss")
+                try:
+                    await asyncio.sleep(seconds)
+                    # What B's clients had FINed as the fault ends (B's HTTP port is not the one
+                    # dropped; a stopped B does not answer, and FINed nothing since t0 anyway).
+                    fins_before = await fins_on_b(session, b.http_address, ["fast", "fastd", "go"]) or fins_before
+                finally:
+                    if kind == "stop":
+                        b.resume()
+                    else:
+                        nft.heal()
+                t1 = time.monotonic()
+                back: dict[str, float | None] = {"fast": None, "fastd": None, "go": None}
+                while time.monotonic() < t1 + args.settle:
+                    fins = await fins_on_b(session, b.http_address, list(back))
+                    now = time.monotonic()
+                    if fins is not None:
+                        for channel, seen in list(back.items()):
+                            if seen is None and progressed(fins_before.get(channel, {}), fins.get(channel, {})):
+                                back[channel] = now - t1
+                            fins_before[channel] = fins.get(channel, {})
+                    await asyncio.sleep(0.05)
+                results["faults"].append(summarise(kind, seconds, t0, t1, args.settle, faces, watches, back,
+                                                   rerouted_before, args))
+                print(json.dumps(results["faults"][-1], indent=1), flush=True)
+            stop.set()
+            thread_stop.set()
+            await asyncio.gather(*tasks)
+            sync_thread.join()
+            await asyncio.sleep(args.settle)  # the consumers drain
+            await p_ab.close()
+            await p_b.close()
+            s_ab.close()
+            acked = set().union(*(f.acked for n, f in faces.items() if not n.startswith("go")))
+            results["end"] = {w.name: {"acked": len(acked), "lost": len(acked - set(w.seen)),
+                                       "duplicated": sum(1 for body, n in w.seen.items() if n > 1 and body in acked)}
+                              for w in watches}
+            for consumer in consumers:
+                await consumer.stop()
+    finally:
+        nft.heal()
+        for proc in go_procs:
+            proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(5)
+        b.resume()
+        for server in (a, b, lookupd):
+            server.close()
+    return results
+
+
+def start_go(args: argparse.Namespace, go_bin: Path, lookupd_http: str, b_tcp: str) -> list[subprocess.Popen[bytes]]:
+    """go-nsq's Consumer through lookupd and its Producer on B (its publishes' outcomes to a file)."""
+    out = open(args.out_dir / f"gray-go-pub-{os.getpid()}.jsonl", "wb")  # noqa: SIM115 - the child's stdout
+    return [subprocess.Popen([str(go_bin), "-mode", "sub", "-lookupd-http-address", lookupd_http,
+                              "-topic", TOPIC, "-channel", "go", "-max-in-flight", "100"]),
+            subprocess.Popen([str(go_bin), "-mode", "pub", "-nsqd-tcp-address", b_tcp, "-topic", TOPIC,
+                              "-interval", "50ms"], stdout=out)]
+
+
+def summarise(kind: str, seconds: float, t0: float, t1: float, settle: float, faces: dict[str, Calls],
+              watches: list[Watch], back: dict[str, float | None], rerouted_before: dict[str, int],
+              args: argparse.Namespace) -> dict[str, Any]:
+    row: dict[str, Any] = {"fault": f"{kind} {seconds:g} s", "producers": {}, "consumers": {}}
+    go_lines = (args.out_dir / f"gray-go-pub-{os.getpid()}.jsonl").read_text().splitlines()
+    go_calls = []
+    for line in go_lines:
+        with contextlib.suppress(ValueError):
+            item = json.loads(line)
+            took = item.get("took", 0) / 1e9
+            go_calls.append((item["t"] / 1e9 - took, took, None if item["ok"] else item.get("err", "error")))
+    faces["go-nsq Producer(B)"].calls = go_calls
+    for name, face in faces.items():
+        during = [c for c in face.calls if c[0] < t1 and c[0] + c[1] > t0]  # started, or in flight, during it
+        window = [c for c in face.calls if t0 <= c[0] < t1 + settle]
+        failed = [c for c in window if c[2] is not None]
+        row["producers"][name] = {
+            "calls": len(window), "failed": len(failed),
+            "errors": dict(Counter(c[2].split(":")[0][:60] for c in failed)),
+            "p99_s": p99([c[1] for c in during]), "worst_s": max((c[1] for c in during), default=None),
+            "rerouted": None if face.rerouted is None else face.rerouted() - rerouted_before.get(name, 0),
+        }
+    for watch in watches:
+        lost_at = next((t for t, has in watch.samples if t >= t0 and not has), None)
+        row["consumers"][watch.name] = {"noticed_s": None if lost_at is None else lost_at - t0,
+                                        "back_s": back.get(watch.channel)}
+    row["consumers"]["go-nsq Consumer (lookupd)"] = {"noticed_s": None, "back_s": back.get("go")}
+    return row
+
+
+def markdown(results: dict[str, Any]) -> str:
+    head = f"Real nsqd/nsqlookupd v1.3.0 (default flags), fastnsq {results['fastnsq']}, go-nsq v1.1.0; faults on B."
+    lines = [head, "",
+             "| fault | face | failed | p99 during | worst | rerouted | noticed | back after |",
+             "|---|---|---|---|---|---|---|---|"]
+    fmt = lambda v: "-" if v is None else f"{v:.2f} s"
+    for row in results["faults"]:
+        for name, p in row["producers"].items():
+            lines.append(f"| {row['fault']} | {name} | {p['failed']} of {p['calls']} | {fmt(p['p99_s'])} | "
+                         f"{fmt(p['worst_s'])} | {'-' if p['rerouted'] is None else p['rerouted']} | | |")
+        for name, c in row["consumers"].items():
+            lines.append(f"| {row['fault']} | {name} | | | | | {fmt(c['noticed_s'])} | {fmt(c['back_s'])} |")
+    for name, end in results.get("end", {}).items():
+        lines.append(f"\n{name}: {end['acked']} acknowledged, {end['lost']} lost, {end['duplicated']} duplicated")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--real", type=Path, required=True, help="folder with real nsqd and nsqlookupd")
+    parser.add_argument("--go-bin", type=Path, help="go-nsq's recovery_bench (default: built into --real's folder)")
+    parser.add_argument("--faults", default="stop:20,stop:90,hole:30,hole:120,loss:60")
+    parser.add_argument("--loss", type=int, default=30, help="loss:S drops this percent of B's packets")
+    parser.add_argument("--settle", type=float, default=15.0, help="seconds between faults (and measured after each)")
+    parser.add_argument("--out-dir", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    if args.go_bin is None:
+        import go_build
+
+        args.go_bin = go_build.build(args.real.expanduser(), program="gonsq_recovery")
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    results = asyncio.run(run(args))
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    (args.out_dir / f"gray-{stamp}.json").write_text(json.dumps(results, indent=1))
+    table = markdown(results)
+    (args.out_dir / f"gray-{stamp}.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

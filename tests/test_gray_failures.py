@@ -1,0 +1,318 @@
+"""Gray failures (issue 57): an nsqd that hangs (SIGSTOP of its process) or sits behind a black
+hole (a proxy that drops every byte) refuses nothing; the clients must notice and route around it.
+
+The hung nsqd runs in a child process (:class:`fastnsq.testing.process.NSQDProcess`: the real
+binary in a real-server run, else the embedded nsqd); the black hole is
+:class:`fastnsq.testing.proxy.FaultProxy` in front of an embedded nsqd. The tests count
+failed publishes and messages; the few bounds on time are the configured timeout plus what
+:class:`tests.helpers.Slack` measures of the machine's load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import fastnsq.sync
+from fastnsq import Producer
+from fastnsq.config import ConnectionOptions
+from fastnsq.conn import Connection
+from fastnsq.errors import PublishTimeoutError
+from fastnsq.producer.suspects import Suspects
+from fastnsq.testing import NSQD
+from fastnsq.testing.process import NSQDProcess
+from fastnsq.testing.proxy import FaultProxy
+from fastnsq.testing.real import real_bin_dir
+
+from .helpers import Slack, eventually, stats_json, topic_entry, unique
+
+#: Publishes while B is faulted, one every PACE s: some are on B's connection when it hangs.
+COUNT, PACE = 60, 0.01
+
+
+@pytest.fixture
+def two_nsqd() -> Iterator[tuple[NSQDProcess, NSQDProcess]]:
+    """A and B, each an nsqd in a process of its own (real ones in a real-server run)."""
+    real = real_bin_dir()
+    servers = [NSQDProcess(binary=None if real is None else real / "nsqd") for _ in range(2)]
+    try:
+        for server in servers:
+            server.start()
+        yield servers[0], servers[1]
+    finally:
+        for server in servers:
+            server.resume()  # a failed test may leave B stopped: SIGTERM would wait for ever
+            server.close()
+
+
+async def depth(http_address: str, topic: str) -> int:
+    """Messages nsqd holds for ``topic`` (no channel: they stay in the topic)."""
+    stats = await stats_json(http_address, topic)
+    try:
+        return int(topic_entry(stats, topic)["depth"])
+    except StopIteration:
+        return 0
+
+
+async def paced(producer: Producer, topic: str) -> list[BaseException]:
+    """COUNT publishes, PACE s apart, each awaited in a task of its own; the failures."""
+    tasks = []
+    for index in range(COUNT):
+        tasks.append(asyncio.ensure_future(producer.publish(topic, b"m%d" % index)))
+        await asyncio.sleep(PACE)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    return [r for r in results if isinstance(r, BaseException)]
+
+
+async def delivered(servers: tuple[NSQDProcess, NSQDProcess], topic: str, at_least: int) -> int:
+    async def total() -> int:
+        return sum([await depth(server.http_address, topic) for server in servers])
+
+    await eventually(lambda: _at_least(total, at_least), timeout=20, what=f"{at_least} messages on A and B")
+    return await total()
+
+
+async def _at_least(total, count: int) -> bool:
+    return await total() >= count
+
+
+# ---- Producer([A, B]) with B hung -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+async def test_producer_routes_around_a_hung_nsqd(two_nsqd, coalesce):
+    """B SIGSTOPped: no publish fails while A answers (before: those B held waited the whole
+    publish_timeout and raised PublishTimeoutError, half of them); what B held was sent again
+    on A, counted in ``rerouted``; after SIGCONT each message is there once or, for those
+    rerouted, at most twice."""
+    a, b = two_nsqd
+    topic = unique("hung")
+    async with Producer([a.tcp_address, b.tcp_address], publish_timeout=5, coalesce=coalesce) as producer:
+        await asyncio.gather(*(producer.publish(topic, b"warm") for _ in range(10)))
+        b.pause()
+        try:
+            failures = await paced(producer, topic)
+        finally:
+            b.resume()
+        assert failures == [], failures[:3]
+        stats = producer.snapshot()
+        assert stats.rerouted >= 1, stats  # B held something when it hung, or none went to B
+        assert stats.failed == 0, stats
+    total = await delivered(two_nsqd, topic, 10 + COUNT)
+    assert total <= 10 + COUNT + stats.rerouted
+
+
+def test_blocking_producer_routes_around_a_hung_nsqd(two_nsqd):
+    """fastnsq.sync.Producer (its calling threads' own connections, then the loop's): B hung,
+    no publish raises; rerouted counts what B was left with."""
+    a, b = two_nsqd
+    topic = unique("hung_sync")
+    failures: list[BaseException] = []
+    with fastnsq.sync.Producer([a.tcp_address, b.tcp_address], publish_timeout=5) as producer:
+        for _ in range(10):
+            producer.publish(topic, b"warm")
+
+        def publisher() -> None:
+            for index in range(COUNT // 2):
+                try:
+                    producer.publish(topic, b"s%d" % index)
+                except Exception as exc:  # noqa: BLE001 - counted
+                    failures.append(exc)
+                time.sleep(PACE)
+
+        threads = [threading.Thread(target=publisher) for _ in range(2)]
+        b.pause()
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            b.resume()
+        stats = producer.snapshot()
+    assert failures == [], failures[:3]
+    assert stats.failed == 0, stats
+    total = asyncio.run(delivered(two_nsqd, topic, 10 + COUNT))
+    assert total <= 10 + COUNT + stats.rerouted
+
+
+# ---- Producer([A, B]) with B black-holed ----------------------------------------------------------
+
+
+async def test_producer_routes_around_a_black_hole():
+    """B behind a proxy that drops every byte both ways (the connection stays open, nothing
+    comes back): no publish fails."""
+    async with NSQD() as a, NSQD() as b, FaultProxy(b.tcp_address) as proxy:
+        topic = unique("hole")
+        async with Producer([a.tcp_address, proxy.address], publish_timeout=5) as producer:
+            await asyncio.gather(*(producer.publish(topic, b"warm") for _ in range(10)))
+            proxy.drop()
+            failures = await paced(producer, topic)
+            assert failures == [], failures[:3]
+            assert producer.snapshot().failed == 0
+            proxy.undrop()
+
+
+# ---- Producer([B]) alone ----------------------------------------------------------------------------
+
+
+async def test_lone_hung_nsqd_publish_raises_at_its_timeout(two_nsqd):
+    """Producer([B]), B hung: each publish raises PublishTimeoutError at publish_timeout, not
+    up to a sweep later (the sweeper looked every second: calls waited up to 1 s more)."""
+    _, b = two_nsqd
+    timeout = 2.0
+    async with Producer([b.tcp_address], publish_timeout=timeout, coalesce=False) as producer:
+        await producer.publish(unique("lone"), b"warm")
+        b.pause()
+        try:
+            async with Slack() as slack:
+                async def timed(start_after: float) -> float:
+                    await asyncio.sleep(start_after)
+                    began = time.monotonic()
+                    with pytest.raises(PublishTimeoutError):
+                        await producer.publish("lone", b"x")
+                    return time.monotonic() - began
+
+                took = await asyncio.gather(*(timed(i * 0.13) for i in range(8)))
+        finally:
+            b.resume()
+    assert max(took) < timeout + 0.1 + slack.allowance(0.05), (took, slack)
+
+
+async def test_handshake_within_the_publish_timeout(two_nsqd):
+    """A producer started while its nsqd hangs: the kernel accepts the connect, IDENTIFY is never
+    answered; start() gives up within publish_timeout (+ dial_timeout), not HANDSHAKE_TIMEOUT (10 s)."""
+    _, b = two_nsqd
+    b.pause()
+    try:
+        producer = Producer([b.tcp_address], publish_timeout=1.5)
+        async with Slack() as slack:
+            began = time.monotonic()
+            await producer.start()  # lazy_connect: returns with the attempt failed
+            took = time.monotonic() - began
+        await producer.close(timeout=0)
+    finally:
+        b.resume()
+    assert took < 1.5 + slack.allowance(0.3), (took, slack)
+
+
+# ---- the defaults and the sockets ----------------------------------------------------------------
+
+
+def test_default_liveness_notices_within_ten_seconds():
+    """A hung or black-holed nsqd is declared dead within 10 s with the defaults (it was 60 s)."""
+    options = ConnectionOptions()
+    assert options.dead_after is not None and options.dead_after <= 10
+    assert options.identify_body()["heartbeat_interval"] <= 5000
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="the platform has no TCP_USER_TIMEOUT")
+async def test_sockets_end_a_black_hole_themselves(nsqd):
+    """Unacknowledged writes end the socket after dead_after (TCP_USER_TIMEOUT), keepalive on:
+    TCP's own retransmission backoff would keep a black-holed connection ~15 minutes."""
+    async with Producer([nsqd.tcp_address]) as producer:
+        sock = producer.connections[0]._transport.get_extra_info("socket")
+        dead_after = producer.options.dead_after
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == int(dead_after * 1000)
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+
+
+async def test_reconnect_failures_are_logged_once_then_summarised(caplog):
+    """A producer whose nsqd is refused: the first failed reconnect round is a WARNING with its
+    cause, the next ones within 30 s are not (they were silent: nothing said nsqd was missing)."""
+    with socket.socket() as spare:
+        spare.bind(("127.0.0.1", 0))
+        host, port = spare.getsockname()
+        address = f"{host}:{port}"  # bound, not listening: connects are refused
+        producer = Producer([address])
+        with caplog.at_level("WARNING"):
+            await producer.start()
+            with contextlib.suppress(Exception):
+                await producer.publish(unique("refused"), b"x", timeout=1.5)
+            await asyncio.sleep(1.0)  # a few reconnect rounds
+            await producer.close(timeout=0)
+    lines = [r.getMessage() for r in caplog.records if "cannot reconnect" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert address in lines[0]
+
+
+async def test_connect_does_not_wait_out_a_dropped_syn():
+    """A listener whose accept queue is full drops SYNs, as a black hole does; it is freed 0.3 s
+    into a connect with dial_timeout=0.9. The kernel would send the first SYN again only at
+    1 s: a single connect times out; a connect joined by another every 0.25 s gets through."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        host, port = listener.getsockname()
+        filler = socket.create_connection((host, port))  # fills the accept queue
+        try:
+            loop = asyncio.get_running_loop()
+
+            def free() -> None:
+                accepted, _ = listener.accept()
+                accepted.close()
+
+            loop.call_later(0.3, free)
+            conn = Connection(f"{host}:{port}", ConnectionOptions(dial_timeout=0.9))
+            connecting = asyncio.ensure_future(conn.connect(handshake_timeout=0.5))
+            # Nothing answers IDENTIFY here: the attempt times out either way; what counts is
+            # whether a connection reached the listener's queue once it had room.
+            with pytest.raises(asyncio.TimeoutError):
+                await connecting
+            listener.setblocking(False)
+            try:
+                reached, _ = listener.accept()
+            except BlockingIOError:
+                pytest.fail("no connect reached the listener after its queue was freed")
+            reached.close()
+        finally:
+            filler.close()
+
+
+class _Conn:
+    """What the suspect rule reads of a connection, set by hand."""
+
+    def __init__(self) -> None:
+        self.address = "b:4150"
+        self.is_ha = False
+        self.answered = 0
+        self.pending = 0
+        self.since: float | None = None
+
+    def unanswered_since(self) -> float | None:
+        return self.since
+
+    def expire_pending(self, written_before: float, error) -> int:
+        return self.pending
+
+
+def test_an_nsqd_suspect_again_and_again_rests_longer():
+    """A lossy link: B answers late over and over. The first spell ends when B has answered
+    what it held (back at once); each further spell within RECALL rests 1, 2, 4... s before B
+    takes publishes again, so a reroute does not take a new share of them every second."""
+    log = logging.getLogger("test")
+    rule, conn = Suspects(0.5, log), _Conn()
+    rests = []
+    now = 0.0
+    for _ in range(4):
+        conn.since, conn.pending = now, 3
+        assert rule.check([conn], now + 0.6) and conn in rule.out  # suspect
+        conn.answered += 3
+        conn.since, conn.pending = None, 0
+        now += 1.0
+        rule.check([conn], now)  # it answered what it held
+        rest = 0.0
+        while conn in rule.out:
+            rest += 0.25
+            rule.check([conn], now + rest)
+        rests.append(rest)
+        assert (conn in rule.trial) == (rest > 0)  # back from a rest: a small share first
+        now += rest + 1.0
+    assert rests == [0.0, 1.0, 2.0, 4.0]
