@@ -267,7 +267,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         postgres.psql(TABLE)
         for round_index in range(args.rounds):
             for batch in args.batches:
-                for processes in (1, 2):
+                for processes in args.processes:
                     ways = args.ways if round_index % 2 == 0 else tuple(reversed(args.ways))
                     for way in ways:
                         args.batch = batch
@@ -284,7 +284,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for batch in sorted({r["batch"] for r in results["runs"]}):
-        for processes in (1, 2):
+        for processes in sorted({r["processes"] for r in results["runs"]}):
             runs = {way: [r for r in results["runs"] if r["way"] == way and r["batch"] == batch
                           and r["processes"] == processes] for way in WAYS}
             median = {way: statistics.median(r["rate"] for r in found) for way, found in runs.items() if found}
@@ -317,6 +317,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[400, 1000])
     parser.add_argument("--concurrency", type=int, default=4, help="the ceilings' batches at once per process")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2], help="process counts (default 1 2)")
     parser.add_argument("--nsqd-flag", action="append", default=[],
                         help="a flag for nsqd (default: none but its addresses and data path; e.g. "
                              "--nsqd-flag=--max-rdy-count=5000)")

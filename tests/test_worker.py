@@ -1057,6 +1057,23 @@ def test_the_default_max_in_flight_holds_the_batches_at_once() -> None:
         merge({"target": "m:f", "topic": "t", "channel": "c", "concurrency": 0}, {}, {})
 
 
+def test_a_share_above_nsqds_rdy_cap_gets_more_connections_per_nsqd() -> None:
+    """nsqd caps each connection's RDY at --max-rdy-count (2,500 by default): batches of 1,000 at 4
+    at once need 5,000 in flight per process, so 2 connections to each nsqd (3 for 5,001)."""
+    base = {"target": "m:f", "topic": "t", "channel": "c"}
+    settings = merge({**base, "batch": (1000, 0.25)}, {}, {})
+    assert (settings.max_in_flight, settings.consumer_options["connections_per_nsqd"]) == (5000, 2)
+    assert merge({**base, "max_in_flight": 5001}, {}, {}).consumer_options["connections_per_nsqd"] == 3
+    assert "connections_per_nsqd" not in merge({**base, "batch": (400, 0.25)}, {}, {}).consumer_options
+    halves = merge({**base, "batch": (1000, 0.25), "processes": 2, "max_in_flight": 5000}, {}, {})
+    assert "connections_per_nsqd" not in halves.consumer_options  # 2,500 per process
+    given = merge({**base, "batch": (1000, 0.25)}, {"FASTNSQ_CONSUMER_CONNECTIONS_PER_NSQD": "1"}, {})
+    assert given.consumer_options["connections_per_nsqd"] == 1  # the user's choice stands
+    assert merge({**base, "max_in_flight": 10**6}, {}, {}).consumer_options["connections_per_nsqd"] == 64
+    split = merge({**base, "batch": (1000, 0.25), "split_nsqd": True}, {}, {})
+    assert "connections_per_nsqd" not in split.consumer_options  # --split-nsqd: one connection per nsqd
+
+
 @pytest.mark.slow
 async def test_a_crash_loop_ends_the_group_with_status_3(tmp_path: Path) -> None:
     (tmp_path / "wk_jobs.py").write_text(HANDLERS)

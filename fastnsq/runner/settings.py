@@ -32,6 +32,13 @@ MAX_IN_FLIGHT_PER_PROCESS = 100
 #: processes, rows/s): 1: 16,264 / 30,959; 2: 21,769 / 28,603; 4: 41,599 / 50,122; 8: 18,449 /
 #: 29,401 (one round each on a loaded 2-core machine: docs/worker.md).
 DEFAULT_CONCURRENCY = 4
+#: nsqd's default ``--max-rdy-count``: the most one connection may have in flight. A process whose
+#: share of max_in_flight is above it opens more connections to each nsqd (``connections_per_nsqd``)
+#: unless told how many: batches of 1,000 at 4 at once need 5,000 in flight, and one connection
+#: held 2,500 (bench/sink_postgres.py, 1 process: 0.41-0.58 of the database's rate).
+NSQD_MAX_RDY_COUNT = 2500
+#: The most connections per nsqd the Consumer takes (its ``connections_per_nsqd`` range).
+MAX_CONNECTIONS_PER_NSQD = 64
 
 
 class SettingsError(ValueError):
@@ -185,6 +192,7 @@ def check(settings: WorkerSettings) -> WorkerSettings:
             raise SettingsError(f"{name}: give MODULE:FUNCTION as --{name.replace('_', '-')} or in the settings file")
     if settings.dead_letter_topic:
         settings.consumer_options["dead_letter_topic"] = _topic("dead_letter_topic", settings.dead_letter_topic)
+    default_connections_per_nsqd(settings)
     if settings.split_nsqd and "express_lane" not in settings.consumer_options:
         # --split-nsqd promises one connection per nsqd for the group; the express lane would
         # add a second one to each. Asking for it explicitly still works.
@@ -198,6 +206,18 @@ def default_max_in_flight(settings: WorkerSettings) -> int:
     if settings.batch is None:
         return MAX_IN_FLIGHT_PER_PROCESS * settings.processes
     return max(MAX_IN_FLIGHT_PER_PROCESS, (settings.concurrency + 1) * settings.batch[0]) * settings.processes
+
+
+def default_connections_per_nsqd(settings: WorkerSettings) -> None:
+    """Without ``connections_per_nsqd`` given: enough connections to each nsqd that a process's
+    share of max_in_flight fits under nsqd's default ``--max-rdy-count`` on each (one connection
+    per nsqd with ``--split-nsqd``, which promises exactly that)."""
+    if "connections_per_nsqd" in settings.consumer_options or settings.split_nsqd:
+        return
+    share = settings.share_of(0)  # the largest part
+    needed = min(MAX_CONNECTIONS_PER_NSQD, -(-share // NSQD_MAX_RDY_COUNT))
+    if needed > 1:
+        settings.consumer_options["connections_per_nsqd"] = needed
 
 
 def batches_at_once(settings: WorkerSettings, is_async: bool) -> int:

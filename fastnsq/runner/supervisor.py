@@ -93,9 +93,11 @@ class Supervisor:
         if self.settings.topic_pattern:
             self._spawn_task(self._watch_topics())
         per_topic = bool(self.settings.topics or self.settings.topic_pattern)
-        logger.info("starting %d worker process(es) for %s on %s, channel %s, max_in_flight %d %s",
+        connections = self.settings.consumer_options.get("connections_per_nsqd", 1)
+        logger.info("starting %d worker process(es) for %s on %s, channel %s, max_in_flight %d %s%s",
                     self.settings.processes, self.settings.target, self._topics_named(), self.settings.channel,
-                    self.settings.max_in_flight, "each" if per_topic else "in all")
+                    self.settings.max_in_flight, "each" if per_topic else "in all",
+                    f", {connections} connections to each nsqd" if connections != 1 else "")
         for slot in self.slots:
             await self._start(slot)
         await self._done.wait()
