@@ -124,6 +124,16 @@ def test_each_command_help_documents_its_options(command: str) -> None:
     assert "--verbose" in text and "--debug" in text
 
 
+@pytest.mark.parametrize("command", ["pub", "tail", "worker", "to-file", "to-nsq", "to-http", "to-postgres"])
+def test_help_says_which_commands_need_a_server_address(command: str) -> None:
+    """nsq's apps refuse to start without an address; the others use nsqd's default address."""
+    text = " ".join(cli.subparser_of(cli.build_parser(), command).format_help().split())
+    if command.startswith("to-"):
+        assert "servers (at least one address is required)" in text and "127.0.0.1:4150" not in text
+    else:
+        assert "servers (default: --nsqd-tcp-address 127.0.0.1:4150)" in text
+
+
 def test_version_and_python_dash_m_entry_point() -> None:
     """``python -m fastnsq --version``: the version, the codec in use (and why the Python one) and the loop."""
     outcome = fastnsq_blocking("--version")

@@ -135,10 +135,12 @@ def common_options() -> argparse.ArgumentParser:
     return common
 
 
-def client_options() -> argparse.ArgumentParser:
-    """--nsqd-tcp-address / --lookupd-http-address, TLS, AUTH and compression (go-nsq's names)."""
+def client_options(*, servers_required: bool = False) -> argparse.ArgumentParser:
+    """--nsqd-tcp-address / --lookupd-http-address, TLS, AUTH and compression (go-nsq's names).
+    ``servers_required``: the command refuses to start without one (nsq's apps, as nsq's own do)."""
     client = argparse.ArgumentParser(add_help=False)
-    where = client.add_argument_group("servers (default: --nsqd-tcp-address 127.0.0.1:4150)")
+    where = client.add_argument_group("servers (at least one address is required)" if servers_required
+                                      else "servers (default: --nsqd-tcp-address 127.0.0.1:4150)")
     where.add_argument(
         "--nsqd-tcp-address", action="append", type=nsqd_address_arg, default=[], metavar="HOST:PORT",
         help="nsqd TCP address (may be given multiple times)",

@@ -67,17 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "loop, and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     commands.required = True
-    common, client = common_options(), client_options()
+    common, client, app_client = common_options(), client_options(), client_options(servers_required=True)
     _build_nsqd(commands, common)
     _build_pub(commands, common, client)
     _build_tail(commands, common, client)
     _build_stats(commands, common)
     _build_bench(commands, common)
     _build_worker(commands, common, client)
-    _build_to_file(commands, common, client)
-    _build_to_nsq(commands, common, client)
-    _build_to_http(commands, common, client)
-    _build_to_postgres(commands, common, client)
+    _build_to_file(commands, common, app_client)
+    _build_to_nsq(commands, common, app_client)
+    _build_to_http(commands, common, app_client)
+    _build_to_postgres(commands, common, app_client)
     return parser
 
 
