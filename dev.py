@@ -85,7 +85,7 @@ def build_hash(extras: str = EXTRAS) -> str:
 def run(*cmd: object, env: dict[str, str] | None = None, cwd: Path = ROOT, also_ok: tuple[int, ...] = ()) -> None:
     """Run ``cmd``; a non-zero status other than ``also_ok`` raises CalledProcessError."""
     print("+", " ".join(str(c) for c in cmd), flush=True)
-    status = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env).returncode
+    status = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, check=False).returncode
     if status and status not in also_ok:
         raise subprocess.CalledProcessError(status, [str(c) for c in cmd])
 
