@@ -197,9 +197,8 @@ class RdyController:
         # The hot path stamps deliveries with CLOCK_MONOTONIC itself: only with the default clock.
         self._fast_lane = clock is time.monotonic
         self._rng = rng if rng is not None else random.Random()
-        self._policy = BackoffPolicy(
-            backoff_strategy, max_backoff_duration=max_backoff, multiplier=multiplier, rng=self._rng
-        )
+        self._policy = BackoffPolicy(backoff_strategy, max_backoff_duration=max_backoff, multiplier=multiplier,
+                                     rng=self._rng)
 
         self._conns: dict[Hashable, _Conn] = {}
         self._seq = 0
@@ -208,18 +207,16 @@ class RdyController:
         self._orphan_total = 0
         # True when some connection holds less than its target (waiting for capacity to free up).
         self._deficit = False
-        # In deficit: messages that must finish before a rebalance can raise anything, and those
-        # finished since the last rebalance. A rebalance per finished message cost ~50 us each:
-        # finishing 80,000 held messages (the Spark source's commit) kept the loop busy for seconds.
+        # In deficit: messages that must finish before a rebalance can raise anything, and those finished
+        # since. A rebalance per FIN (~50 us) kept the loop busy for seconds after 80,000 FINs (Spark).
         self._dones_needed = 1
         self._dones = 0
         # Whether the extra slots rotate (some connection is waiting for one), set by _water_fill.
         self._rotating = False
         self._next_redistribute: float | None = None
 
-        # Backoff scopes (by key with backoff_per_key, else the one consumer-wide scope under
-        # None), the key of each connection (kept while messages of a removed connection are
-        # in flight), the paused keys.
+        # Backoff scopes (by key with backoff_per_key, else the consumer-wide one under None), the key
+        # of each connection (kept while a removed connection's messages are in flight), paused keys.
         self._per_key = bool(backoff_per_key)
         self.on_backoff: Callable[[Hashable, int, float | None], None] | None = None  # (scope, level, wait)
         self._scopes: dict[Hashable, BackoffState] = {}
@@ -227,6 +224,7 @@ class RdyController:
         self._paused: set[Hashable] = set()
         # Held connections (RDY 0 on that one alone), each with the part of max_in_flight kept for it.
         self._held: dict[Hashable, int] = {}
+        self._settle_of: dict[Hashable, float] = {}  # per connection, when less than self._settle
         # Every scope in normal operation: FINs may take the cheap path.
         self._all_normal = True
         self._holding = False  # the consumer's ready_check failing: RDY 0 everywhere (hold())
@@ -339,7 +337,8 @@ class RdyController:
     # -- events ------------------------------------------------------------------------------
 
     def add_connection(
-        self, conn_id: Hashable, max_rdy_count: int, key: Hashable = None, *, held_reserve: int | None = None
+        self, conn_id: Hashable, max_rdy_count: int, key: Hashable = None, *, held_reserve: int | None = None,
+        settle: float | None = None,
     ) -> list[RdyUpdate]:
         """Register a subscribed connection; returns the RDY updates to send.
 
@@ -348,7 +347,8 @@ class RdyController:
         The new connection gets RDY only when ``max_in_flight`` leaves room for
         it: the others are lowered first. ``key`` is its backoff scope: connections
         added with the same key back off together (None: the consumer-wide scope).
-        ``held_reserve`` adds it held (:meth:`set_held`) with that reserve.
+        ``held_reserve`` adds it held (:meth:`set_held`) with that reserve; ``settle``, its own
+        ``rdy_settle_time`` if less (nsqd's measured round trip).
         """
         _check_count("max_rdy_count", max_rdy_count)
         if conn_id in self._conns:
@@ -365,20 +365,21 @@ class RdyController:
         self._scopes.setdefault(self._scope_key(key), BackoffState())
         if held_reserve is not None:
             self._held[conn_id] = max(0, held_reserve)
+        self._settle_of[conn_id] = self._settle if settle is None else min(self._settle, max(0.0, settle))
         return self._rebalance(now)
 
     def remove_connection(self, conn_id: Hashable) -> list[RdyUpdate]:
         """Forget a closed connection (unknown ids are ignored); returns RDY updates for the others.
 
-        Its messages in flight still count against ``max_in_flight`` until they
-        are reported with :meth:`on_message_done`. If it was the backoff probe,
-        another connection becomes the probe.
+        Its messages in flight still count against ``max_in_flight`` until reported with
+        :meth:`on_message_done`. If it was the backoff probe, another connection becomes the probe.
         """
         c = self._conns.pop(conn_id, None)
         if c is None:
             return []
         c.fast = False
         self._held.pop(conn_id, None)
+        self._settle_of.pop(conn_id, None)
         if c.in_flight:
             self._orphans[conn_id] = self._orphans.get(conn_id, 0) + c.in_flight
             self._orphan_total += c.in_flight
@@ -761,7 +762,7 @@ class RdyController:
         if value < c.rdy:
             # Until nsqd reads the new value it may still fill the connection up to the old one.
             c.pending = max(self._pending(c, now), c.rdy - c.in_flight)
-            c.pending_until = now + self._settle
+            c.pending_until = now + self._settle_of.get(c.conn_id, self._settle)
         elif value == c.target:
             c.granted_at = now
         c.rdy = value

@@ -347,6 +347,21 @@ def test_new_connection_gets_rdy_only_within_max_in_flight() -> None:
     assert sum(rdy_of(ctl).values()) == 2
 
 
+def test_a_connection_with_its_own_settle_time_frees_a_lowered_rdy_sooner() -> None:
+    """The consumer gives each connection a settle time from its SUB's round trip: a lowered
+    RDY counts at its old value for that long (never longer than rdy_settle_time)."""
+    ctl, clock = make(2, settle=0.5)
+    ctl.add_connection("a", 2500, settle=0.05)
+    assert ctl.add_connection("b", 2500, settle=0.05) == [RdyUpdate("a", 1)]
+    assert ctl.next_deadline() == 0.05
+    clock.now = 0.05
+    assert ctl.tick() == [RdyUpdate("b", 1)]
+    ctl, clock = make(2, settle=0.5)
+    ctl.add_connection("a", 2500, settle=3.0)  # capped at the controller's rdy_settle_time
+    ctl.add_connection("b", 2500)
+    assert ctl.next_deadline() == 0.5
+
+
 def test_remainder_is_spread_not_lost() -> None:
     """go-nsq#378: max_in_flight 10 over 3 connections is 4+3+3, not 3+3+3."""
     ctl, _ = make(10)

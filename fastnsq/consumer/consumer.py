@@ -74,6 +74,12 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 # the end of a pass) and nsqd's refills until the whole max_in_flight is drained.
 _YIELD_EVERY = 256
 
+# A lowered RDY counts at its old value until nsqd has read it: assumed done after this many
+# round trips of the connection's SUB, at least _MIN_SETTLE s, at most rdy_settle_time (0.5 s).
+# A newly found nsqd's first RDY waits for the others' lowered ones: 0.5 s on loopback before.
+_SETTLE_ROUND_TRIPS = 10
+_MIN_SETTLE = 0.05
+
 
 @dataclass
 class StopReport:
@@ -540,6 +546,7 @@ class Consumer:
             link.msg_timeout = timeout_ms / 1000
         try:
             plan = await self._ha.plan(endpoint, conn.is_ha)
+            subscribing = time.monotonic()
             await conn.subscribe(self.topic, self.channel, partition=endpoint.partition, ordered=self.ordered,
                                  advanced=plan.advanced, position=plan.position)
         except BaseException:
@@ -558,7 +565,8 @@ class Consumer:
             self.reconnects += 1
         self._ever_connected.add(endpoint)
         self.partitions.state(endpoint.partition)  # a partition's state exists from its first SUB
-        updates = self._rdy.add_connection(link, conn.max_rdy_count, endpoint.partition)
+        settle = max(_MIN_SETTLE, _SETTLE_ROUND_TRIPS * (time.monotonic() - subscribing))
+        updates = self._rdy.add_connection(link, conn.max_rdy_count, endpoint.partition, settle=settle)
         link.rdy_state = self._rdy.record(link)
         # Ordered consumption checks every message's offset: always the Python path (and an HA
         # start checks its first messages).
