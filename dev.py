@@ -12,6 +12,7 @@
 
     python3 dev.py test --real BIN_DIR      # the suite against real nsqd/nsqlookupd from BIN_DIR
     python3 dev.py test --real-ha BIN_DIR   # the HA tests against a real youzan cluster (etcd from PATH)
+    python3 dev.py test --busy 2            # ... with two CPU-bound processes beside the tests
     python3 dev.py captures --real BIN_DIR  # record a real nsqd's answers into tests/captures
 
 Real servers: BIN_DIR holds nsqd and nsqlookupd (docs/testing.md#getting-the-binaries);
@@ -26,6 +27,7 @@ change (pyproject.toml, setup.py, the Cython sources); dist's tools live in .ven
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -36,6 +38,7 @@ import tarfile
 import tempfile
 import venv
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -190,7 +193,40 @@ def test(python: Path, args: list[str]) -> None:
     ``--real`` / ``--real-ha`` run only their real pass; ``FASTNSQ_REAL_BIN`` /
     ``FASTNSQ_REAL_HA_BIN`` add theirs to the embedded one. The HA pass runs the
     HA tests (``HA_TESTS``, with any pytest options given) unless test files are named.
+    ``--busy N`` runs N CPU-bound processes beside all of it.
     """
+    busy, args = take_option(args, "--busy")
+    with busy_loops(busy_count(busy)):
+        test_passes(python, args)
+
+
+def busy_count(value: str | None) -> int:
+    """--busy N: how many CPU-bound processes run beside the tests (0 without it)."""
+    if value is None:
+        return 0
+    if not value.isdigit():
+        raise SystemExit(f"--busy {value}: give a number of CPU-bound processes (0 or more)")
+    return int(value)
+
+
+@contextlib.contextmanager
+def busy_loops(count: int) -> Iterator[None]:
+    """``count`` processes spinning on a core each while the tests run (a busy machine, as CI's
+    can be: a test that passes only on a quiet one is a defect); ended by pid afterwards."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    if loops:
+        print(f"busy: {count} CPU-bound process(es) beside the tests (pids {' '.join(str(p.pid) for p in loops)})",
+              flush=True)
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
+def test_passes(python: Path, args: list[str]) -> None:
+    """The passes ``test`` runs (see there)."""
     explicit = {"--real", "--real-ha"} & set(args)
     ha_bin, args = take_real(args, "--real-ha", REAL_HA_BIN_ENV)
     base_port, args = take_option(args, "--base-port")
@@ -631,7 +667,7 @@ COMMAND_HELP = {
     "demo": """python3 dev.py demo [ARGS]
     Sets up .venv, then runs `python -m fastnsq.demo ARGS`: an embedded nsqd and a real
     publish/consume run. Its own options: .venv/bin/python -m fastnsq.demo --help, once set up.""",
-    "test": """python3 dev.py test [--real BIN_DIR] [--real-ha BIN_DIR [--base-port N]] [PYTEST ARGS]
+    "test": """python3 dev.py test [--busy N] [--real BIN_DIR] [--real-ha BIN_DIR [--base-port N]] [PYTEST ARGS]
     Sets up .venv, then the suite with the C codec, then again on the Python twins (4-wide on
     the embedded servers), then the smoke pass on the other supported Pythons; test files or
     names in PYTEST ARGS run only those (and no other Python).
@@ -640,6 +676,7 @@ COMMAND_HELP = {
       --real-ha BIN_DIR   only the HA pass against a real youzan cluster (etcd from PATH)
                           (FASTNSQ_REAL_HA_BIN=BIN_DIR adds it)
       --base-port N       the HA cluster's ports start at N
+      --busy N            N CPU-bound processes run beside the tests (a busy machine)
     Other arguments go to pytest (.venv/bin/python -m pytest --help, once set up).""",
     "bench": """python3 dev.py bench [RUN_ALL ARGS]
     Sets up .venv, then runs bench/run_all.py with RUN_ALL ARGS (bench/README.md). Its options:""",

@@ -64,3 +64,41 @@ def test_arguments_after_a_double_dash_are_not_dev_pys() -> None:
     assert not dev.wants_help(["--", "--help"])
     assert not dev.wants_help(["tests/test_codec.py", "-x"])
     assert set(dev.COMMAND_HELP) == set(dev.COMMANDS) | set(dev.STANDALONE_COMMANDS)
+
+
+def test_busy_runs_cpu_bound_processes_beside_the_tests_and_ends_them() -> None:
+    """``dev.py test --busy N``: N spinning processes for the run's length, killed after it."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import dev
+    finally:
+        sys.path.remove(str(ROOT))
+    assert dev.busy_count(None) == 0 and dev.busy_count("2") == 2
+    with pytest.raises(SystemExit, match="--busy two"):
+        dev.busy_count("two")
+    with dev.busy_loops(2):
+        spinning = [p for p in _children() if "while True: pass" in p[1]]
+        assert len(spinning) == 2, spinning
+        states = {pid: _state(pid) for pid, _ in spinning}
+    assert all(_state(pid) in (None, "Z") for pid in states), states  # gone (or reaped) after the run
+
+
+def _children() -> list[tuple[int, str]]:
+    """This process's children: (pid, command line), read from /proc."""
+    me, found = str(Path("/proc/self").resolve().name), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if fields[1] == me:
+                command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                found.append((int(stat.parent.name), command))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
