@@ -176,7 +176,8 @@ def pytest_passes(python: Path, args: list[str], prefix: list[object]) -> None:
     parallel = not prefix and not names_tests(args) and not any(a == "-m" or a.startswith("-m") for a in args)
     if parallel:
         run(*pytest, "-m", f"not ({SERIAL_MARKS})", *PARALLEL, *args)
-        run(*pytest, "-m", SERIAL_MARKS, *args)
+        # The serial pass is the longest (11 of 28 min): its slowest tests are listed, to see where it goes.
+        run(*pytest, "-m", SERIAL_MARKS, "-rs", "--durations=25", *args)
     else:
         run(*prefix, *pytest, *args)
     env = dict(os.environ, FASTNSQ_NO_EXTENSIONS="1")
