@@ -425,11 +425,21 @@ class Connection(asyncio.BufferedProtocol):
 
     def publish(self, topic: str, body: Any, *, partition: int | None = None, answer: Any = None) -> Any:
         """PUB; the future (or ``answer``, see :class:`Answer`) gets nsqd's answer (``b"OK"``)."""
-        # _check_open and _expect written out: this is the per-message path of coalesce=False.
+        # _check_open and _expect_publish written out: this is the per-message path of one task
+        # publishing in a loop, and of coalesce=False.
         if self._transport is None or self.state in _NOT_OPEN:
             self._check_open("PUB")
         self._wbuf.pub(topic, body, partition)
-        return self._expect_publish(answer)
+        if answer is None:
+            answer = self._loop.create_future()  # type: ignore[union-attr]
+        pending = self._pending
+        lone = not pending
+        pending.append((answer, KIND_PUBLISH))
+        if lone and not self._in_read:
+            self._flush()
+        elif not self._flush_scheduled:
+            self._schedule_flush()
+        return answer
 
     def mpublish(self, topic: str, bodies: Sequence[Any], *, partition: int | None = None, answer: Any = None) -> Any:
         """MPUB; as :meth:`publish`."""
@@ -723,10 +733,12 @@ class Connection(asyncio.BufferedProtocol):
         if self._deflater is not None:
             data = self._deflater.compress(data)
         self.bytes_sent += len(data)
-        self._transport.write(data)
         expected = self._answered + len(self._pending)
         if expected > self._write_marks.marked:
             self._write_marks.mark(expected, self._answered)
+        # The write last: on a busy machine nsqd, woken by it, may take this CPU until it answers,
+        # and what is left to do here would wait for that.
+        self._transport.write(data)
 
     def _observe_round_trip(self) -> None:
         seconds = self._write_marks.answered_write(self._answered)

@@ -63,6 +63,33 @@ async def test_publish_mpublish_and_the_answers(nsqd):
     assert sorted(bodies) == sorted([b"bytes", "str é".encode(), b"bytearray", b"memoryview", b"m1", b"m2", b"m3"])
 
 
+async def test_a_plain_mpublish_takes_the_pipelined_path(nsqd, monkeypatch):
+    """One MPUB of bytes under nsqd's limits goes straight to a connection, as a plain publish does:
+    not through _call's routing coroutines (one task calling mpublish in a loop). Anything else
+    (a batch to split, a str body, a timeout) still takes _call."""
+    topic = unique("mpubfast")
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(topic, b"first")  # the topic is checked and known
+        calls: list[str] = []
+        routed = producer._call
+
+        async def counted(*args, **kwargs):
+            calls.append(args[0])
+            return await routed(*args, **kwargs)
+
+        monkeypatch.setattr(producer, "_call", counted)
+        for _ in range(3):
+            assert await producer.mpublish(topic, [b"a", b"b", b"c"]) == b"OK"
+        assert calls == [] and producer.snapshot().published == 1 + 9
+        assert await producer.mpublish(topic, [b"d", "e"]) == b"OK"  # a str body: the general path
+        assert await producer.mpublish(topic, [b"f"], timeout=5) == b"OK"
+        assert calls == [topic, topic] and producer.snapshot().published == 1 + 12
+        with pytest.raises(InvalidValueError):
+            await producer.mpublish(topic, [b"g", b""])  # an empty body is refused, as before
+    assert sorted(await drain(nsqd.tcp_address, topic, 13)) == sorted(
+        [b"first", *[b"a", b"b", b"c"] * 3, b"d", b"e", b"f"])
+
+
 async def test_deferred_publish(nsqd):
     topic = unique("defer")
     async with Producer([nsqd.tcp_address]) as producer:
