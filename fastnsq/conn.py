@@ -425,19 +425,14 @@ class Connection(asyncio.BufferedProtocol):
 
     def publish(self, topic: str, body: Any, *, partition: int | None = None, answer: Any = None) -> Any:
         """PUB; the future (or ``answer``, see :class:`Answer`) gets nsqd's answer (``b"OK"``)."""
-        # _check_open and _expect_publish written out: this is the per-message path of one task
-        # publishing in a loop, and of coalesce=False.
+        # _check_open and _expect written out: this is the per-message path of coalesce=False.
         if self._transport is None or self.state in _NOT_OPEN:
             self._check_open("PUB")
         self._wbuf.pub(topic, body, partition)
         if answer is None:
             answer = self._loop.create_future()  # type: ignore[union-attr]
-        pending = self._pending
-        lone = not pending
-        pending.append((answer, KIND_PUBLISH))
-        if lone and not self._in_read:
-            self._flush()
-        elif not self._flush_scheduled:
+        self._pending.append((answer, KIND_PUBLISH))
+        if not self._flush_scheduled:
             self._schedule_flush()
         return answer
 
@@ -445,7 +440,7 @@ class Connection(asyncio.BufferedProtocol):
         """MPUB; as :meth:`publish`."""
         self._check_open("MPUB")
         self._wbuf.mpub(topic, bodies, partition)
-        return self._expect_publish(answer)
+        return self._expect(KIND_PUBLISH, answer)
 
     def dpublish(self, topic: str, defer_ms: int, body: Any) -> asyncio.Future[Any]:
         self._check_open("DPUB")
@@ -665,21 +660,6 @@ class Connection(asyncio.BufferedProtocol):
             answer = self._loop.create_future()
         self._pending.append((answer, kind))
         self._schedule_flush()
-        return answer
-
-    def _expect_publish(self, answer: Any) -> Any:
-        """As :meth:`_expect`, by Nagle's rule: with nothing unanswered there is nothing to wait for,
-        so the command is written now rather than a loop pass later (one task publishing in a loop
-        saves a pass, and its poll, a message); made while others are in flight, it joins the pass."""
-        if answer is None:
-            answer = self._loop.create_future()  # type: ignore[union-attr]
-        pending = self._pending
-        lone = not pending
-        pending.append((answer, KIND_PUBLISH))
-        if lone and not self._in_read:
-            self._flush()
-        elif not self._flush_scheduled:
-            self._schedule_flush()
         return answer
 
     def _check_open(self, command: str) -> None:

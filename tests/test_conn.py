@@ -259,32 +259,7 @@ async def test_commands_of_one_loop_pass_go_out_in_one_write(nsqd):
     topic = unique("coalesce")
     futures = [conn.publish(topic, b"m%d" % i) for i in range(100)]
     await asyncio.gather(*futures)
-    # The first alone (nothing was unanswered: Nagle's rule), the other 99 together.
-    assert writes == [len(f"PUB {topic}\n") + 4 + len(b"m0"),
-                      sum(len(f"PUB {topic}\n") + 4 + len(b"m%d" % i) for i in range(1, 100))]
-    await conn.close()
-
-
-@pytest.mark.parametrize("command", ["publish", "mpublish"])
-async def test_a_publish_with_nothing_unanswered_is_written_at_once(nsqd, command):
-    """Nagle's rule: a command has nothing to wait for when nothing is in flight, so it goes out
-    before publish() returns rather than a loop pass later; one made meanwhile waits for the pass."""
-    conn = Connection(nsqd.tcp_address)
-    await conn.connect()
-    writes: list[int] = []
-    transport = conn._transport
-    original = transport.write
-    transport.write = lambda data: (writes.append(len(data)), original(data))[1]
-    topic = unique("nagle")
-    send = (lambda body: conn.publish(topic, body)) if command == "publish" else (
-        lambda body: conn.mpublish(topic, [body, body]))
-    for round_no in range(3):
-        first = send(b"a")
-        assert len(writes) == 2 * round_no + 1  # at once
-        second = send(b"b")
-        assert len(writes) == 2 * round_no + 1  # the first is unanswered: the end of the pass
-        assert await asyncio.gather(first, second) == [b"OK", b"OK"]
-        assert len(writes) == 2 * round_no + 2
+    assert len(writes) == 1 and writes[0] == sum(len(f"PUB {topic}\n") + 4 + len(b"m%d" % i) for i in range(100))
     await conn.close()
 
 
@@ -320,7 +295,7 @@ async def test_an_answer_object_is_answered_in_the_read(nsqd):
     assert one.in_read == [True] and many.in_read == [True]
     lost = RecordingAnswer(conn)
     conn.publish(topic, b"never answered", answer=lost)
-    conn.abort()  # before nsqd's answer: the answer gets the connection's error
+    conn.abort()  # before the write: the answer gets the connection's error
     assert len(lost.outcomes) == 1 and isinstance(lost.outcomes[0], ConnectionClosedError)
 
 

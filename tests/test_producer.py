@@ -63,6 +63,37 @@ async def test_publish_mpublish_and_the_answers(nsqd):
     assert sorted(bodies) == sorted([b"bytes", "str é".encode(), b"bytearray", b"memoryview", b"m1", b"m2", b"m3"])
 
 
+@pytest.mark.parametrize("coalesce", [True, False])
+@pytest.mark.parametrize("command", ["publish", "mpublish"])
+async def test_a_lone_publish_is_written_before_it_waits(nsqd, coalesce, command):
+    """Nagle's rule, the producer's: a publish made while no other of the producer is unanswered has
+    nothing to wait for, so it is written before the caller waits, not by a flush a loop pass later
+    (one task publishing in a loop). Not the connection's: one with nothing unanswered may be about
+    to get a thousand publishes from callers whose answers came in one read, and those share the
+    pass's one write (shown here with one such caller, on the paths without the coalescer)."""
+    topic = unique("lone")
+    async with Producer([nsqd.tcp_address], coalesce=coalesce) as producer:
+        await producer.publish(topic, b"first")  # the topic is checked and known
+        (conn,) = producer.connections
+        writes: list[int] = []
+        transport = conn._transport
+        original = transport.write
+        transport.write = lambda data: (writes.append(len(data)), original(data))[1]
+        send = producer.publish if command == "publish" else (lambda t, body: producer.mpublish(t, [body, body]))
+        for round_no in range(3):
+            lone = asyncio.ensure_future(send(topic, b"a"))
+            await asyncio.sleep(0)  # its first step ran: a flush scheduled there has not
+            assert len(writes) == round_no + 1
+            assert await lone == b"OK"
+        if command == "mpublish" or not coalesce:
+            producer._active += 1  # a caller answered in the last read, not resumed yet
+            behind = asyncio.ensure_future(send(topic, b"b"))
+            await asyncio.sleep(0)
+            assert len(writes) == 3 and conn.pending == 1  # the end of the pass writes it
+            producer._active -= 1
+            assert await behind == b"OK" and len(writes) == 4
+
+
 async def test_a_plain_mpublish_takes_the_pipelined_path(nsqd, monkeypatch):
     """One MPUB of bytes under nsqd's limits goes straight to a connection, as a plain publish does:
     not through _call's routing coroutines (one task calling mpublish in a loop). Anything else

@@ -394,7 +394,10 @@ class Producer:
                 # _call's routing coroutines (nothing to route without lookupd; the sweeper enforces
                 # publish_timeout). The codec checks the body before a byte is buffered. _direct_answer
                 # written out here: its coroutine costs ~0.25 us a message.
-                future = self._pool.next_open().publish(topic, body)
+                conn = self._pool.next_open()
+                future = conn.publish(topic, body)
+                if not self._active:
+                    conn.flush()  # Nagle's rule: nothing unanswered, nothing to wait for (see _direct_answer)
                 self._active += 1
                 try:
                     result = await future
@@ -563,7 +566,8 @@ class Producer:
             # limits) on the next connection, awaited here without _call's routing coroutines.
             batch = bodies if type(bodies) is list else list(bodies)
             if fits_one_mpub(batch, self.options.max_body_size, self._max_msg_size):
-                answer = await self._direct_answer(self._pool.next_open().mpublish(topic, batch), len(batch))
+                conn = self._pool.next_open()
+                answer = await self._direct_answer(conn, conn.mpublish(topic, batch), len(batch))
                 if answer is not _RETRY:
                     return answer
         if tracing.HOOKED:
@@ -721,9 +725,17 @@ class Producer:
             if not self._active and self._idle_waiter is not None:
                 _resolve(self._idle_waiter)
 
-    async def _direct_answer(self, future: Any, messages: int) -> Any:
+    async def _direct_answer(self, conn: Connection, future: Any, messages: int) -> Any:
         """nsqd's answer to a command of the pipelined fast path, counted; ``_RETRY`` after a failure a
-        retry may mend (the caller goes on to the slow path, which retries); other failures raise."""
+        retry may mend (the caller goes on to the slow path, which retries); other failures raise.
+
+        Nagle's rule: with no other publish of this producer unanswered there is nothing to wait
+        for, so the command is written now rather than at the end of the loop pass (one task
+        publishing in a loop saves a pass, and its poll, a message). With many callers some are
+        always unanswered, and theirs share the pass's one write: a connection cannot tell the two
+        apart (nsqd may have answered all it held while a thousand callers are about to publish)."""
+        if not self._active:
+            conn.flush()
         self._active += 1
         try:
             result = await future
