@@ -423,8 +423,12 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- public API: publishing -------------------------------------------------------
 
-    def publish(self, topic: str, body: Any, *, partition: int | None = None, answer: Any = None) -> Any:
-        """PUB; the future (or ``answer``, see :class:`Answer`) gets nsqd's answer (``b"OK"``)."""
+    def publish(
+        self, topic: str, body: Any, *, partition: int | None = None, answer: Any = None, now: bool = False
+    ) -> Any:
+        """PUB; the future (or ``answer``, see :class:`Answer`) gets nsqd's answer (``b"OK"``).
+        ``now``: written before this returns, with what is buffered, not at the end of the loop
+        pass (a caller that knows nothing else is coming: the producer's lone publish)."""
         # _check_open and _expect written out: this is the per-message path of coalesce=False.
         if self._transport is None or self.state in _NOT_OPEN:
             self._check_open("PUB")
@@ -432,15 +436,26 @@ class Connection(asyncio.BufferedProtocol):
         if answer is None:
             answer = self._loop.create_future()  # type: ignore[union-attr]
         self._pending.append((answer, KIND_PUBLISH))
-        if not self._flush_scheduled:
+        if now and not self._in_read:
+            self._flush()  # no flush scheduled: a handle queued is a loop pass, and a poll, more
+        elif not self._flush_scheduled:
             self._schedule_flush()
         return answer
 
-    def mpublish(self, topic: str, bodies: Sequence[Any], *, partition: int | None = None, answer: Any = None) -> Any:
+    def mpublish(
+        self, topic: str, bodies: Sequence[Any], *, partition: int | None = None, answer: Any = None, now: bool = False
+    ) -> Any:
         """MPUB; as :meth:`publish`."""
         self._check_open("MPUB")
         self._wbuf.mpub(topic, bodies, partition)
-        return self._expect(KIND_PUBLISH, answer)
+        if not now or self._in_read:
+            return self._expect(KIND_PUBLISH, answer)
+        if answer is None:
+            assert self._loop is not None
+            answer = self._loop.create_future()
+        self._pending.append((answer, KIND_PUBLISH))
+        self._flush()
+        return answer
 
     def dpublish(self, topic: str, defer_ms: int, body: Any) -> asyncio.Future[Any]:
         self._check_open("DPUB")

@@ -79,17 +79,21 @@ async def test_a_lone_publish_is_written_before_it_waits(nsqd, coalesce, command
         transport = conn._transport
         original = transport.write
         transport.write = lambda data: (writes.append(len(data)), original(data))[1]
+        scheduled: list[bool] = []
+        schedule = conn._schedule_flush
+        conn._schedule_flush = lambda: (scheduled.append(True), schedule())[1]
         send = producer.publish if command == "publish" else (lambda t, body: producer.mpublish(t, [body, body]))
         for round_no in range(3):
             lone = asyncio.ensure_future(send(topic, b"a"))
             await asyncio.sleep(0)  # its first step ran: a flush scheduled there has not
             assert len(writes) == round_no + 1
+            assert scheduled == []  # nor was one: a moot flush still costs a loop pass and its poll
             assert await lone == b"OK"
         if command == "mpublish" or not coalesce:
             producer._active += 1  # a caller answered in the last read, not resumed yet
             behind = asyncio.ensure_future(send(topic, b"b"))
             await asyncio.sleep(0)
-            assert len(writes) == 3 and conn.pending == 1  # the end of the pass writes it
+            assert len(writes) == 3 and conn.pending == 1 and scheduled  # the end of the pass writes it
             producer._active -= 1
             assert await behind == b"OK" and len(writes) == 4
 

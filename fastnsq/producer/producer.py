@@ -394,10 +394,8 @@ class Producer:
                 # _call's routing coroutines (nothing to route without lookupd; the sweeper enforces
                 # publish_timeout). The codec checks the body before a byte is buffered. _direct_answer
                 # written out here: its coroutine costs ~0.25 us a message.
-                conn = self._pool.next_open()
-                future = conn.publish(topic, body)
-                if not self._active:
-                    conn.flush()  # Nagle's rule: nothing unanswered, nothing to wait for (see _direct_answer)
+                # Nagle's rule: with nothing unanswered, written now (see _direct_answer).
+                future = self._pool.next_open().publish(topic, body, now=not self._active)
                 self._active += 1
                 try:
                     result = await future
@@ -566,8 +564,8 @@ class Producer:
             # limits) on the next connection, awaited here without _call's routing coroutines.
             batch = bodies if type(bodies) is list else list(bodies)
             if fits_one_mpub(batch, self.options.max_body_size, self._max_msg_size):
-                conn = self._pool.next_open()
-                answer = await self._direct_answer(conn, conn.mpublish(topic, batch), len(batch))
+                future = self._pool.next_open().mpublish(topic, batch, now=not self._active)
+                answer = await self._direct_answer(future, len(batch))
                 if answer is not _RETRY:
                     return answer
         if tracing.HOOKED:
@@ -725,7 +723,7 @@ class Producer:
             if not self._active and self._idle_waiter is not None:
                 _resolve(self._idle_waiter)
 
-    async def _direct_answer(self, conn: Connection, future: Any, messages: int) -> Any:
+    async def _direct_answer(self, future: Any, messages: int) -> Any:
         """nsqd's answer to a command of the pipelined fast path, counted; ``_RETRY`` after a failure a
         retry may mend (the caller goes on to the slow path, which retries); other failures raise.
 
@@ -733,9 +731,9 @@ class Producer:
         for, so the command is written now rather than at the end of the loop pass (one task
         publishing in a loop saves a pass, and its poll, a message). With many callers some are
         always unanswered, and theirs share the pass's one write: a connection cannot tell the two
-        apart (nsqd may have answered all it held while a thousand callers are about to publish)."""
-        if not self._active:
-            conn.flush()
+        apart (nsqd may have answered all it held while a thousand callers are about to publish).
+        The callers pass ``now=`` to the connection: a flush scheduled and then made moot would
+        still cost a loop pass and its poll."""
         self._active += 1
         try:
             result = await future
