@@ -24,13 +24,13 @@ import asyncio
 import itertools
 import json
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
 from ._protocol import HEARTBEAT, MAX_EXT_SIZE, MESSAGE_HEADER_SIZE, OK
+from ._write_marks import WriteMarks
 from .config import ConnectionOptions, parse_address
 from .dial import dial
 from .errors import (
@@ -131,13 +131,8 @@ class Connection(asyncio.BufferedProtocol):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._transport: asyncio.Transport | None = None
         self._pending: deque[tuple[Answer, int]] = deque()
-        # When commands went out, for expire_pending() and the round trips: (commands expected up to
-        # then, time.perf_counter() of the write), one entry per write rather than per command, and
-        # nothing kept once answered. Not the loop's clock: uvloop's is in ms, cached per pass.
         self._answered = 0  # commands popped from _pending so far
-        self._marked = 0  # _answered + len(_pending) at the last mark
-        self._expired_upto = 0  # commands up to here were already failed by expire_pending()
-        self._write_marks: deque[tuple[int, float]] = deque()
+        self._write_marks = WriteMarks()  # when commands went out: expire_pending(), the round trips
         self._wbuf = codec.WriteBuffer(
             max_msg_size=self.options.max_msg_size, max_body_size=self.options.max_body_size
         )
@@ -192,10 +187,7 @@ class Connection(asyncio.BufferedProtocol):
     def unanswered_since(self) -> float | None:
         """When the oldest command still waiting for nsqd's answer went out (time.perf_counter()),
         from the write marks expire_pending() has not taken; None: nothing written is unanswered."""
-        for expected, written in self._write_marks:
-            if expected > self._answered:
-                return written
-        return None
+        return self._write_marks.unanswered_since(self._answered)
 
     @property
     def is_open(self) -> bool:
@@ -431,8 +423,12 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- public API: publishing -------------------------------------------------------
 
-    def publish(self, topic: str, body: Any, *, partition: int | None = None, answer: Any = None) -> Any:
-        """PUB; the future (or ``answer``, see :class:`Answer`) gets nsqd's answer (``b"OK"``)."""
+    def publish(
+        self, topic: str, body: Any, *, partition: int | None = None, answer: Any = None, now: bool = False
+    ) -> Any:
+        """PUB; the future (or ``answer``, see :class:`Answer`) gets nsqd's answer (``b"OK"``).
+        ``now``: written before this returns, with what is buffered, not at the end of the loop
+        pass (a caller that knows nothing else is coming: the producer's lone publish)."""
         # _check_open and _expect written out: this is the per-message path of coalesce=False.
         if self._transport is None or self.state in _NOT_OPEN:
             self._check_open("PUB")
@@ -440,15 +436,26 @@ class Connection(asyncio.BufferedProtocol):
         if answer is None:
             answer = self._loop.create_future()  # type: ignore[union-attr]
         self._pending.append((answer, KIND_PUBLISH))
-        if not self._flush_scheduled:
+        if now and not self._in_read:
+            self._flush()  # no flush scheduled: a handle queued is a loop pass, and a poll, more
+        elif not self._flush_scheduled:
             self._schedule_flush()
         return answer
 
-    def mpublish(self, topic: str, bodies: Sequence[Any], *, partition: int | None = None, answer: Any = None) -> Any:
+    def mpublish(
+        self, topic: str, bodies: Sequence[Any], *, partition: int | None = None, answer: Any = None, now: bool = False
+    ) -> Any:
         """MPUB; as :meth:`publish`."""
         self._check_open("MPUB")
         self._wbuf.mpub(topic, bodies, partition)
-        return self._expect(KIND_PUBLISH, answer)
+        if not now or self._in_read:
+            return self._expect(KIND_PUBLISH, answer)
+        if answer is None:
+            assert self._loop is not None
+            answer = self._loop.create_future()
+        self._pending.append((answer, KIND_PUBLISH))
+        self._flush()
+        return answer
 
     def dpublish(self, topic: str, defer_ms: int, body: Any) -> asyncio.Future[Any]:
         self._check_open("DPUB")
@@ -721,21 +728,17 @@ class Connection(asyncio.BufferedProtocol):
         if self._deflater is not None:
             data = self._deflater.compress(data)
         self.bytes_sent += len(data)
-        self._transport.write(data)
         expected = self._answered + len(self._pending)
-        if expected > self._marked:
-            assert self._loop is not None
-            self._marked = expected
-            marks = self._write_marks
-            while marks and marks[0][0] <= self._answered:
-                marks.popleft()  # everything written up to it has been answered
-            marks.append((expected, time.perf_counter()))
+        if expected > self._write_marks.marked:
+            self._write_marks.mark(expected, self._answered)
+        # The write last: on a busy machine nsqd, woken by it, may take this CPU until it answers,
+        # and what is left to do here would wait for that.
+        self._transport.write(data)
 
     def _observe_round_trip(self) -> None:
-        marks = self._write_marks
-        if marks and marks[0][0] <= self._answered and self.round_trip_observer is not None:
-            written = marks.popleft()[1]
-            self.round_trip_observer(time.perf_counter() - written)
+        seconds = self._write_marks.answered_write(self._answered)
+        if seconds is not None and self.round_trip_observer is not None:
+            self.round_trip_observer(seconds)
 
     def expire_pending(self, written_before: float, error: Callable[[], BaseException]) -> int:
         """Fail (with ``error()``) the commands written before ``written_before`` (a
@@ -745,12 +748,7 @@ class Connection(asyncio.BufferedProtocol):
         nsqd answers in command order, so these are the oldest ones; the producer calls this
         to enforce ``publish_timeout`` without keeping a timestamp per publish.
         """
-        upto = self._expired_upto
-        marks = self._write_marks
-        while marks and marks[0][1] < written_before:
-            upto = max(upto, marks.popleft()[0])
-        start = max(self._expired_upto, self._answered)
-        self._expired_upto = upto
+        start, upto = self._write_marks.expired(written_before, self._answered)
         failed = 0
         if upto > start:
             for future, _ in itertools.islice(self._pending, start - self._answered, upto - self._answered):

@@ -63,6 +63,68 @@ async def test_publish_mpublish_and_the_answers(nsqd):
     assert sorted(bodies) == sorted([b"bytes", "str é".encode(), b"bytearray", b"memoryview", b"m1", b"m2", b"m3"])
 
 
+@pytest.mark.parametrize("coalesce", [True, False])
+@pytest.mark.parametrize("command", ["publish", "mpublish"])
+async def test_a_lone_publish_is_written_before_it_waits(nsqd, coalesce, command):
+    """Nagle's rule, the producer's: a publish made while no other of the producer is unanswered has
+    nothing to wait for, so it is written before the caller waits, not by a flush a loop pass later
+    (one task publishing in a loop). Not the connection's: one with nothing unanswered may be about
+    to get a thousand publishes from callers whose answers came in one read, and those share the
+    pass's one write (shown here with one such caller, on the paths without the coalescer)."""
+    topic = unique("lone")
+    async with Producer([nsqd.tcp_address], coalesce=coalesce) as producer:
+        await producer.publish(topic, b"first")  # the topic is checked and known
+        (conn,) = producer.connections
+        writes: list[int] = []
+        transport = conn._transport
+        original = transport.write
+        transport.write = lambda data: (writes.append(len(data)), original(data))[1]
+        scheduled: list[bool] = []
+        schedule = conn._schedule_flush
+        conn._schedule_flush = lambda: (scheduled.append(True), schedule())[1]
+        send = producer.publish if command == "publish" else (lambda t, body: producer.mpublish(t, [body, body]))
+        for round_no in range(3):
+            lone = asyncio.ensure_future(send(topic, b"a"))
+            await asyncio.sleep(0)  # its first step ran: a flush scheduled there has not
+            assert len(writes) == round_no + 1
+            assert scheduled == []  # nor was one: a moot flush still costs a loop pass and its poll
+            assert await lone == b"OK"
+        if command == "mpublish" or not coalesce:
+            producer._active += 1  # a caller answered in the last read, not resumed yet
+            behind = asyncio.ensure_future(send(topic, b"b"))
+            await asyncio.sleep(0)
+            assert len(writes) == 3 and conn.pending == 1 and scheduled  # the end of the pass writes it
+            producer._active -= 1
+            assert await behind == b"OK" and len(writes) == 4
+
+
+async def test_a_plain_mpublish_takes_the_pipelined_path(nsqd, monkeypatch):
+    """One MPUB of bytes under nsqd's limits goes straight to a connection, as a plain publish does:
+    not through _call's routing coroutines (one task calling mpublish in a loop). Anything else
+    (a batch to split, a str body, a timeout) still takes _call."""
+    topic = unique("mpubfast")
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.publish(topic, b"first")  # the topic is checked and known
+        calls: list[str] = []
+        routed = producer._call
+
+        async def counted(*args, **kwargs):
+            calls.append(args[0])
+            return await routed(*args, **kwargs)
+
+        monkeypatch.setattr(producer, "_call", counted)
+        for _ in range(3):
+            assert await producer.mpublish(topic, [b"a", b"b", b"c"]) == b"OK"
+        assert calls == [] and producer.snapshot().published == 1 + 9
+        assert await producer.mpublish(topic, [b"d", "e"]) == b"OK"  # a str body: the general path
+        assert await producer.mpublish(topic, [b"f"], timeout=5) == b"OK"
+        assert calls == [topic, topic] and producer.snapshot().published == 1 + 12
+        with pytest.raises(InvalidValueError):
+            await producer.mpublish(topic, [b"g", b""])  # an empty body is refused, as before
+    assert sorted(await drain(nsqd.tcp_address, topic, 13)) == sorted(
+        [b"first", *[b"a", b"b", b"c"] * 3, b"d", b"e", b"f"])
+
+
 async def test_deferred_publish(nsqd):
     topic = unique("defer")
     async with Producer([nsqd.tcp_address]) as producer:

@@ -10,7 +10,7 @@ from .. import codec
 from ..config import check_range
 from ..errors import InvalidValueError
 
-__all__ = ["MPUB_FRAMING", "body_size", "check_message_size", "ext_json", "mpub_chunks", "second"]
+__all__ = ["MPUB_FRAMING", "body_size", "check_message_size", "ext_json", "fits_one_mpub", "mpub_chunks", "second"]
 
 MPUB_FRAMING = 4 + 4  # u32 body length + u32 message count
 
@@ -65,11 +65,10 @@ def mpub_chunks(
     ``header(item)``: bytes each message carries before its body (trace id, ext);
     ``body_of(item)``: the body, when items are not bodies themselves.
     """
+    if header is None and body_of is None and fits_one_mpub(items, max_body_size, max_msg_size):
+        return [items]
     limit = max_body_size - MPUB_FRAMING
     max_count = (max_body_size - 4) // 5
-    one_pass = header is None and body_of is None
-    if one_pass and codec.fits_one_mpub(items, limit, max_count, max_msg_size):
-        return [items]
     chunks: list[list[Any]] = [[]]
     used = 0
     for item in items:
@@ -82,6 +81,11 @@ def mpub_chunks(
         chunks[-1].append(item)
         used += 4 + extra + size
     return chunks
+
+
+def fits_one_mpub(bodies: list[Any], max_body_size: int, max_msg_size: int) -> bool:
+    """Whether ``bodies`` is the common batch: bytes, none empty or too big, all in one MPUB."""
+    return codec.fits_one_mpub(bodies, max_body_size - MPUB_FRAMING, (max_body_size - 4) // 5, max_msg_size)
 
 
 def second(pair: tuple[Any, Any]) -> Any:

@@ -58,10 +58,11 @@ from ..optionspec import options_docstring, options_of
 from ..sharding import murmur3_32
 from ..stats import ProducerStats, deprecated_spelling
 from ..topology import Topology
+from .batches import FLUSH_AT, FLUSH_BYTES, BatchWriter
 from .direct import DirectPublisher, Done
 from .ha import CloseReport, HAProducer
 from .load import NodeStats
-from .messages import MPUB_FRAMING, body_size, check_message_size, ext_json, mpub_chunks, second
+from .messages import body_size, check_message_size, ext_json, fits_one_mpub, mpub_chunks, second
 from .pool import ConnectionPool, NsqdDown, describe
 from .routing import ANY_NSQD, Router
 
@@ -92,12 +93,8 @@ NOT_RETRYABLE = (
 _REFRESH_ERRORS = (NotLeaderError, NotWritableError, TopicNotExistError)
 #: HA's non-fatal publish failures are transient (e.g. "pub to wait channel timeout").
 _TRANSIENT = (PubFailedError, MPubFailedError)
-
-#: A batch this full (messages, or MPUB bytes) is sent at once rather than at the end of the
-#: loop pass: nsqd starts on it while the pass goes on. With 1,000 concurrent publishers on
-#: this project's 2-core machine, 512 took throughput from ~630k to ~1.05M msg/s.
-_FLUSH_AT = 512
-_FLUSH_BYTES = 64 * 1024
+#: _direct_answer's word for "failed, and a retry may mend it".
+_RETRY = object()
 
 
 class Producer:
@@ -158,8 +155,7 @@ class Producer:
         self._max_msg_size = self.options.max_msg_size
         self._direct = DirectPublisher(self._pool, self._ha, self.options.max_body_size, self._max_msg_size,
                                        self._soon_failed)
-        self._mpub_limit = self.options.max_body_size - MPUB_FRAMING
-        self._mpub_max_count = (self.options.max_body_size - 4) // 5
+        self._batches = BatchWriter(self._pool, self._router, self._ha, self.options.max_body_size)
         self._ready_topics: set[str] = set()
         self._coalescer: Any = None
         self._connecting: asyncio.Task[None] | None = None  # start(background=True)'s connects
@@ -190,8 +186,8 @@ class Producer:
         self._loop = asyncio.get_running_loop()
         self._pool.start()
         # A lone publish goes out at once; not where lookupd routes (partitions take turns per pass).
-        self._coalescer = codec.Coalescer(self._loop, self._flush_batches, self._max_msg_size, _FLUSH_AT,
-                                          _FLUSH_BYTES, lone_at_once=self._router.topology is None)
+        self._coalescer = codec.Coalescer(self._loop, self._batches.flush, self._max_msg_size, FLUSH_AT,
+                                          FLUSH_BYTES, lone_at_once=self._router.topology is None)
         if background:
             self._connecting = self._loop.create_task(self._connect_in_background())
             return
@@ -396,8 +392,10 @@ class Producer:
             elif direct:
                 # The pipelined fast path: one PUB on the next connection, awaited right here, without
                 # _call's routing coroutines (nothing to route without lookupd; the sweeper enforces
-                # publish_timeout). The codec checks the body before a byte is buffered.
-                future = self._pool.next_open().publish(topic, body)
+                # publish_timeout). The codec checks the body before a byte is buffered. _direct_answer
+                # written out here: its coroutine costs ~0.25 us a message.
+                # Nagle's rule: with nothing unanswered, written now (see _direct_answer).
+                future = self._pool.next_open().publish(topic, body, now=not self._active)
                 self._active += 1
                 try:
                     result = await future
@@ -557,6 +555,19 @@ class Producer:
         On HA: ``partition`` / ``sharding_key`` as for :meth:`publish`; ``trace_ids``
         (one per body) uses MPUB_TRACE, ``exts`` (one JSON object per body) MPUB_EXT.
         """
+        if (
+            topic in self._ready_topics and timeout is None and partition is None and sharding_key is None
+            and trace_ids is None and exts is None and not tracing.ENABLED
+            and self._router.topology is None and self._pool.open
+        ):
+            # The pipelined fast path, as publish()'s: the common batch (bytes, one MPUB under nsqd's
+            # limits) on the next connection, awaited here without _call's routing coroutines.
+            batch = bodies if type(bodies) is list else list(bodies)
+            if fits_one_mpub(batch, self.options.max_body_size, self._max_msg_size):
+                future = self._pool.next_open().mpublish(topic, batch, now=not self._active)
+                answer = await self._direct_answer(future, len(batch))
+                if answer is not _RETRY:
+                    return answer
         if tracing.HOOKED:
             call = tracing.PublishCall(topic, partition, None if exts is None else [dict(e) for e in exts],
                                        len(bodies))
@@ -712,6 +723,35 @@ class Producer:
             if not self._active and self._idle_waiter is not None:
                 _resolve(self._idle_waiter)
 
+    async def _direct_answer(self, future: Any, messages: int) -> Any:
+        """nsqd's answer to a command of the pipelined fast path, counted; ``_RETRY`` after a failure a
+        retry may mend (the caller goes on to the slow path, which retries); other failures raise.
+
+        Nagle's rule: with no other publish of this producer unanswered there is nothing to wait
+        for, so the command is written now rather than at the end of the loop pass (one task
+        publishing in a loop saves a pass, and its poll, a message). With many callers some are
+        always unanswered, and theirs share the pass's one write: a connection cannot tell the two
+        apart (nsqd may have answered all it held while a thousand callers are about to publish).
+        The callers pass ``now=`` to the connection: a flush scheduled and then made moot would
+        still cost a loop pass and its poll."""
+        self._active += 1
+        try:
+            result = await future
+        except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
+            self._note_error(exc, messages)
+            if not _retryable(exc):
+                self.failed += messages
+                raise
+            self.retried += messages
+            return _RETRY
+        else:
+            self.published += messages
+            return result
+        finally:
+            self._active -= 1
+            if not self._active and self._idle_waiter is not None:
+                _resolve(self._idle_waiter)
+
     async def _await_answer(self, future: asyncio.Future[Any], deadline: float, explicit: bool) -> Any:
         if not explicit:
             return await future  # the default deadline is enforced by the sweeper
@@ -721,48 +761,6 @@ class Producer:
             return await asyncio.wait_for(asyncio.shield(future), max(remaining, 0))
         except asyncio.TimeoutError:
             raise PublishTimeoutError(f"no answer from nsqd within {remaining:.3f} s") from None
-
-    def _flush_batches(self, batches: dict[Any, Any]) -> None:
-        """Once per loop pass (called by the coalescer): one PUB or MPUB per batch."""
-        self._router.new_pass()  # the next pass takes the next partition
-        ha = self._ha
-        # Each connection's commands of this pass go out in one write at the end of this call, not in
-        # a loop pass of their own (a pass per message at 10,000 msg/s of lone publishes).
-        held: list[Connection] = []
-        try:
-            for key, batch in batches.items():
-                if type(key) is str:
-                    topic, address, pid = key, None, None
-                else:
-                    topic, address, pid = key
-                conn = self._pool.pick(address)
-                if conn is None:
-                    batch.fail(NoConnectionError(f"no open connection to {address or 'any nsqd'}"))
-                    continue
-                if conn not in held and conn.hold_writes():
-                    held.append(conn)
-                if len(batch) == 1 or batch.nbytes <= self._mpub_limit and len(batch) <= self._mpub_max_count:
-                    parts = [batch]
-                else:
-                    parts = batch.split(self._mpub_limit, self._mpub_max_count)
-                for index, part in enumerate(parts):
-                    # The part is the command's answer: nsqd's answer resolves its publishes in the
-                    # read that brings it (no future, no loop pass in between).
-                    part.on_settled = ha.timer(conn.address)
-                    try:
-                        if len(part) == 1:
-                            conn.publish(topic, part.bodies[0], partition=pid, answer=part)
-                        else:
-                            conn.mpublish(topic, part.bodies, partition=pid, answer=part)
-                    except Exception as exc:  # noqa: BLE001 - e.g. the connection closed during this pass: every part fails with it
-                        for unsent in parts[index:]:
-                            unsent.fail(exc)
-                        break
-                if len(batch) >= _FLUSH_AT or batch.nbytes >= _FLUSH_BYTES:
-                    conn.flush()  # a full batch: let nsqd start on it while this pass goes on
-        finally:
-            for conn in held:
-                conn.release_writes()
 
     def _note_error(self, exc: BaseException, messages: int) -> None:
         if isinstance(exc, ServerError):
