@@ -28,7 +28,19 @@ NOTHING`` each through a minimal hand-written PostgreSQL protocol client (no Go 
 be fetched here), FIN on success, ``Requeue(-1)`` on failure (go-nsq's backoff). Its
 given-up count is its "giving up" log lines; it has no /readyz. ``consumer`` is the plain
 ``Consumer`` (one process, no worker): ``batches(400, 0.25)``, the same handler and
-``ready_check=ready``, ``max_in_flight`` 4000.
+``ready_check=ready``, ``max_in_flight`` 4000. ``sync`` is the blocking facade
+(``fastnsq.sync.Consumer``, one process): ``batches(400, 0.25)`` in the main thread, a sync
+handler and a sync ``ready_check``, asyncpg on an event loop of its own per thread.
+
+The HTTP sink (modes ``http``, ``http-ready``, ``http-go-nsq``): the bench's own nginx
+(``--nginx``, Debian's) with its own prefix and config on a free loopback port, stopped with
+``nginx -s stop`` and started again; ``POST /events`` answers 204 and writes the batch's
+``X-Ids`` header to its access log, which says what arrived (distinct ids) and how often
+(duplicates). ``http`` is ``fastnsq worker ingest_http:Post`` (aiohttp, no ``ready()``: the
+worker's defaults), ``http-ready`` the same with ``ready()`` (``GET /health``), ``http-go-nsq``
+``outage_bench --http-url`` (go-nsq v1.1.0, the batches POSTed with net/http).
+
+    python bench/dependency_outage.py --real ~/nsq-real/bin --outages 5,40 --modes sync,http,http-ready,http-go-nsq
 
 Writes bench/results/dependency_outage-<date>.json and .md and prints the table.
 """
