@@ -13,9 +13,10 @@ pieces, up to :data:`MAX_PIECES`, so a round costs at most that many handler cal
 dependency is down). In a round where some piece succeeds, a failed piece of one message is
 charged (REQ at once); a failed piece of several is halved and tried again in the same round,
 until the poison message stands alone beside a success. A batch of one message that fails
-alone has nothing to be compared with: it is held like the others, and charged after
-:data:`HOLD_LIMIT` (before nsqd's ``--max-msg-timeout``, 15 min by default, would give it out
-again anyway).
+has nothing beside it: it is held without holding the consumer (the traffic goes on), retried
+at the same pace, and charged as soon as another batch succeeds; a second failure with no
+success between them holds the consumer. Anything held :data:`HOLD_LIMIT` is charged anyway
+(before nsqd's ``--max-msg-timeout``, 15 min by default, would give it out again).
 """
 
 from __future__ import annotations
@@ -78,7 +79,10 @@ class HeldBatches:
         """A failed batch: held, in halves (a poison message shows beside a half that succeeds).
         True when the consumer should hold: two held pieces fail and nothing succeeded since."""
         self.error = error
-        self._pieces.extend(_Piece(half, self.successes) for half in _halves(list(batch)))
+        unanswered = [message for message in batch if not message.has_responded]  # the handler's own answers stand
+        if not unanswered:
+            return False
+        self._pieces.extend(_Piece(half, self.successes) for half in _halves(unanswered))
         if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.get_running_loop().create_task(self._keep())
         return len(self._pieces) > 1
