@@ -132,3 +132,15 @@ async def test_a_round_is_never_run_twice_at_once() -> None:
     release.set()
     await asyncio.gather(first, second)
     assert most == 1 and len(held) == 0
+
+
+async def test_what_the_handler_answered_before_raising_is_not_held() -> None:
+    held = held_with(lambda batch: None)
+    batch = messages(4)
+    batch[0].finish()  # the handler's own answer, then it raised
+    assert held.add(batch, ValueError("x")) and len(held) == 3
+    await held.retry()
+    assert [m.answers for m in batch] == [["FIN"]] * 4  # one answer each
+    answered = messages(1)
+    answered[0].finish()
+    assert not held.add(answered, ValueError("x")) and len(held) == 0
