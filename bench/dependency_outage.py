@@ -28,7 +28,19 @@ NOTHING`` each through a minimal hand-written PostgreSQL protocol client (no Go 
 be fetched here), FIN on success, ``Requeue(-1)`` on failure (go-nsq's backoff). Its
 given-up count is its "giving up" log lines; it has no /readyz. ``consumer`` is the plain
 ``Consumer`` (one process, no worker): ``batches(400, 0.25)``, the same handler and
-``ready_check=ready``, ``max_in_flight`` 4000.
+``ready_check=ready``, ``max_in_flight`` 4000. ``sync`` is the blocking facade
+(``fastnsq.sync.Consumer``, one process): ``batches(400, 0.25)`` in the main thread, a sync
+handler and a sync ``ready_check``, asyncpg on an event loop of its own per thread.
+
+The HTTP sink (modes ``http``, ``http-ready``, ``http-go-nsq``): the bench's own nginx
+(``--nginx``, Debian's) with its own prefix and config on a free loopback port, stopped with
+``nginx -s stop`` and started again; ``POST /events`` answers 204 and writes the batch's
+``X-Ids`` header to its access log, which says what arrived (distinct ids) and how often
+(duplicates). ``http`` is ``fastnsq worker ingest_http:Post`` (aiohttp, no ``ready()``: the
+worker's defaults), ``http-ready`` the same with ``ready()`` (``GET /health``), ``http-go-nsq``
+``outage_bench --http-url`` (go-nsq v1.1.0, the batches POSTed with net/http).
+
+    python bench/dependency_outage.py --real ~/nsq-real/bin --outages 5,40 --modes sync,http,http-ready,http-go-nsq
 
 Writes bench/results/dependency_outage-<date>.json and .md and prints the table.
 """
@@ -37,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -108,9 +121,104 @@ async def consume(topic, address):
                 batch.requeue()
             else:
                 batch.finish()
+
+
+class SyncIngest:
+    """The blocking facade's handler: asyncpg on an event loop of its own, run from this thread
+    (no blocking PostgreSQL driver is installed; psycopg would do the same job)."""
+
+    def __init__(self):
+        import asyncio
+        self.loop = asyncio.new_event_loop()
+        self.conn = None
+
+    def _run(self, coroutine):
+        return self.loop.run_until_complete(coroutine)
+
+    def _connection(self):
+        if self.conn is None or self.conn.is_closed():
+            self.conn = self._run(asyncpg.connect(DSN, timeout=2))
+        return self.conn
+
+    def _failed(self):
+        if self.conn is not None:
+            self.conn.terminate()
+        self.conn = None
+
+    def handle(self, batch):
+        rows = [(e["id"], e["ts"], e["payload"]) for e in (json.loads(m.body) for m in batch)]
+
+        async def write(conn):
+            async with conn.transaction():
+                await conn.execute(STAGING)
+                await conn.copy_records_to_table("staging", records=rows)
+                await conn.execute("INSERT INTO events SELECT * FROM staging ON CONFLICT (id) DO NOTHING")
+
+        try:
+            self._run(write(self._connection()))
+        except Exception:
+            self._failed()
+            raise
+
+    def ready(self):
+        try:
+            self._run(self._connection().fetchval("SELECT 1"))
+        except Exception:
+            self._failed()
+            raise
+
+
+def consume_sync(topic, address):
+    """The blocking facade: fastnsq.sync.Consumer.batches(), a sync handler, a sync ready_check."""
+    import fastnsq.sync
+
+    ingest, check = SyncIngest(), SyncIngest()  # the check runs in another thread: its own loop
+    consumer = fastnsq.sync.Consumer(topic, "ingest", nsqd_tcp_addresses=[address], max_in_flight=4000,
+                                     ready_check=check.ready)
+    for batch in consumer.batches(400, 0.25):
+        try:
+            ingest.handle(batch)
+        except Exception:
+            batch.requeue()
+        else:
+            batch.finish()
 '''
 
-MODES = {"ready": "ingest:IngestReady", "defaults": "ingest:Ingest", "go-nsq": "", "consumer": ""}
+HTTP_HANDLER = r'''
+import json, os
+import aiohttp
+
+URL = os.environ["INGEST_URL"]
+
+
+class Post:
+    """POSTs each batch (the bodies, one a line; X-Ids: the ids, for the sink's access log)."""
+
+    async def setup(self):
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+
+    async def teardown(self):
+        await self.session.close()
+
+    async def handle(self, batch):
+        ids = ",".join(str(json.loads(m.body)["id"]) for m in batch)
+        body = b"\n".join(bytes(m.body) for m in batch)
+        async with self.session.post(URL + "/events", data=body, headers={"X-Ids": ids}) as resp:
+            if resp.status >= 300:
+                raise RuntimeError(f"HTTP {resp.status}")
+
+
+class PostReady(Post):
+    async def ready(self):
+        async with self.session.get(URL + "/health") as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}")
+'''
+
+MODES = {"ready": "ingest:IngestReady", "defaults": "ingest:Ingest", "go-nsq": "", "consumer": "", "sync": "",
+         "http": "ingest_http:Post", "http-ready": "ingest_http:PostReady", "http-go-nsq": ""}
+#: Modes without a worker (no /metrics, /readyz): their given up are counted in their log.
+NO_WORKER = {"go-nsq", "consumer", "sync", "http-go-nsq"}
 
 
 class Postgres:
@@ -144,15 +252,120 @@ class Postgres:
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
 
 
-async def accepting(dsn: str) -> bool:
-    import asyncpg
+    async def accepting(self) -> bool:
+        import asyncpg
 
-    try:
-        conn = await asyncpg.connect(dsn, timeout=0.5)
-    except (OSError, asyncpg.PostgresError, asyncio.TimeoutError):
-        return False
-    await conn.close()
-    return True
+        try:
+            conn = await asyncpg.connect(self.dsn, timeout=0.5)
+        except (OSError, asyncpg.PostgresError, asyncio.TimeoutError):
+            return False
+        await conn.close()
+        return True
+
+    async def reset(self) -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(self.dsn)
+        await conn.execute("DROP TABLE IF EXISTS events; "
+                           "CREATE TABLE events (id bigint PRIMARY KEY, ts double precision, payload text)")
+        await conn.close()
+
+    async def count(self) -> tuple[int, int]:
+        """Distinct rows and rows written (ON CONFLICT DO NOTHING: the same number)."""
+        import asyncpg
+
+        conn = await asyncpg.connect(self.dsn)
+        rows = int(await conn.fetchval("SELECT count(*) FROM events"))
+        await conn.close()
+        return rows, rows
+
+    def version(self) -> str:
+        return subprocess.run([str(self.bin / "postgres"), "--version"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+
+NGINX_CONF = """daemon on;
+user root root;
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log {root}/error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    access_log off;
+    log_format ids '$status $http_x_ids';
+    large_client_header_buffers 4 32k;
+    client_max_body_size 16m;
+    client_body_temp_path {root}/body;
+    proxy_temp_path {root}/proxy;
+    fastcgi_temp_path {root}/fastcgi;
+    uwsgi_temp_path {root}/uwsgi;
+    scgi_temp_path {root}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        location = /events {{ access_log {root}/events.log ids; return 204; }}
+        location = /health {{ return 200 "ok"; }}
+    }}
+}}
+"""
+
+
+class Nginx:
+    """The HTTP sink: the bench's own nginx (Debian's) on a free loopback port, with its own
+    prefix. POST /events answers 204 and logs the batch's X-Ids: what arrived is that log."""
+
+    def __init__(self, binary: str, root: Path) -> None:
+        self.binary, self.root, self.port = binary, root / "nginx", free_port()
+        self.conf = self.root / "nginx.conf"
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def init(self) -> None:
+        self.root.mkdir(exist_ok=True)
+        self.conf.write_text(NGINX_CONF.format(root=self.root, port=self.port))
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([self.binary, "-p", str(self.root), "-c", str(self.conf), *args], check=True,
+                       capture_output=True, timeout=60)
+
+    def start(self, wait: bool = True) -> None:
+        self._run()  # the master daemonizes once it listens
+
+    def stop(self) -> None:
+        """Fast shutdown (connections closed at once), until the master is gone."""
+        pid = int((self.root / "nginx.pid").read_text())
+        self._run("-s", "stop")
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.01)
+
+    async def accepting(self) -> bool:
+        try:
+            async with aiohttp.ClientSession() as session, session.get(
+                    self.url + "/health", timeout=aiohttp.ClientTimeout(total=0.5)) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            return False
+
+    async def reset(self) -> None:
+        (self.root / "events.log").write_text("")
+        self._run("-s", "reopen")
+
+    async def count(self) -> tuple[int, int]:
+        """Distinct ids answered 204, and ids answered 204 (duplicates included)."""
+        seen: set[str] = set()
+        total = 0
+        for line in (self.root / "events.log").read_text().splitlines():
+            status, _, ids = line.partition(" ")
+            if status == "204" and ids not in ("", "-"):
+                batch = ids.split(",")
+                total += len(batch)
+                seen.update(batch)
+        return len(seen), total
+
+    def version(self) -> str:
+        return subprocess.run([self.binary, "-v"], check=False, capture_output=True, text=True).stderr.strip()
 
 
 class Publisher:
@@ -202,28 +415,30 @@ def metric(text: str, name: str) -> float:
     return total
 
 
-async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path, pg: Postgres) -> dict[str, Any]:
-    import asyncpg
-
+async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path,
+                  sink: Postgres | Nginx) -> dict[str, Any]:
     topic = f"events_{mode}_{int(outage)}_{int(time.time())}"
-    conn = await asyncpg.connect(pg.dsn)
-    await conn.execute("DROP TABLE IF EXISTS events; "
-                       "CREATE TABLE events (id bigint PRIMARY KEY, ts double precision, payload text)")
-    await conn.close()
+    await sink.reset()
     nsqd = RealNSQDServer(Path(args.real))
     await nsqd.start()
     metrics_port = free_port()
-    env = {**os.environ, "INGEST_DSN": pg.dsn,
+    dsn = sink.dsn if isinstance(sink, Postgres) else ""
+    env = {**os.environ, "INGEST_DSN": dsn, "INGEST_URL": sink.url if isinstance(sink, Nginx) else "",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     log_path = work / f"worker-{topic}.log"
     log = log_path.open("wb")
-    go = mode in ("go-nsq", "consumer")  # no worker: no /metrics, /readyz
+    go = mode in NO_WORKER  # no worker: no /metrics, /readyz
     if mode == "consumer":
         command = [sys.executable, "-c", "import asyncio, sys, ingest; asyncio.run(ingest.consume(*sys.argv[1:]))",
                    topic, nsqd.tcp_address]
+    elif mode == "sync":
+        command = [sys.executable, "-c", "import sys, ingest; ingest.consume_sync(*sys.argv[1:])",
+                   topic, nsqd.tcp_address]
     elif go:
+        sink_flags = ["--http-url", sink.url + "/events"] if isinstance(sink, Nginx) else [
+            "--pg-address", f"127.0.0.1:{sink.port}"]
         command = [str(args.go_binary), "--nsqd-tcp-address", nsqd.tcp_address, "--topic", topic, "--channel",
-                   "ingest", "--pg-address", f"127.0.0.1:{pg.port}", "--max-in-flight", "4000", "--batch", "400",
+                   "ingest", *sink_flags, "--max-in-flight", "4000", "--batch", "400",
                    "--max-wait", "250ms", "--writers", "2"]
     else:
         command = [sys.executable, "-m", "fastnsq", "worker", MODES[mode], "--topic", topic, "--channel", "ingest",
@@ -256,12 +471,12 @@ async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path
             watching = asyncio.create_task(watch())
             await asyncio.sleep(args.warmup)
             marks["stop"] = time.monotonic()
-            await asyncio.to_thread(pg.stop)
+            await asyncio.to_thread(sink.stop)
             marks["stopped"] = time.monotonic()
             await asyncio.sleep(max(0.0, outage - (marks["stopped"] - marks["stop"])))
             marks["start"] = time.monotonic()
-            await asyncio.to_thread(pg.start, False)
-            while not await accepting(pg.dsn):
+            await asyncio.to_thread(sink.start, False)
+            while not await sink.accepting():
                 await asyncio.sleep(0.02)
             marks["accepting"] = time.monotonic()
             await asyncio.sleep(args.after)
@@ -283,13 +498,12 @@ async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path
             worker.terminate()
         await worker.wait()
         await nsqd.close()
-    conn = await asyncpg.connect(pg.dsn)
-    rows = await conn.fetchval("SELECT count(*) FROM events")
-    await conn.close()
+    rows, written = await sink.count()
     held = int(ch.get("depth", 0)) + int(ch.get("in_flight_count", 0)) + int(ch.get("deferred_count", 0))
     accept = marks["accepting"]
     return {
-        "mode": mode, "outage_s": outage, "published": publisher.published, "rows": rows,
+        "mode": mode, "sink": "nginx" if isinstance(sink, Nginx) else "postgres", "outage_s": outage,
+        "published": publisher.published, "rows": rows, "duplicates": written - rows,
         # go-nsq logs each message past MaxAttempts ("giving up") and finishes it.
         "given_up": log_path.read_text().count("giving up") + log_path.read_text().count("gave up") if go else metric(
             text, "nsq_consumer_messages_given_up_total"),
@@ -338,19 +552,20 @@ def first_after(readyz: list[tuple[float, int]], since: float, code: int) -> flo
 
 
 def markdown(result: dict[str, Any]) -> str:
-    head = (f"nsqd {result['nsqd']} (default flags), PostgreSQL {result['postgres']}, {result['rate']:,} msg/s, "
+    sinks = ", ".join(result.get("sinks", {}).values()) or f"PostgreSQL {result.get('postgres')}"
+    head = (f"nsqd {result['nsqd']} (default flags), {sinks}, {result['rate']:,} msg/s, "
             "`fastnsq worker ingest:CLASS --processes 2 --batch 400,0.25 --max-in-flight 4000`, "
             f"{result['date']}")
-    columns = ("| mode | PostgreSQL down (s) | first rows after it accepts (s) | full flow after (s) | "
-               "/readyz 200 after (s) | "
-               "/readyz 503 while down | published | rows | given up | requeued | still in nsqd (deferred) | lost |")
-    lines = [head, "", columns, "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    columns = ("| mode | sink | sink down (s) | first rows after it accepts (s) | full flow after (s) | "
+               "/readyz 200 after (s) | /readyz 503 while down | published | arrived | duplicates | given up | "
+               "requeued | still in nsqd (deferred) | lost |")
+    lines = [head, "", columns, "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["runs"]:
-        lines.append(f"| {r['mode']} | {r['down_s']} | {r.get('first_rows_after_s')} | {r['full_flow_after_s']} | "
-                     f"{r['readyz_200_after_s']} | "
+        lines.append(f"| {r['mode']} | {r.get('sink', 'postgres')} | {r['down_s']} | {r.get('first_rows_after_s')} | "
+                     f"{r['full_flow_after_s']} | {r['readyz_200_after_s']} | "
                      f"{'yes' if r['readyz_503_during'] else 'no'} | {r['published']:,} | {r['rows']:,} | "
-                     f"{r['given_up']:.0f} | {r['requeued']:,} | {r['still_in_nsqd']:,} ({r['deferred']:,}) | "
-                     f"{r['lost']:,} |")
+                     f"{r.get('duplicates', 0):,} | {r['given_up']:.0f} | {r['requeued']:,} | "
+                     f"{r['still_in_nsqd']:,} ({r['deferred']:,}) | {r['lost']:,} |")
     return "\n".join(lines) + "\n"
 
 
@@ -358,24 +573,35 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="fastnsq-outage-"))
     os.chmod(work, 0o755)
     (work / "ingest.py").write_text(HANDLER)
-    pg = Postgres(Path(args.pg_bin), work)
-    pg.init()
-    pg.start()
+    (work / "ingest_http.py").write_text(HTTP_HANDLER)
+    modes = args.modes.split(",")
+    sinks: dict[str, Postgres | Nginx] = {}
+    if any(not m.startswith("http") for m in modes):
+        sinks["postgres"] = Postgres(Path(args.pg_bin), work)
+    if any(m.startswith("http") for m in modes):
+        sinks["nginx"] = Nginx(args.nginx, work)
+    started: list[Postgres | Nginx] = []
     runs = []
     try:
+        for sink in sinks.values():
+            sink.init()
+            sink.start()
+            started.append(sink)
         for outage in [float(o) for o in args.outages.split(",")]:
-            for mode in args.modes.split(","):
-                print(f"== {mode}, PostgreSQL down {outage:g} s", flush=True)
-                result = await one_run(args, mode, outage, work, pg)
+            for mode in modes:
+                sink = sinks["nginx" if mode.startswith("http") else "postgres"]
+                print(f"== {mode}, {type(sink).__name__} down {outage:g} s", flush=True)
+                result = await one_run(args, mode, outage, work, sink)
                 print(json.dumps(result), flush=True)
                 runs.append(result)
     finally:
-        pg.stop()
+        for sink in started:
+            with contextlib.suppress(Exception):
+                sink.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    version = (await asyncio.to_thread(subprocess.run, [str(Path(args.pg_bin) / "postgres"), "--version"],
-                                       capture_output=True, text=True, check=True)).stdout.strip()
-    return {"nsqd": version_of(Path(args.real) / "nsqd")[0], "postgres": version, "rate": args.rate,
+    return {"nsqd": version_of(Path(args.real) / "nsqd")[0], "rate": args.rate,
+            "sinks": {name: sink.version() for name, sink in sinks.items()},
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs}
 
 
@@ -383,6 +609,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--real", required=True, help="the folder of the real nsqd")
     parser.add_argument("--pg-bin", default="/usr/lib/postgresql/15/bin")
+    parser.add_argument("--nginx", default="/usr/sbin/nginx", help="the nginx binary (Debian's) for the http modes")
     parser.add_argument("--outages", default="5,40", help="seconds PostgreSQL is down, comma-separated")
     parser.add_argument("--modes", default="ready,defaults,go-nsq", help="ready, defaults, go-nsq")
     parser.add_argument("--rate", type=int, default=5000)
@@ -391,7 +618,7 @@ def main() -> int:
     parser.add_argument("--drain", type=float, default=30.0, help="at most this long for the backlog after")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     args = parser.parse_args()
-    if "go-nsq" in args.modes.split(","):
+    if {"go-nsq", "http-go-nsq"} & set(args.modes.split(",")):
         sys.path.insert(0, str(ROOT / "bench"))
         from go_build import build
 

@@ -46,6 +46,17 @@ class Ingest:
 def ready():
     _call()
 
+def ingest(batch):
+    """A batch handler without ready(): the worker holds its failed batches and retries them."""
+    Ingest().handle(batch)
+
+def strict(batch):
+    """Fails the whole batch when one body is poison (as a COPY of a bad row does)."""
+    if any(m.body.startswith(b"poison") for m in batch):
+        raise ValueError("cannot parse a row of the batch")
+    with open(os.path.join(OUT, "rows-%d" % os.getpid()), "a") as out:
+        out.write("".join(m.body.decode() + "\n" for m in batch))
+
 def poison(message):
     if message.body.startswith(b"poison"):
         raise ValueError("cannot parse this body")
@@ -118,6 +129,80 @@ async def test_the_worker_holds_while_ready_fails_readyz_follows_and_nothing_is_
     assert log.count("not ready (ready_check: ConnectionRefusedError") == 2  # one line per process
     assert log.count("ready again after") == 2 and "Traceback" not in log
     await dependency.down()
+
+
+async def test_without_ready_the_failed_batches_are_held_and_retried_not_requeued(
+        nsqd: Any, tmp_path: Path, cleanup: list[Worker], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The defaults, no ready(): a failed batch is held in the worker (RDY 0, TOUCHed) and retried
+    in-process, so the outage adds no delivery in nsqd and the retry that succeeds ends the hold.
+    Before: the failed batches were requeued (90 s x attempts) and spent attempts towards give-up."""
+    topic = unique("wk")
+    dependency = Dependency()
+    await dependency.up()
+    monkeypatch.setenv("WK_DEP_PORT", str(dependency.port))
+    await dependency.down()
+    bodies = [f"event-{i:05d}" for i in range(600)]
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.mpublish(topic, [b.encode() for b in bodies])
+    worker = await _start(tmp_path, dependency.port, "wk_outage:ingest", *_consume_args(topic, nsqd.tcp_address),
+                          "--processes", "2", "--batch", "50,0.05", "--max-in-flight", "200")
+    cleanup.append(worker)
+    await _until_not_ready_because(worker, "the ready check fails", 20)
+    await eventually(lambda: _holding(worker, 2), 20, "both processes holding")
+    await dependency.up()
+    await eventually(lambda: _is(worker, "/readyz", 200), 20, "/readyz 200 after the return")
+    await eventually(lambda: len(worker.lines("rows")) >= len(bodies), 30, "every row after the return")
+    assert sorted(worker.lines("rows")) == bodies
+    assert await worker.metric("nsq_consumer_messages_given_up_total") == 0
+    [stats] = await channel_stats([nsqd.http_address], topic, "work")
+    # Nothing went back to nsqd: each message was delivered once.
+    assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"], stats["timeout_count"]) == (0, 0, 0, 0)
+    assert await worker.stop() == 0
+    log = worker.log()
+    assert log.count("not ready (ready_check: ConnectionRefusedError") == 2  # one line in per process
+    assert log.count("ready again after") == 2 and "Traceback" not in log  # one line out
+    await dependency.down()
+
+
+async def test_a_poison_message_in_a_held_batch_is_found_by_halving_and_dead_lettered(
+        nsqd: Any, tmp_path: Path, cleanup: list[Worker], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every try of a batch with a poison message fails; its halves do not all fail, so the poison
+    message's failures are its own (max_attempts, the dead letter) and the others are written once."""
+    topic, dead = unique("wk"), unique("dead")
+    monkeypatch.setenv("WK_DEP_PORT", "1")
+    poison = "poison {not json"
+    bodies = [f"event-{i:05d}" for i in range(99)]
+    async with Producer([nsqd.tcp_address]) as producer:
+        await producer.mpublish(topic, [b.encode() for b in bodies[:40]] + [poison.encode()]
+                                + [b.encode() for b in bodies[40:]])
+    worker = await _start(tmp_path, 1, "wk_outage:strict", *_consume_args(topic, nsqd.tcp_address),
+                          "--batch", "100,0.2", "--dead-letter-topic", dead)
+    cleanup.append(worker)
+    await eventually(lambda: len(worker.lines("rows")) >= len(bodies), 20, "every other row")
+    # Back alone (a batch of one), the poison message is held beside the traffic: each batch that
+    # succeeds meanwhile charges its failure (an attempt), until max_attempts: the dead letter.
+    async with Producer([nsqd.tcp_address]) as producer:
+        more = 0
+
+        async def dead_lettered() -> bool:
+            nonlocal more
+            await producer.publish(topic, f"more-{more:05d}".encode())
+            more += 1
+            return await worker.metric("nsq_consumer_messages_dead_lettered_total") == 1
+
+        await eventually(dead_lettered, 30, "the poison message dead-lettered")
+    await eventually(lambda: len(worker.lines("rows")) == len(bodies) + more, 10, "the traffic beside it")
+    assert sorted(worker.lines("rows")) == bodies + [f"more-{i:05d}" for i in range(more)]  # each once
+    assert await worker.stop() == 0
+    letters: list[bytes] = []
+    async with Consumer(dead, "replay", nsqd_tcp_addresses=[nsqd.tcp_address],
+                        handler=lambda m: letters.append(bytes(m.body))):
+        await eventually(lambda: letters, 10, "the dead letter")
+    assert letters == [poison.encode()]
+    [stats] = await channel_stats([nsqd.http_address], topic, "work")
+    assert stats["depth"] == 0 and stats["in_flight_count"] == 0
+    # The poison message's five failures, each charged (a 6th delivery is past max_attempts=5).
+    assert stats["requeue_count"] == 5
 
 
 async def _holding(worker: Worker, processes: int) -> bool:

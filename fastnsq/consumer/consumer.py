@@ -433,6 +433,18 @@ class Consumer:
         check to the first that passes."""
         return self._readiness is not None and self._readiness.not_ready
 
+    def hold(self) -> None:
+        """Hold as a failed handler does: RDY 0, nothing handed out, until the ``ready_check``
+        passes (the worker's failed batches, retried in-process). Needs a ``ready_check``."""
+        if self._readiness is None:
+            raise RuntimeError("hold() needs a ready_check: the check says when the hold ends")
+        self._readiness.failed()
+
+    @property
+    def msg_timeout(self) -> float:
+        """The shortest msg_timeout nsqd gives this consumer's connections (60 s without one)."""
+        return min((link.msg_timeout for link in self._all_links()), default=60.0)
+
     @property
     def connections(self) -> list[Connection]:
         return [link.conn for link in self._all_links() if link.conn.is_open]
@@ -765,7 +777,7 @@ class Consumer:
         for message in self._queue:
             if not message.has_responded:
                 message.touch()
-        return min((link.msg_timeout for link in self._all_links()), default=60.0) / 3
+        return self.msg_timeout / 3
 
     def _cancel_timers(self) -> None:
         for timer in (self._rdy_timer, self._touch_timer):

@@ -26,6 +26,7 @@ from ..consumer import Consumer
 from ..loop import run
 from .activity import Activity
 from .channel import Channel
+from .held import HeldBatches
 from .loading import Handler, LoadError, load, load_function, run_hook
 from .settings import WorkerSettings, batches_at_once
 from .spawning import FD_ENV
@@ -63,6 +64,8 @@ class Child:
         self._assigning = asyncio.Lock()
         self.activity: Activity | None = None  # --split-nsqd: what the supervisor hears to move work
         self.applied = 0  # --split-nsqd: the last assignment applied (the activity is about it)
+        #: Failed batches retried in-process (--batch without a ready check): see held.py for the rule.
+        self.held: HeldBatches | None = None
 
     # ---- the life of a child --------------------------------------------------------------
 
@@ -118,6 +121,9 @@ class Child:
         # A built-in app first answers what it holds (to-file: fsync, then FIN), so the drain
         # does not wait out a sync interval for messages it already has.
         await run_hook(self.handler.drain)
+        if self.held is not None and (count := self.held.requeue_all()):
+            logger.info("requeued the %d held message%s (their dependency still failing)", count,
+                        "" if count == 1 else "s")
         report = await self.consumer.stop(self.settings.drain_timeout)
         for task in self.tasks:
             if task.get_name() == "batches":
@@ -168,6 +174,11 @@ class Child:
         """--ready-check (else the handler object's ``ready()``) and --give-up-handler, imported here."""
         settings, hooks = self.settings, {}
         ready = load_function(settings.ready_check, "--ready-check") if settings.ready_check else self.handler.ready
+        if ready is None and settings.batch and not self.handler.answers_batches:
+            # No check given: the failed batches are their own (held and retried in-process).
+            interval = float(settings.consumer_options.get("ready_check_interval", 0.25))
+            self.held = HeldBatches(self._call_batch, self._msg_timeout, interval, logger)
+            ready = self.held.retry
         if ready is not None:
             hooks["ready_check"] = ready
         if settings.give_up_handler:
@@ -217,15 +228,30 @@ class Child:
                 self._batches.add(task)
                 task.add_done_callback(self._batches.discard)
 
+    def _msg_timeout(self) -> float:
+        return self.consumer.msg_timeout if self.consumer is not None else 60.0
+
+    async def _call_batch(self, batch: Any) -> None:
+        if self.handler.is_async:
+            await self.handler.call(batch)
+        elif self.threads is not None:
+            await self.threads.run(self.handler.call, batch)
+        else:
+            self.handler.call(batch)
+
     async def _answer_batch(self, batch: Any, running: asyncio.Semaphore) -> None:
         try:
-            if self.handler.is_async:
-                await self.handler.call(batch)
-            elif self.threads is not None:
-                await self.threads.run(self.handler.call, batch)
-            else:
-                self.handler.call(batch)
+            await self._call_batch(batch)
         except Exception as error:
+            if self.held is not None and self.consumer is not None:
+                # Not requeued: held and retried in-process; the hold's one WARNING names the error
+                # if the first retry fails too.
+                logger.debug("batch handler raised %s: %s; holding its %d message%s, retried in-process",
+                             type(error).__name__, error, len(batch), "" if len(batch) == 1 else "s",
+                             exc_info=error)
+                if self.held.add(batch, error):
+                    self.consumer.hold()
+                return
             # One line with the error, as a failing message handler's; the traceback at DEBUG
             # (docs/operating.md: a batch failing ten times was 586 lines).
             logger.warning("batch handler raised %s: %s; requeueing %d message%s", type(error).__name__, error,
@@ -235,6 +261,8 @@ class Child:
         else:
             if not self.handler.answers_batches:
                 batch.finish()
+            if self.held is not None:
+                self.held.succeeded()
         finally:
             running.release()
 

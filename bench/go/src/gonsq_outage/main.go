@@ -9,10 +9,15 @@
 // itself (startup with trust authentication, simple Query): enough for one INSERT a batch. A
 // connection that fails is dropped and opened again by the next batch.
 //
+// With -http-url, each batch is POSTed there instead (the bodies, one a line, and X-Ids: the
+// events' ids, comma-separated, for the sink's access log), through net/http's default client;
+// a status of 300 or more fails the batch as an error does.
+//
 // Runs until SIGTERM or SIGINT.
 package main
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -21,6 +26,7 @@ import (
 	"io"
 	"log"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strconv"
@@ -40,6 +46,8 @@ var (
 	batchSize   = flag.Int("batch", 400, "messages per INSERT at most")
 	maxWait     = flag.Duration("max-wait", 250*time.Millisecond, "a batch is written this long after its first message")
 	writers     = flag.Int("writers", 2, "goroutines writing batches, each with its own connection")
+	httpURL     = flag.String("http-url", "", "POST each batch here instead of PostgreSQL (bodies one a line, X-Ids)")
+	httpClient  = &http.Client{Timeout: 5 * time.Second}
 )
 
 type pg struct {
@@ -149,6 +157,35 @@ func insert(batch []*nsq.Message) string {
 	return b.String()
 }
 
+func post(batch []*nsq.Message) error {
+	var body bytes.Buffer
+	ids := make([]string, 0, len(batch))
+	for _, m := range batch {
+		var e event
+		if err := json.Unmarshal(m.Body, &e); err != nil {
+			e.ID = -1
+		}
+		ids = append(ids, strconv.FormatInt(e.ID, 10))
+		body.Write(m.Body)
+		body.WriteByte('\n')
+	}
+	req, err := http.NewRequest("POST", *httpURL, &body)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("X-Ids", strings.Join(ids, ","))
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("HTTP %d", resp.StatusCode)
+	}
+	return nil
+}
+
 func write(messages <-chan *nsq.Message) {
 	db := &pg{}
 	for first := range messages {
@@ -163,7 +200,13 @@ func write(messages <-chan *nsq.Message) {
 				break gather
 			}
 		}
-		if err := db.exec(insert(batch)); err != nil {
+		var err error
+		if *httpURL != "" {
+			err = post(batch)
+		} else {
+			err = db.exec(insert(batch))
+		}
+		if err != nil {
 			log.Printf("batch of %d failed: %v; requeueing", len(batch), err)
 			for _, m := range batch {
 				m.Requeue(-1)
