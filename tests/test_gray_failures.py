@@ -24,7 +24,7 @@ import fastnsq.sync
 from fastnsq import Producer
 from fastnsq.config import ConnectionOptions
 from fastnsq.conn import Connection
-from fastnsq.errors import PublishTimeoutError
+from fastnsq.errors import NoConnectionError, PublishTimeoutError
 from fastnsq.producer.suspects import Suspects
 from fastnsq.testing import NSQD
 from fastnsq.testing.process import NSQDProcess
@@ -184,6 +184,73 @@ async def test_lone_hung_nsqd_publish_raises_at_its_timeout(two_nsqd):
         finally:
             b.resume()
     assert max(took) < timeout + 0.1 + slack.allowance(0.05), (took, slack)
+
+
+@pytest.mark.parametrize("fail_fast", [True, False])
+@pytest.mark.parametrize("coalesce", [True, False])
+async def test_lone_publish_ends_at_its_timeout_when_the_connection_dies_meanwhile(two_nsqd, coalesce, fail_fast):
+    """Producer([B]), B hung, its connection declared dead (dead_after = 2 heartbeats) about when
+    the publishes it holds reach publish_timeout: each call still ends within publish_timeout of
+    its start. Before, a publish failed by the dying connection was retried with a deadline of
+    its own: it raised NsqdDown FAIL_FAST_WAIT later (10.2 s for a 10 s timeout in the bench),
+    or, without fail_fast, waited a second publish_timeout."""
+    _, b = two_nsqd
+    timeout = 2.0
+    topic = unique("lone_dies")
+    async with Producer([b.tcp_address], publish_timeout=timeout, heartbeat_interval=1.0, coalesce=coalesce,
+                        fail_fast=fail_fast) as producer:
+        await producer.publish(topic, b"warm")
+        b.pause()
+        try:
+            async with Slack() as slack:
+                async def timed(start_after: float) -> float:
+                    await asyncio.sleep(start_after)
+                    began = time.monotonic()
+                    with pytest.raises((PublishTimeoutError, NoConnectionError)):
+                        await producer.publish(topic, b"x")
+                    return time.monotonic() - began
+
+                took = await asyncio.gather(*(timed(i * 0.1) for i in range(12)))
+        finally:
+            b.resume()
+    assert max(took) < timeout + 0.1 + slack.allowance(0.05), (took, slack)
+
+
+def test_lone_blocking_publish_ends_at_its_timeout(two_nsqd):
+    """fastnsq.sync.Producer([B]), B hung, its loop connection declared dead about when the calls
+    reach publish_timeout: each call ends within publish_timeout of its start, whether a thread's
+    own connection, a new one (its IDENTIFY unanswered) or the loop takes it. Before, a thread
+    opening a connection waited dial_timeout + 5 s for IDENTIFY, then the loop's path for
+    publish_timeout x (1 + max_retries) + 5 s."""
+    _, b = two_nsqd
+    timeout = 2.0
+    topic = unique("lone_sync")
+    took: list[float] = []
+    errors: list[BaseException] = []
+
+    def publisher(start_after: float) -> None:
+        time.sleep(start_after)
+        began = time.monotonic()
+        try:
+            producer.publish(topic, b"x")
+        except (PublishTimeoutError, NoConnectionError) as exc:
+            errors.append(exc)
+        took.append(time.monotonic() - began)
+
+    with fastnsq.sync.Producer([b.tcp_address], publish_timeout=timeout, heartbeat_interval=1.0) as producer:
+        producer.publish(topic, b"warm")
+        threads = [threading.Thread(target=publisher, args=(i * 0.15,)) for i in range(10)]
+        b.pause()
+        try:
+            with Slack() as slack:
+                for thread in threads:
+                    thread.start()
+                for thread in threads:
+                    thread.join()
+        finally:
+            b.resume()
+    assert len(errors) == len(threads), errors
+    assert max(took) < timeout + 0.1 + slack.allowance(0.05), (sorted(took), slack)
 
 
 async def test_handshake_within_the_publish_timeout(two_nsqd):
