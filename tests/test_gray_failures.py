@@ -24,7 +24,8 @@ import fastnsq.sync
 from fastnsq import Producer
 from fastnsq.config import ConnectionOptions
 from fastnsq.conn import Connection
-from fastnsq.errors import NoConnectionError, PublishTimeoutError
+from fastnsq.errors import NoConnectionError, NsqdDown, PublishTimeoutError
+from fastnsq.producer.pool import FAIL_FAST_WAIT
 from fastnsq.producer.suspects import Suspects
 from fastnsq.testing import NSQD
 from fastnsq.testing.process import NSQDProcess
@@ -251,6 +252,80 @@ def test_lone_blocking_publish_ends_at_its_timeout(two_nsqd):
             b.resume()
     assert len(errors) == len(threads), errors
     assert max(took) < timeout + 0.1 + slack.allowance(0.05), (sorted(took), slack)
+
+
+async def _fail_fast_calls(publish, seconds: float) -> list[float]:
+    """How long each of the publishes made over ``seconds`` took to raise NsqdDown."""
+    took = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        began = time.monotonic()
+        with pytest.raises(NsqdDown):
+            await publish()
+        took.append(time.monotonic() - began)
+        await asyncio.sleep(0.05)
+    return took
+
+
+async def test_fail_fast_once_a_hung_nsqds_connection_is_dead(two_nsqd):
+    """Producer([B]), fail_fast, B hung: once B's connection is declared dead, every publish
+    raises NsqdDown within FAIL_FAST_WAIT, while reconnect attempts hang in their handshake
+    (the kernel of a stopped nsqd accepts the connect) and after they time out."""
+    _, b = two_nsqd
+    topic = unique("dead_fast")
+    async with Producer([b.tcp_address], publish_timeout=1.5, heartbeat_interval=1.0, fail_fast=True) as producer:
+        await producer.publish(topic, b"warm")
+        b.pause()
+        try:
+            await eventually(lambda: not producer.connections, timeout=10, what="B's connection declared dead")
+            async with Slack() as slack:
+                took = await _fail_fast_calls(lambda: producer.publish(topic, b"x"), 4.0)
+        finally:
+            b.resume()
+    assert len(took) >= 10 and max(took) < FAIL_FAST_WAIT + slack.allowance(0.05), (took, slack)
+
+
+async def test_fail_fast_behind_a_black_hole():
+    """The same behind a black hole (a proxy dropping every byte both ways; new connects are
+    accepted and go silent): once the connection is dead, NsqdDown within FAIL_FAST_WAIT."""
+    async with NSQD() as b, FaultProxy(b.tcp_address) as proxy:
+        topic = unique("hole_fast")
+        async with Producer([proxy.address], publish_timeout=1.5, heartbeat_interval=1.0,
+                            fail_fast=True) as producer:
+            await producer.publish(topic, b"warm")
+            proxy.drop()
+            await eventually(lambda: not producer.connections, timeout=10, what="the connection declared dead")
+            async with Slack() as slack:
+                took = await _fail_fast_calls(lambda: producer.publish(topic, b"x"), 4.0)
+            proxy.undrop()
+    assert len(took) >= 10 and max(took) < FAIL_FAST_WAIT + slack.allowance(0.05), (took, slack)
+
+
+def test_blocking_fail_fast_once_a_hung_nsqds_connection_is_dead(two_nsqd):
+    """fastnsq.sync.Producer([B]), fail_fast, B hung and its connection dead: each call raises
+    NsqdDown within FAIL_FAST_WAIT, during the hung handshakes and after they time out."""
+    _, b = two_nsqd
+    topic = unique("dead_fast_sync")
+    with fastnsq.sync.Producer([b.tcp_address], publish_timeout=1.5, heartbeat_interval=1.0,
+                               fail_fast=True) as producer:
+        producer.publish(topic, b"warm")
+        b.pause()
+        try:
+            deadline = time.monotonic() + 10
+            while producer.snapshot().connections and time.monotonic() < deadline:
+                time.sleep(0.05)
+            took = []
+            with Slack() as slack:
+                end = time.monotonic() + 4.0
+                while time.monotonic() < end:
+                    began = time.monotonic()
+                    with pytest.raises(NsqdDown):
+                        producer.publish(topic, b"x")
+                    took.append(time.monotonic() - began)
+                    time.sleep(0.05)
+        finally:
+            b.resume()
+    assert len(took) >= 10 and max(took) < FAIL_FAST_WAIT + slack.allowance(0.05), (took, slack)
 
 
 async def test_handshake_within_the_publish_timeout(two_nsqd):
