@@ -222,8 +222,7 @@ class Producer:
     async def close(self, timeout: float | None = 5.0) -> CloseReport:
         """Stop accepting publishes, wait for those in flight (up to ``timeout``), then close.
 
-        Returns what was left unsent: the publishes still waiting for a background retry
-        (:meth:`publish_and_retry_background`).
+        Returns what was left unsent: the publishes waiting for a background retry (:meth:`publish_and_retry_background`).
         """
         if self._closing:
             return CloseReport()
@@ -307,6 +306,10 @@ class Producer:
     def connections(self) -> list[Connection]:
         """The open connections (for stats and tests)."""
         return list(self._pool.open)
+
+    def answering(self) -> bool:
+        """Whether an open connection answers (not suspect or resting): to-nsq skips a destination without."""
+        return self._pool.answering()
 
     def node_stats(self) -> dict[str, NodeStats]:
         """Per nsqd: publish commands pending, their average round trip (go-nsq's ``Stat()``)."""
@@ -622,11 +625,8 @@ class Producer:
         return results[-1]
 
     def _check_topic(self, topic: str) -> None:
-        """Raise unless the producer is open and ``topic`` valid; remember valid topics.
-
-        ``_ready_topics`` holds topics checked while open (and is emptied by close()), so
-        the fast path needs a single set lookup for both questions.
-        """
+        """Raise unless the producer is open and ``topic`` valid; remember valid topics (``_ready_topics``,
+        emptied by close(): the fast path needs a single set lookup for both questions)."""
         if self._closing:
             raise ConnectionClosedError("the producer is closed")
         if not self._started:
