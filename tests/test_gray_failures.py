@@ -26,7 +26,7 @@ from fastnsq.config import ConnectionOptions
 from fastnsq.conn import Connection
 from fastnsq.errors import NoConnectionError, NsqdDown, PublishTimeoutError
 from fastnsq.producer.pool import FAIL_FAST_WAIT
-from fastnsq.producer.suspects import LATE_FACTOR, MAX_HOLD, Suspects
+from fastnsq.producer.suspects import SLOW_HOLD, Suspects
 from fastnsq.testing import NSQD
 from fastnsq.testing.process import NSQDProcess
 from fastnsq.testing.proxy import FaultProxy
@@ -165,7 +165,7 @@ async def test_a_slow_nsqd_is_re_sent_from_once():
     """A slow, not dead, nsqd: B's answers held 0.9 s (it has every publish), four times, 2.5 s
     apart. The first spell re-sends what B held (it might have been hung); B then answered all
     of it, so in the later spells what it holds waits for its answers (re-sent only past
-    LATE_FACTOR x the slowest answer). Before, every spell re-sent, and duplicated, what B held
+    SLOW_HOLD). Before, every spell re-sent, and duplicated, what B held
     (164 duplicates in the bench's minute of 30 % loss)."""
     async with NSQD() as a, NSQD() as b, FaultProxy(b.tcp_address) as proxy:
         topic = unique("slow")
@@ -476,8 +476,8 @@ class _Conn:
 
 def test_a_slow_nsqds_later_spells_hold_what_it_holds():
     """The re-send rule: the first spell of a run re-sends all B holds (cut-off: now); B answers
-    it all, its oldest 0.8 s late; in the next spell only what is LATE_FACTOR x 0.8 s old is
-    re-sent; a spell after RECALL is a new run (all again)."""
+    it all (slow, not dead); in the next spell only what is SLOW_HOLD old is re-sent; a spell
+    after RECALL is a new run (all again)."""
     rule, conn = Suspects(0.5, logging.getLogger("test")), _Conn()
     conn.since, conn.pending = 0.0, 3
     rule.check([conn], 0.6)
@@ -489,7 +489,7 @@ def test_a_slow_nsqds_later_spells_hold_what_it_holds():
     conn.since, conn.pending = 5.0, 2
     rule.check([conn], 5.6)
     rule.reroute(5.6, Exception)
-    assert conn.cutoffs[-1] == pytest.approx(5.6 - min(MAX_HOLD, LATE_FACTOR * 0.8))
+    assert conn.cutoffs[-1] == pytest.approx(5.6 - SLOW_HOLD)
     conn.answered, conn.since, conn.pending = 5, None, 0
     while conn in rule.out:  # answered; it rests
         rule.check([conn], 7.0)

@@ -18,10 +18,10 @@ publishes just go unanswered). Read by the pool at each of its ticks, never per 
   elsewhere at once in the first spell of a run (a hung or black-holed nsqd never answers it).
   An nsqd whose spell then ended with every held publish answered was slow, not dead: what was
   re-sent is there twice. In its later spells of the run, a held publish is re-sent only once
-  it is ``LATE_FACTOR`` times as old as the slowest answer of those spells (at least
-  ``suspect_after``, at most ``MAX_HOLD`` s): a lossy link that turns suspect over and over
-  no longer re-sends, and duplicates, what it holds each time (issue 57: 164 duplicates in a
-  minute of 30 % loss).
+  it is ``SLOW_HOLD`` s old: a lossy link that turns suspect over and over no longer re-sends,
+  and duplicates, what it holds each time (issue 57: 164 duplicates in a minute of 30 % loss;
+  with a hold of twice the slowest answer, at most 2 s, still 119: TCP's retransmissions
+  of a lossy link answer 1-3 s late). It holds little meanwhile: it rests, then is on trial.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Protocol
 
 from ..config import LoggerLike
 
-__all__ = ["LATE_FACTOR", "MAX_HOLD", "MAX_REST", "RECALL", "TRIAL", "TRIAL_WEIGHT", "Suspects"]
+__all__ = ["MAX_REST", "RECALL", "SLOW_HOLD", "TRIAL", "TRIAL_WEIGHT", "Suspects"]
 
 #: Seconds within which an nsqd's suspect spells count as one run of them.
 RECALL = 60.0
@@ -41,11 +41,9 @@ MAX_REST = 30.0
 TRIAL = 5.0
 #: Turns of each healthy connection for one of a connection on trial.
 TRIAL_WEIGHT = 9
-#: An nsqd proven slow, not dead: a held publish is re-sent once it is this many times as old
-#: as the slowest answer of its earlier spells ...
-LATE_FACTOR = 2.0
-#: ... and at the latest this many seconds old.
-MAX_HOLD = 2.0
+#: An nsqd proven slow, not dead: a held publish is re-sent once it is this many seconds old
+#: (well within publish_timeout; beyond TCP's third retransmission, 0.2 + 0.4 + 0.8 s on loopback).
+SLOW_HOLD = 3.0
 
 
 class Watched(Protocol):
@@ -80,10 +78,8 @@ class Suspects:
         #: Every connection out of the rotation now (suspect or resting).
         self.out: set[Watched] = set()
         self._spells: dict[str, tuple[int, float]] = {}  # address -> (spells in a row, when the last ended)
-        self._began: dict[Watched, float] = {}  # suspect connection -> when its oldest held command went out
-        #: address -> the longest a held publish waited for its answer in the spells of this run
-        #: that ended answered (the nsqd was slow, not dead).
-        self._late: dict[str, float] = {}
+        #: The nsqd whose spell of this run ended with all it held answered: slow, not dead.
+        self._slow: set[str] = set()
 
     def check(self, conns: Iterable[Watched], now: float) -> bool:
         """Look at each open connection; True when a connection left or joined the rotation."""
@@ -93,7 +89,7 @@ class Suspects:
             if awaited is not None:
                 if conn.answered >= awaited:
                     del self.suspect[conn]
-                    self._recovered(conn, now, now - self._began.pop(conn, now))
+                    self._recovered(conn, now)
                     changed = True
                 continue
             until = self.resting.get(conn)
@@ -111,7 +107,6 @@ class Suspects:
             if since is not None and now - since >= self.suspect_after:
                 self.trial.pop(conn, None)
                 self.suspect[conn] = conn.answered + conn.pending
-                self._began[conn] = since
                 changed = True
                 self._log.warning("nsqd %s has not answered for %.1f s (suspect_after=%s): publishes go to "
                                   "the other connections while one answers", conn.address, now - since,
@@ -120,12 +115,12 @@ class Suspects:
             self.out = set(self.suspect) | set(self.resting)
         return changed
 
-    def _recovered(self, conn: Watched, now: float, late: float) -> None:
-        """``conn`` answered all it held when it turned suspect, the oldest ``late`` s after it went out."""
+    def _recovered(self, conn: Watched, now: float) -> None:
+        """``conn`` answered all it held when it turned suspect."""
         spells, last = self._spells.get(conn.address, (0, float("-inf")))
         spells = spells + 1 if now - last < RECALL else 1
         self._spells[conn.address] = (spells, now)
-        self._late[conn.address] = max(late, self._late.get(conn.address, 0.0)) if spells > 1 else late
+        self._slow.add(conn.address)
         rest = 0.0 if spells == 1 else min(MAX_REST, 2.0 ** (spells - 2))
         if rest:
             self.resting[conn] = now + rest
@@ -136,26 +131,24 @@ class Suspects:
 
     def reroute(self, now: float, error: Callable[[], BaseException]) -> int:
         """Fail the commands the suspect connections hold (the producer sends them elsewhere):
-        all of them, or of an nsqd proven slow, those older than :meth:`hold`. Not an HA nsqd's:
+        all of them, or of an nsqd proven slow, those :meth:`hold` old. Not an HA nsqd's:
         its publishes go to a partition's leader, which no other nsqd is."""
         return sum(conn.expire_pending(now - self.hold(conn.address, now), error)
                    for conn in self.suspect if not conn.is_ha)
 
     def hold(self, address: str, now: float) -> float:
         """How old a publish held by a suspect connection to ``address`` gets before it is re-sent:
-        0, or for an nsqd whose earlier spell of this run ended answered, a bound from its answers."""
-        late = self._late.get(address)
-        if late is None:
+        0, or ``SLOW_HOLD`` for an nsqd whose earlier spell of this run ended answered."""
+        if address not in self._slow:
             return 0.0
         if now - self._spells[address][1] >= RECALL:  # a new run: it may be hung this time
-            del self._late[address]
+            self._slow.discard(address)
             return 0.0
-        return min(MAX_HOLD, max(self.suspect_after, LATE_FACTOR * late))
+        return SLOW_HOLD
 
     def forget(self, conn: Watched) -> None:
         """``conn`` closed."""
         self.trial.pop(conn, None)
-        self._began.pop(conn, None)
         if conn in self.out:
             self.suspect.pop(conn, None)
             self.resting.pop(conn, None)
