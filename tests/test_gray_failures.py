@@ -26,7 +26,7 @@ from fastnsq.config import ConnectionOptions
 from fastnsq.conn import Connection
 from fastnsq.errors import NoConnectionError, NsqdDown, PublishTimeoutError
 from fastnsq.producer.pool import FAIL_FAST_WAIT
-from fastnsq.producer.suspects import SLOW_HOLD, Suspects
+from fastnsq.producer.suspects import RECALL, SLOW_HOLD, Suspects
 from fastnsq.testing import NSQD
 from fastnsq.testing.process import NSQDProcess
 from fastnsq.testing.proxy import FaultProxy
@@ -498,6 +498,22 @@ def test_a_slow_nsqds_later_spells_hold_what_it_holds():
     rule.check([conn], 100.6)
     rule.reroute(100.6, Exception)
     assert conn.cutoffs[-1] == 100.6
+
+
+def test_a_new_connection_to_a_recently_suspect_nsqd_starts_on_trial():
+    """A lossy link's connection may die of it (nothing read for dead_after) while suspect: its
+    successor starts with a small share (on trial), so its first spell re-sends little. One to an
+    nsqd not suspect within RECALL takes its full share at once."""
+    rule, old = Suspects(0.5, logging.getLogger("test")), _Conn()
+    old.since, old.pending = 0.0, 50
+    rule.check([old], 0.6)
+    rule.forget(old)  # declared dead while suspect
+    new = _Conn()
+    assert rule.joined(new, 14.0) and new in rule.trial
+    other = _Conn()
+    other.address = "a:4150"
+    assert not rule.joined(other, 14.0) and other not in rule.trial
+    assert not rule.joined(_Conn(), 14.0 + RECALL)
 
 
 def test_an_nsqd_suspect_again_and_again_rests_longer():

@@ -265,6 +265,7 @@ class ConnectionPool:
         slot.error = None
         self.open.append(conn)
         self._open_by_address.setdefault(slot.address, []).append(conn)
+        self.suspects.joined(conn, time.perf_counter())  # the clock of the write marks
         self._route()
         self._news()
         self._ensure_sweeper()

@@ -13,7 +13,9 @@ publishes just go unanswered). Read by the pool at each of its ticks, never per 
   is used again as soon as it answers).
 * **on trial**: after a rest, ``TRIAL`` seconds with a small share of the publishes (the pool
   gives each healthy connection ``TRIAL_WEIGHT`` turns for its one): if the link is still bad,
-  the next suspect spell holds, and reroutes, few publishes.
+  the next suspect spell holds, and reroutes, few publishes. A new connection to an nsqd
+  suspect within ``RECALL`` s starts on trial too (a lossy link's connection may die of it:
+  its successor would otherwise take a full share and re-send it all at its first spell).
 * **re-sent once**: what a suspect connection holds is failed for the producer to send
   elsewhere at once in the first spell of a run (a hung or black-holed nsqd never answers it).
   An nsqd whose spell then ended with every held publish answered was slow, not dead: what was
@@ -80,6 +82,7 @@ class Suspects:
         self._spells: dict[str, tuple[int, float]] = {}  # address -> (spells in a row, when the last ended)
         #: The nsqd whose spell of this run ended with all it held answered: slow, not dead.
         self._slow: set[str] = set()
+        self._last_suspect: dict[str, float] = {}  # address -> when a connection to it last turned suspect
 
     def check(self, conns: Iterable[Watched], now: float) -> bool:
         """Look at each open connection; True when a connection left or joined the rotation."""
@@ -107,6 +110,7 @@ class Suspects:
             if since is not None and now - since >= self.suspect_after:
                 self.trial.pop(conn, None)
                 self.suspect[conn] = conn.answered + conn.pending
+                self._last_suspect[conn.address] = now
                 changed = True
                 self._log.warning("nsqd %s has not answered for %.1f s (suspect_after=%s): publishes go to "
                                   "the other connections while one answers", conn.address, now - since,
@@ -145,6 +149,13 @@ class Suspects:
             self._slow.discard(address)
             return 0.0
         return SLOW_HOLD
+
+    def joined(self, conn: Watched, now: float) -> bool:
+        """``conn`` opened: on trial if its nsqd was suspect within RECALL (True: the rotation changed)."""
+        if now - self._last_suspect.get(conn.address, float("-inf")) >= RECALL:
+            return False
+        self.trial[conn] = now + TRIAL
+        return True
 
     def forget(self, conn: Watched) -> None:
         """``conn`` closed."""
