@@ -302,6 +302,41 @@ async def test_a_black_holed_destination_gets_no_more_batches(nsqd, tmp_path: Pa
     assert len(during) >= 200, (len(during), app.log()[-2000:])
 
 
+async def test_a_slow_destination_is_re_sent_from_once(nsqd, tmp_path: Path) -> None:
+    """Of two destinations, B's answers are held 0.9 s (it has every batch), four times, 2.5 s
+    apart. The first time, the batches B holds are sent to A (B might be hung); B then answers
+    them after all: slow, not dead. The later times its batches wait for it (re-sent only past
+    SLOW_HOLD). Before, every stall re-sent, and duplicated, what B held."""
+    topic = unique("tonsq_slow")
+    async with destination() as one, NSQD() as two, FaultProxy(two.tcp_address) as proxy:
+        app = await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
+                          f"-destination-nsqd-tcp-address={one.tcp_address}",
+                          f"-destination-nsqd-tcp-address={proxy.address}", "-destination-topic=copy",
+                          "-max-in-flight=40", "-status-every=0", log=tmp_path / "log")
+        async with Producer([nsqd.tcp_address]) as producer:
+            stop = asyncio.Event()
+
+            async def publisher() -> None:
+                sent = 0
+                while not stop.is_set():
+                    await producer.mpublish(topic, [b"m%d" % (sent + i) for i in range(5)])
+                    sent += 5
+                    await asyncio.sleep(0.025)
+
+            running = asyncio.ensure_future(publisher())
+            await asyncio.sleep(1.0)
+            counts = []
+            for _ in range(4):
+                await proxy.stall(0.9, "down")
+                await asyncio.sleep(2.5)
+                counts.append(app.log().count(" instead (they may arrive twice)"))
+            stop.set()
+            await running
+        assert await app.stop() == 0, app.log()
+    assert counts[0] >= 1, app.log()[-2000:]  # B held batches at the first stall: sent to A
+    assert counts[-1] - counts[0] <= 1, (counts, app.log()[-2000:])
+
+
 # ---- beside nsq's own nsq_to_nsq (the real pass) ------------------------------------------------
 
 

@@ -20,13 +20,14 @@ carried; a batch then goes out as one MPUB per partition, each part answered by 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
 
 from ..config import secret_text
 from ..errors import NoConnectionError
-from ..producer import Producer
+from ..producer import RECALL, SLOW_HOLD, Producer
 from ..sharding import murmur3_32
 from ..topology import TopicRoute, Topology
 from .crossing import Crossing, Part
@@ -70,6 +71,7 @@ class ToNsq:
         self.publishing: set[asyncio.Task[None]] = set()
         self.stopping = False
         self.rerouted = 0  # messages sent again to another destination (may be there twice)
+        self.slow: dict[str, float] = {}  # destination -> when it answered a batch sent elsewhere meanwhile
         self.status = StatusLine(status_every)
         self.per_destination = {address: StatusLine(status_every, f"[{address}]:")
                                 for address in self.destinations} if len(self.destinations) > 1 else {}
@@ -166,23 +168,34 @@ class ToNsq:
     async def _mpublish_watched(self, address: str, part: Part) -> str:
         """:meth:`_mpublish` to ``address``; of several destinations, sent to another once this one
         stops answering (suspect) while another answers, as the Producer reroutes what a suspect
-        connection holds: it may then arrive twice. Returns the destination that answered."""
+        connection holds: it may then arrive twice; from a destination that answered such a batch
+        after all (slow, not dead) within RECALL s, only once the batch waited SLOW_HOLD s, as
+        the Producer's rule for a slow nsqd. Returns the destination that answered."""
         sending = asyncio.ensure_future(self._mpublish(self.producers[address], part))
         if len(self.producers) == 1:
             await sending
             return address
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        hold = SLOW_HOLD if began - self.slow.get(address, float("-inf")) < RECALL else 0.0
         while not sending.done():
             await asyncio.wait({sending}, timeout=WATCH_EVERY)
-            if not sending.done() and not self.producers[address].answering():
+            if not sending.done() and not self.producers[address].answering() and loop.time() - began >= hold:
                 other = self._destination()
                 if other != address and self.producers[other].answering():
-                    sending.add_done_callback(_outcome_ignored)
+                    sending.add_done_callback(functools.partial(self._answered_after_all, address))
                     logger.warning("%s does not answer: %d messages sent to %s instead (they may arrive twice)",
                                    address, len(part.messages), other)
                     self.rerouted += len(part.messages)
                     return await self._mpublish_watched(other, part)
         sending.result()
         return address
+
+    def _answered_after_all(self, address: str, task: asyncio.Future[None]) -> None:
+        """A batch sent again elsewhere: its first attempt's outcome is no one's, but one that
+        succeeded says ``address`` was slow, not dead (that batch is there twice)."""
+        if not task.cancelled() and task.exception() is None:
+            self.slow[address] = asyncio.get_running_loop().time()
 
     async def _mpublish(self, producer: Producer, part: Part) -> None:
         """One MPUB; with a single destination that is down (nothing was sent), held until it is
@@ -231,9 +244,3 @@ class ToNsq:
             await producer.close()
         if self.routes is not None:
             await self.routes.close()
-
-
-def _outcome_ignored(task: asyncio.Future[None]) -> None:
-    """A batch sent again elsewhere: the first attempt's outcome, whatever it is, is no one's."""
-    if not task.cancelled():
-        task.exception()
