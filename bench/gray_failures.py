@@ -8,9 +8,13 @@ Two real nsqd (A healthy, B faulted) registered with one nsqlookupd, their flags
 
 * ``Producer([A, B])`` publishing every 5 ms (200 msg/s; each publish a task of its own),
   ``fastnsq.sync.Producer([A, B])`` every 10 ms from one thread, ``Producer([B])`` every 50 ms;
-* fastnsq's ``Consumer`` through lookupd and direct (``[A, B]``), max_in_flight 100;
-* go-nsq v1.1.0 (bench/go/src/gonsq_recovery, ``recovery_bench``): a Consumer through lookupd and
-  a Producer on B calling ``Publish`` every 50 ms (go-nsq's Producer has one nsqd).
+* fastnsq's ``Consumer`` through lookupd and direct (``[A, B]``), ``fastnsq.sync.Consumer``
+  through lookupd, max_in_flight 100; ``fastnsq worker`` (one process, a handler that does
+  nothing, ``--max-in-flight 100``) and ``fastnsq to-nsq`` (copying the topic to ``gray_out``
+  on ``[A, B]``) through lookupd, each in a process of its own, watched through its /metrics;
+* go-nsq v1.1.0 (bench/go/src/gonsq_recovery, ``recovery_bench``): a Consumer through lookupd
+  (printing its open connections every 50 ms) and a Producer on B calling ``Publish`` every
+  50 ms (go-nsq's Producer has one nsqd).
 
 The faults on B, one after another, ``--settle`` s apart: ``stop:S`` SIGSTOP for S s;
 ``hole:S`` every packet to or from B's TCP port on loopback dropped by nftables for S s;
@@ -20,7 +24,7 @@ live in a table of this run's own (``gray57_<pid>``), deleted at the end even on
 Per fault and face: failed publishes (raised within the fault or the settle after it), p99 and
 worst publish latency of the calls started during the fault or in flight when it began, ``rerouted`` (fastnsq: publishes
 B held, sent again to A: each may be there twice); for consumers, seconds from the fault's
-start until the face had no connection to B (``noticed``; fastnsq faces only) and seconds from
+start until the face had no connection to B (``noticed``; go-nsq's: one connection fewer) and seconds from
 the fault's end until B's /stats count a FIN on the face's channel again (``back``). At the
 end, each fastnsq consumer's lost (acknowledged by nsqd, never consumed) and duplicated
 messages among those the fastnsq producers published. Writes bench/results/gray-<date>.json/.md.
@@ -55,6 +59,8 @@ from fastnsq import Consumer, Producer
 from fastnsq.testing.process import NSQDProcess, NSQLookupdProcess
 
 TOPIC = "gray"
+#: The consumers' channels: Consumer via lookupd, direct, sync.Consumer, worker, to-nsq, go-nsq.
+CHANNELS = ("fast", "fastd", "fasts", "worker", "tonsq", "go")
 
 
 @dataclass
@@ -80,6 +86,25 @@ class Watch:
     channel: str
     samples: list[tuple[float, bool]] = field(default_factory=list)
     seen: Counter[bytes] = field(default_factory=Counter)
+    counts_messages: bool = True  # False: a process of its own, whose messages this run does not see
+    log: Path | None = None  # a process's output (to-nsq's lines about its batches)
+
+
+def relayed(log: Path | None) -> dict[str, int]:
+    """to-nsq's batches so far, from its log: messages sent again to another destination, requeued."""
+    counts = {"rerouted": 0, "requeued": 0}
+    if log is None or not log.exists():
+        return counts
+    for line in log.read_text(errors="replace").splitlines():
+        if "sent to" in line and "instead" in line:
+            counts["rerouted"] += int(line.split(" messages sent to")[0].rsplit(" ", 1)[1])
+        elif "; requeueing them" in line and "publishing " in line:
+            counts["requeued"] += int(line.split("publishing ", 1)[1].split(" ", 1)[0])
+    return counts
+
+
+def noop(message: Any) -> None:
+    """The ``fastnsq worker`` face's handler (``gray_failures:noop``): each message is FINed."""
 
 
 # ---- the fault ---------------------------------------------------------------------------------
@@ -160,6 +185,33 @@ async def watch_consumer(watch: Watch, consumer: Consumer, b_address: str, stop:
         await asyncio.sleep(0.05)
 
 
+async def watch_sync_consumer(watch: Watch, consumer: fastnsq.sync.Consumer, b_address: str,
+                              stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        conns = (await asyncio.to_thread(consumer.snapshot)).connections
+        watch.samples.append((time.monotonic(), any(c.address == b_address for c in conns)))
+        await asyncio.sleep(0.05)
+
+
+async def watch_process(watch: Watch, session: aiohttp.ClientSession, metrics_url: str, b_address: str,
+                        stop: asyncio.Event) -> None:
+    """A face in a process of its own: its consumer's connections to B from its /metrics
+    (``nsq_consumer_connections{nsqd="B"}``)."""
+    while not stop.is_set():
+        try:
+            async with session.get(metrics_url, timeout=aiohttp.ClientTimeout(total=0.5)) as response:
+                text = await response.text()
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            await asyncio.sleep(0.1)
+            continue
+        has_b = False
+        for line in text.splitlines():
+            if line.startswith("nsq_consumer_connections{") and f'nsqd="{b_address}"' in line:
+                has_b = has_b or float(line.rsplit(" ", 1)[1]) > 0
+        watch.samples.append((time.monotonic(), has_b))
+        await asyncio.sleep(0.1)
+
+
 async def fins_on_b(session: aiohttp.ClientSession, b_http: str, channels: list[str]) -> dict[str, dict[str, int]] | None:
     """Per channel of ``channels``: each client's FIN count on B (None: B did not answer)."""
     try:
@@ -178,6 +230,20 @@ async def fins_on_b(session: aiohttp.ClientSession, b_http: str, channels: list[
                         f"{c.get('client_id')}/{c.get('remote_address')}": int(c.get("finish_count", 0))
                         for c in channel.get("clients") or []}
     return found
+
+
+async def left_in_nsqd(session: aiohttp.ClientSession, http_addresses: list[str]) -> dict[str, int]:
+    """Per channel, messages nsqd still holds (depth, in flight, deferred) summed over the nsqd."""
+    left: Counter[str] = Counter()
+    for address in http_addresses:
+        async with session.get(f"http://{address}/stats?format=json&topic={TOPIC}") as response:
+            data = json.loads(await response.read())
+        for topic in data.get("data", data).get("topics") or []:
+            if topic["topic_name"] == TOPIC:
+                for channel in topic.get("channels") or []:
+                    left[channel["channel_name"]] += sum(int(channel.get(k, 0))
+                                                         for k in ("depth", "in_flight_count", "deferred_count"))
+    return dict(left)
 
 
 def progressed(before: dict[str, int], now: dict[str, int]) -> bool:
@@ -211,7 +277,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         async with aiohttp.ClientSession() as session:
             for server in (a, b):
                 for path in (f"/topic/create?topic={TOPIC}",
-                             *(f"/channel/create?topic={TOPIC}&channel={c}" for c in ("fast", "fastd", "go"))):
+                             *(f"/channel/create?topic={TOPIC}&channel={c}" for c in CHANNELS)):
                     async with session.post(f"http://{server.http_address}{path}") as response:
                         await response.read()
             await asyncio.sleep(1.0)  # registered with lookupd
@@ -236,12 +302,26 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 consumer = Consumer(TOPIC, watch.channel, handler=handler, max_in_flight=100, **kwargs)
                 await consumer.start()
                 consumers.append(consumer)
+            sync_watch = Watch("sync.Consumer (lookupd)", "fasts")
+
+            def sync_handler(message: Any) -> None:
+                sync_watch.seen[bytes(message.body)] += 1
+
+            sync_consumer = fastnsq.sync.Consumer(TOPIC, "fasts", handler=sync_handler, max_in_flight=100,
+                                                  lookupd_http_addresses=[lookupd.http_address])
+            sync_consumer.start()
+            watches.append(sync_watch)
+            process_watches = start_processes(args, lookupd.http_address, a.tcp_address, b.tcp_address, go_procs)
+            watches.extend(w for w, _ in process_watches)
             go_bin = args.go_bin
             go_procs.extend(start_go(args, go_bin, lookupd.http_address, b.tcp_address))
             tasks = [asyncio.ensure_future(async_producer(faces["Producer([A, B])"], p_ab, 0.005, stop)),
                      asyncio.ensure_future(async_producer(faces["Producer([B])"], p_b, 0.05, stop)),
                      *(asyncio.ensure_future(watch_consumer(w, c, b.tcp_address, stop))
-                       for w, c in zip(watches, consumers))]
+                       for w, c in zip(watches, consumers)),
+                     asyncio.ensure_future(watch_sync_consumer(sync_watch, sync_consumer, b.tcp_address, stop)),
+                     *(asyncio.ensure_future(watch_process(w, session, url, b.tcp_address, stop))
+                       for w, url in process_watches)]
             sync_thread = threading.Thread(target=sync_producer, args=(faces["sync.Producer([A, B])"], s_ab, 0.01,
                                                                         thread_stop), daemon=True)
             sync_thread.start()
@@ -250,7 +330,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 kind, _, seconds_text = spec.partition(":")
                 seconds = float(seconds_text)
                 rerouted_before = {n: f.rerouted() for n, f in faces.items() if f.rerouted}
-                fins_before = await fins_on_b(session, b.http_address, ["fast", "fastd", "go"]) or {}
+                counters_before = {w.name: relayed(w.log) for w, _ in process_watches}
+                fins_before = await fins_on_b(session, b.http_address, list(CHANNELS)) or {}
                 t0 = time.monotonic()
                 print(f"{kind} {seconds:g} s on B ...", flush=True)
                 if kind == "stop":
@@ -265,14 +346,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     await asyncio.sleep(seconds)
                     # What B's clients had FINed as the fault ends (B's HTTP port is not the one
                     # dropped; a stopped B does not answer, and FINed nothing since t0 anyway).
-                    fins_before = await fins_on_b(session, b.http_address, ["fast", "fastd", "go"]) or fins_before
+                    fins_before = await fins_on_b(session, b.http_address, list(CHANNELS)) or fins_before
                 finally:
                     if kind == "stop":
                         b.resume()
                     else:
                         nft.heal()
                 t1 = time.monotonic()
-                back: dict[str, float | None] = {"fast": None, "fastd": None, "go": None}
+                back: dict[str, float | None] = dict.fromkeys(CHANNELS)
                 while time.monotonic() < t1 + args.settle:
                     fins = await fins_on_b(session, b.http_address, list(back))
                     now = time.monotonic()
@@ -282,8 +363,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                 back[channel] = now - t1
                             fins_before[channel] = fins.get(channel, {})
                     await asyncio.sleep(0.05)
-                results["faults"].append(summarise(kind, seconds, t0, t1, args.settle, faces, watches, back,
-                                                   rerouted_before, args))
+                row = summarise(kind, seconds, t0, t1, args.settle, faces, watches, back, rerouted_before, args)
+                row["load_1m"] = os.getloadavg()[0]  # the machine's load average as the fault's settle ends
+                for watch, _ in process_watches:  # to-nsq's batches: re-sent elsewhere, requeued, in this fault
+                    if watch.channel == "tonsq":
+                        before = counters_before.get(watch.name, {})
+                        row["consumers"][watch.name]["producer"] = {
+                            name: value - before.get(name, 0) for name, value in relayed(watch.log).items()}
+                results["faults"].append(row)
                 print(json.dumps(results["faults"][-1], indent=1), flush=True)
             stop.set()
             thread_stop.set()
@@ -294,11 +381,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await p_b.close()
             s_ab.close()
             acked = set().union(*(f.acked for n, f in faces.items() if not n.startswith("go")))
+            left = await left_in_nsqd(session, [a.http_address, b.http_address])
             results["end"] = {w.name: {"acked": len(acked), "lost": len(acked - set(w.seen)),
-                                       "duplicated": sum(1 for body, n in w.seen.items() if n > 1 and body in acked)}
-                              for w in watches}
+                                       "duplicated": sum(1 for body, n in w.seen.items() if n > 1 and body in acked),
+                                       "in_nsqd": left.get(w.channel)}
+                              for w in watches if w.counts_messages}
             for consumer in consumers:
                 await consumer.stop()
+            await asyncio.to_thread(sync_consumer.stop, 5.0)
     finally:
         nft.heal()
         for proc in go_procs:
@@ -311,11 +401,39 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def start_processes(args: argparse.Namespace, lookupd_http: str, a_tcp: str, b_tcp: str,
+                    procs: list[subprocess.Popen[bytes]]) -> list[tuple[Watch, str]]:
+    """``fastnsq worker`` and ``fastnsq to-nsq`` through lookupd, each serving /metrics on a port
+    of its own: their watches and /metrics addresses (the processes go into ``procs``)."""
+    from fastnsq.testing.process import free_port
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent)])}
+    found = []
+    for name, channel, argv in (
+        ("fastnsq worker", "worker", ["worker", "gray_failures:noop", "--topic", TOPIC, "--channel", "worker",
+                                       "--max-in-flight", "100"]),
+        ("fastnsq to-nsq", "tonsq", ["to-nsq", "--topic", TOPIC, "--channel", "tonsq", "--max-in-flight", "100",
+                                      "--destination-nsqd-tcp-address", a_tcp, "--destination-nsqd-tcp-address",
+                                      b_tcp, "--destination-topic", f"{TOPIC}_out"]),
+    ):
+        port = free_port()
+        log_path = args.out_dir / f"gray-{channel}-{os.getpid()}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - the child's output
+        procs.append(subprocess.Popen([sys.executable, "-m", "fastnsq", *argv, "--lookupd-http-address",
+                                       lookupd_http, "--metrics-port", str(port)], env=env, stdout=log,
+                                      stderr=subprocess.STDOUT))
+        found.append((Watch(name, channel, counts_messages=False, log=log_path), f"http://127.0.0.1:{port}/metrics"))
+    return found
+
+
 def start_go(args: argparse.Namespace, go_bin: Path, lookupd_http: str, b_tcp: str) -> list[subprocess.Popen[bytes]]:
-    """go-nsq's Consumer through lookupd and its Producer on B (its publishes' outcomes to a file)."""
+    """go-nsq's Consumer through lookupd (its open connections to a file) and its Producer on B
+    (its publishes' outcomes to a file)."""
     out = open(args.out_dir / f"gray-go-pub-{os.getpid()}.jsonl", "wb")  # noqa: SIM115 - the child's stdout
+    conns = open(args.out_dir / f"gray-go-sub-{os.getpid()}.jsonl", "wb")  # noqa: SIM115 - the child's stdout
     return [subprocess.Popen([str(go_bin), "-mode", "sub", "-lookupd-http-address", lookupd_http,
-                              "-topic", TOPIC, "-channel", "go", "-max-in-flight", "100"]),
+                              "-topic", TOPIC, "-channel", "go", "-max-in-flight", "100", "-stats-every", "50ms"],
+                             stdout=conns),
             subprocess.Popen([str(go_bin), "-mode", "pub", "-nsqd-tcp-address", b_tcp, "-topic", TOPIC,
                               "-interval", "50ms"], stdout=out)]
 
@@ -346,12 +464,29 @@ def summarise(kind: str, seconds: float, t0: float, t1: float, settle: float, fa
         lost_at = next((t for t, has in watch.samples if t >= t0 and not has), None)
         row["consumers"][watch.name] = {"noticed_s": None if lost_at is None else lost_at - t0,
                                         "back_s": back.get(watch.channel)}
-    row["consumers"]["go-nsq Consumer (lookupd)"] = {"noticed_s": None, "back_s": back.get("go")}
+    row["consumers"]["go-nsq Consumer (lookupd)"] = {"noticed_s": go_noticed(args, t0, t1), "back_s": back.get("go")}
     return row
 
 
+def go_noticed(args: argparse.Namespace, t0: float, t1: float) -> float | None:
+    """Seconds from the fault's start until go-nsq's consumer had a connection fewer than before it
+    (its lines' clock is CLOCK_MONOTONIC, as time.monotonic())."""
+    samples = []
+    for line in (args.out_dir / f"gray-go-sub-{os.getpid()}.jsonl").read_text().splitlines():
+        with contextlib.suppress(ValueError, KeyError):
+            item = json.loads(line)
+            samples.append((item["t"] / 1e9, item["conns"]))
+    before = [n for t, n in samples if t < t0]
+    if not before:
+        return None
+    return next((t - t0 for t, n in samples if t0 <= t <= t1 and n < before[-1]), None)
+
+
 def markdown(results: dict[str, Any]) -> str:
-    head = f"Real nsqd/nsqlookupd v1.3.0 (default flags), fastnsq {results['fastnsq']}, go-nsq v1.1.0; faults on B."
+    head = (f"Real nsqd/nsqlookupd v1.3.0 (default flags), fastnsq {results['fastnsq']}, go-nsq v1.1.0; faults on B. "
+            "Load average (1 min) after each fault: "
+            + ", ".join(f"{row['fault']} {row.get('load_1m', 0):.1f}" for row in results["faults"])
+            + ". noticed: 'not noticed' = the face kept its connection to B through the fault.")
     lines = [head, "",
              "| fault | face | failed | p99 during | worst | rerouted | noticed | back after |",
              "|---|---|---|---|---|---|---|---|"]
@@ -361,9 +496,13 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {row['fault']} | {name} | {p['failed']} of {p['calls']} | {fmt(p['p99_s'])} | "
                          f"{fmt(p['worst_s'])} | {'-' if p['rerouted'] is None else p['rerouted']} | | |")
         for name, c in row["consumers"].items():
-            lines.append(f"| {row['fault']} | {name} | | | | | {fmt(c['noticed_s'])} | {fmt(c['back_s'])} |")
+            made = c.get("producer")
+            produced = f"{made['requeued']} requeued | | | {made['rerouted']}" if made else "| | |"
+            noticed = "not noticed" if c["noticed_s"] is None else fmt(c["noticed_s"])
+            lines.append(f"| {row['fault']} | {name} | {produced} | {noticed} | {fmt(c['back_s'])} |")
     for name, end in results.get("end", {}).items():
-        lines.append(f"\n{name}: {end['acked']} acknowledged, {end['lost']} lost, {end['duplicated']} duplicated")
+        lines.append(f"\n{name}: {end['acked']} acknowledged, {end['lost']} never consumed "
+                     f"({end.get('in_nsqd')} still in nsqd for its channel), {end['duplicated']} duplicated")
     return "\n".join(lines) + "\n"
 
 

@@ -79,9 +79,11 @@ class Call:
         self.error = error
         self.lock.release()
 
-    def wait(self, timeout: float) -> Any:
+    def wait(self, timeout: float, limit: float | None = None) -> Any:
+        """The answer within ``timeout`` s (what is left of ``limit``, the call's publish_timeout)."""
         if not self.lock.acquire(True, timeout):
-            raise PublishTimeoutError(f"no answer within {timeout:.3f} s (it may still arrive)")
+            within = f"{timeout:.3f} s" if limit is None else f"publish_timeout={limit} s"
+            raise PublishTimeoutError(f"no answer within {within} (it may still arrive)")
         if self.error is not None:
             raise self.error
         return self.answer
@@ -127,19 +129,20 @@ class Bridge:
         if self.closed:
             self.fail_leftovers()
 
-    def publish(self, topic: str, body: Any, timeout: float) -> Any:
+    def publish(self, topic: str, body: Any, timeout: float, limit: float | None = None) -> Any:
         if threading.get_ident() == self.loop_thread:
             _deadlock()
         call = Call()
         self.put(PUBLISH, topic, body, call)
-        return call.wait(timeout)
+        return call.wait(timeout, limit)
 
-    def run(self, kind: int, make: Callable[[], Coroutine[Any, Any, Any]], timeout: float) -> Any:
+    def run(self, kind: int, make: Callable[[], Coroutine[Any, Any, Any]], timeout: float,
+            limit: float | None = None) -> Any:
         if threading.get_ident() == self.loop_thread:
             _deadlock()
         call = Call()
         self.put(kind, make, None, call)
-        return call.wait(timeout)
+        return call.wait(timeout, limit)
 
     def fail_leftovers(self) -> None:
         """The loop is gone: every call still queued or held fails (each once; any thread)."""

@@ -171,20 +171,22 @@ class ThreadPublisher:
         command = self._command(topic, body)
         if command is None or tracing.ENABLED:
             return NOT_TAKEN
-        line = self._take()
+        deadline = time.monotonic() + timeout  # connecting a line counts too (issue 57)
+        line = self._take(deadline)
         if line is None:
             return NOT_TAKEN
         observer = self._pool._round_trip_observer  # NSQMetrics' histogram, when one is attached
         started = time.perf_counter() if observer is not None else 0.0
+        left = max(deadline - time.monotonic(), 0.001)
         # Another nsqd to turn to: wait suspect_after for this one, not the whole timeout.
-        bound = min(timeout, self._pool.suspect_after) if len(self._producer._nsqd_addresses) > 1 else timeout
+        bound = min(left, self._pool.suspect_after) if len(self._producer._nsqd_addresses) > 1 else left
         try:
-            if bound != line.timeout:
+            if abs(bound - line.timeout) > 0.001:  # a syscall pair only when it changed
                 line.set_timeout(bound)
             kind, data = line.round_trip(command)
         except BlockingIOError:  # the kernel's deadline: nothing came within the timeout
             self._drop(line)
-            if bound < timeout:
+            if bound < left:
                 self._quarantine(line.address)
                 return NOT_TAKEN  # the loop sends it elsewhere (it may still arrive here: twice)
             with self._lock:
@@ -241,15 +243,15 @@ class ThreadPublisher:
 
     # ---- the connections -------------------------------------------------------------------
 
-    def _take(self) -> _Line | None:
+    def _take(self, deadline: float) -> _Line | None:
         try:
             line = self._idle.pop()
         except IndexError:
-            return self._open()
+            return self._open(deadline)
         if line.address in self._producer._nsqd_addresses and not self._avoided(line.address):
             return line
         self._drop(line)  # its nsqd was taken out of the producer, or does not answer
-        return self._take()
+        return self._take(deadline)
 
     def _avoided(self, address: str) -> bool:
         """Whether ``address`` is left alone: quarantined here, or out of the loop pool's rotation."""
@@ -285,7 +287,7 @@ class ThreadPublisher:
                 return
             self._drop(oldest)
 
-    def _open(self) -> _Line | None:
+    def _open(self, deadline: float) -> _Line | None:
         if not self._usable:
             return None
         open_now = {conn.address for conn in self._producer.connections}
@@ -300,8 +302,9 @@ class ThreadPublisher:
         line = None
         # With another nsqd to turn to, one that does not answer IDENTIFY within suspect_after is left alone.
         multi = len(self._producer._nsqd_addresses) > 1
+        left = max(deadline - time.monotonic(), 0.001)  # a hung nsqd's kernel still accepts the connect
         try:
-            line = self._connect(address, self._pool.suspect_after if multi else None)
+            line = self._connect(address, min(self._pool.suspect_after, left) if multi else left)
         except (OSError, _Lost, ValueError):
             if multi:
                 self._quarantined[address] = time.monotonic() + QUARANTINE
@@ -314,12 +317,12 @@ class ThreadPublisher:
             line.close()
         return None
 
-    def _connect(self, address: str, answer_within: float | None) -> _Line | None:
+    def _connect(self, address: str, answer_within: float) -> _Line | None:
         """A connection identified with heartbeats off; None (and this path off for good) when
         nsqd wants what only the loop's connections do (AUTH, or it is youzan's HA nsqd)."""
         options = self._producer.options
         host, port = parse_address(address)
-        sock = socket.create_connection((host, port), timeout=options.dial_timeout)
+        sock = socket.create_connection((host, port), timeout=min(options.dial_timeout, answer_within))
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         tune_socket(sock, options.dead_after)  # heartbeats off here: keepalive still probes it
@@ -328,7 +331,7 @@ class ThreadPublisher:
         out = codec.WriteBuffer(max_body_size=options.max_body_size)
         out.identify(json.dumps(identify).encode())
         try:
-            line.set_timeout(answer_within or options.dial_timeout + 5.0)  # IDENTIFY's answer
+            line.set_timeout(answer_within)  # IDENTIFY's answer, within the call's deadline
             kind, data = line.round_trip(codec.MAGIC_V2 + out.take())
             info = json.loads(data) if kind == codec.FRAME_RESPONSE and data != b"OK" else {}
         except (OSError, _Lost, ValueError):

@@ -26,6 +26,7 @@ import contextlib
 import functools
 import signal
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
@@ -158,10 +159,9 @@ class Producer:
         return bridge
 
     def _wait(self, timeout: float | None) -> float:
-        """How long a caller waits: its own timeout, or each attempt's publish_timeout."""
-        if timeout is not None:
-            return timeout + _LATE
-        return self._producer.publish_timeout * (1 + self._producer.max_retries) + _RESULT_MARGIN
+        """How long a caller waits for a publish or mpublish: its own timeout, or publish_timeout
+        (the loop's publish ends by it, retries included; the wait is the same, from the call's start)."""
+        return timeout + _LATE if timeout is not None else self._producer.publish_timeout
 
     @overload
     def publish(
@@ -196,17 +196,17 @@ class Producer:
         :meth:`fastnsq.Producer.publish`'s. With ``timeout``, returns or raises within it."""
         bridge = self._current()
         if defer is None and partition is None and sharding_key is None and trace_id is None and ext is None:
-            if timeout is not None:
-                check_range("timeout", timeout, 0, 1e6)
-            answer = self._threads.publish(topic, body, self._producer.publish_timeout if timeout is None else timeout)
+            limit = self._producer.publish_timeout if timeout is None else check_range("timeout", timeout, 0, 1e6)
+            deadline = time.monotonic() + limit  # the call's one deadline, whichever path answers it
+            answer = self._threads.publish(topic, body, limit)
             if answer is not NOT_TAKEN:
                 return answer
-            # Coalesced with the other threads' publishes; a timeout of its own is this wait's
-            # (PublishTimeoutError at it, the message may still arrive, as for the async one).
-            return bridge.publish(topic, body, self._wait(None) if timeout is None else timeout)
+            # Coalesced with the other threads' publishes, until the call's deadline (then
+            # PublishTimeoutError; the message may still arrive, as for the async one).
+            return bridge.publish(topic, body, max(deadline - time.monotonic(), 0.0), limit)
         send = functools.partial(self._producer.publish, topic, body, defer=defer, timeout=timeout,
                                  partition=partition, sharding_key=sharding_key, trace_id=trace_id, ext=ext)
-        return bridge.run(SEND, send, self._wait(timeout))
+        return bridge.run(SEND, send, self._wait(timeout), self._producer.publish_timeout if timeout is None else None)
 
     def publish_async(
         self, topic: str, body: Body, **arguments: Any
@@ -254,14 +254,15 @@ class Producer:
         bridge = self._current()
         send = functools.partial(self._producer.mpublish, topic, bodies, timeout=timeout, partition=partition,
                                  sharding_key=sharding_key, trace_ids=trace_ids, exts=exts)
-        return bridge.run(SEND, send, self._wait(timeout))
+        return bridge.run(SEND, send, self._wait(timeout), self._producer.publish_timeout if timeout is None else None)
 
     def publish_and_retry_background(self, topic: str, body: Body, **arguments: Any) -> bool:
         """:meth:`fastnsq.Producer.publish_and_retry_background`: True if nsqd has it, False if it
         waits for a background retry (the retries run on the facade's loop)."""
         bridge = self._current()
         call = functools.partial(self._producer.publish_and_retry_background, topic, body, **arguments)
-        return bool(bridge.run(CALL, call, self._wait(None)))
+        # Its answer is the loop's (True, or False once kept for a retry): wait past the timeout for it.
+        return bool(bridge.run(CALL, call, self._producer.publish_timeout + _RESULT_MARGIN))
 
     def node_stats(self) -> dict[str, NodeStats]:
         """:meth:`fastnsq.Producer.node_stats`, taken on its loop, with the publishes the calling

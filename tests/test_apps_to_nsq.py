@@ -26,6 +26,7 @@ from fastnsq.apps.jsonfilter import JsonFilter, Verdict
 from fastnsq.recovery import RETRY_DELAY
 from fastnsq.testing import NSQD
 from fastnsq.testing.process import free_port
+from fastnsq.testing.proxy import FaultProxy
 from fastnsq.testing.real import RealNSQDServer, real_bin_dir
 
 from .apps_support import Source, channel_drained, create_channels, go_app, run_to_exit, start, start_go
@@ -269,6 +270,71 @@ async def test_a_destination_down_holds_the_batches_and_relays_again_within_a_se
     assert arrived[9] - back <= RETRY_DELAY + slack.allowance(0.6), (arrived[9] - back, slack)
     [stats] = await channel_stats([nsqd.http_address], topic, "nsq_to_nsq")
     assert stats["message_count"] == 20 and stats["requeue_count"] == 0
+
+
+async def test_a_black_holed_destination_gets_no_more_batches(nsqd, tmp_path: Path) -> None:
+    """Issue 57: of two destinations, B goes silent (a proxy dropping every byte). Once B's
+    connection is suspect (suspect_after, 0.5 s), the batches go to A: the relay goes on. Before,
+    every other batch went to B and waited its whole publish_timeout (10 s), and those batches
+    soon held all of max in flight: nothing reached A until B was marked down."""
+    topic = unique("tonsq_hole")
+    async with destination() as one, NSQD() as two, FaultProxy(two.tcp_address) as proxy:
+        app = await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
+                          f"-destination-nsqd-tcp-address={one.tcp_address}",
+                          f"-destination-nsqd-tcp-address={proxy.address}", "-destination-topic=copy",
+                          "-max-in-flight=40", "-status-every=0", log=tmp_path / "log")
+        arrived: list[bytes] = []
+        consumer = Consumer("copy", "check", nsqd_tcp_addresses=[one.tcp_address], max_in_flight=500,
+                            handler=lambda m: arrived.append(m.body))
+        await consumer.start()
+        async with Producer([nsqd.tcp_address]) as producer:
+            await producer.mpublish(topic, [b"warm%d" % i for i in range(20)])
+            await eventually(lambda: len(arrived) >= 5, 15, "the relay under way to A")
+            proxy.drop()
+            for second in range(3):
+                await producer.mpublish(topic, [b"m%d-%d" % (second, i) for i in range(100)])
+                await asyncio.sleep(1.0)
+            during = {body for body in arrived if body.startswith(b"m")}
+        await consumer.stop()
+        proxy.undrop()
+        assert await app.stop() == 0, app.log()
+    # Published 0-2 s into the hole, read by 3 s: all but what B held before it turned suspect.
+    assert len(during) >= 200, (len(during), app.log()[-2000:])
+
+
+async def test_a_slow_destination_is_re_sent_from_once(nsqd, tmp_path: Path) -> None:
+    """Of two destinations, B's answers are held 0.9 s (it has every batch), four times, 2.5 s
+    apart. The first time, the batches B holds are sent to A (B might be hung); B then answers
+    them after all: slow, not dead. The later times its batches wait for it (re-sent only past
+    SLOW_HOLD). Before, every stall re-sent, and duplicated, what B held."""
+    topic = unique("tonsq_slow")
+    async with destination() as one, NSQD() as two, FaultProxy(two.tcp_address) as proxy:
+        app = await start("to-nsq", f"-topic={topic}", f"-nsqd-tcp-address={nsqd.tcp_address}",
+                          f"-destination-nsqd-tcp-address={one.tcp_address}",
+                          f"-destination-nsqd-tcp-address={proxy.address}", "-destination-topic=copy",
+                          "-max-in-flight=40", "-status-every=0", log=tmp_path / "log")
+        async with Producer([nsqd.tcp_address]) as producer:
+            stop = asyncio.Event()
+
+            async def publisher() -> None:
+                sent = 0
+                while not stop.is_set():
+                    await producer.mpublish(topic, [b"m%d" % (sent + i) for i in range(5)])
+                    sent += 5
+                    await asyncio.sleep(0.025)
+
+            running = asyncio.ensure_future(publisher())
+            await asyncio.sleep(1.0)
+            counts = []
+            for _ in range(4):
+                await proxy.stall(0.9, "down")
+                await asyncio.sleep(2.5)
+                counts.append(app.log().count(" instead (they may arrive twice)"))
+            stop.set()
+            await running
+        assert await app.stop() == 0, app.log()
+    assert counts[0] >= 1, app.log()[-2000:]  # B held batches at the first stall: sent to A
+    assert counts[-1] - counts[0] <= 1, (counts, app.log()[-2000:])
 
 
 # ---- beside nsq's own nsq_to_nsq (the real pass) ------------------------------------------------

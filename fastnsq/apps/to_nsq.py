@@ -4,7 +4,8 @@ The built-in handler the worker runtime runs (:mod:`fastnsq.runner`). Each batch
 ``Consumer.batches()`` goes through the JSON filter (:mod:`.jsonfilter`, only when its flags
 are given), then out as one MPUB to the destination :mod:`.hostpool` picks; its messages are
 FINed when that nsqd answers OK, and requeued (with backoff) when it fails, the destination
-then marked down. With a single destination (one nsqd, or the lookupd producer), a batch that
+then marked down; of several, one whose connection does not answer (suspect: its oldest publish
+unanswered for ``suspect_after``) gets none while another does. With a single destination (one nsqd, or the lookupd producer), a batch that
 finds it down is held instead, its messages touched, until it answers again: nothing is
 requeued, no attempt spent, no backoff to wait out, and the relay goes on within a second of
 the destination's return (the batches held fill max in flight, so nothing more is taken
@@ -19,13 +20,14 @@ carried; a batch then goes out as one MPUB per partition, each part answered by 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
 
 from ..config import secret_text
 from ..errors import NoConnectionError
-from ..producer import Producer
+from ..producer import RECALL, SLOW_HOLD, Producer
 from ..sharding import murmur3_32
 from ..topology import TopicRoute, Topology
 from .crossing import Crossing, Part
@@ -41,6 +43,8 @@ LOOKUPD = "nsqlookupd"
 #: default msg_timeout is 60 s), and held this long at most (nsqd's --max-msg-timeout is 15 min).
 TOUCH_EVERY = 5.0
 MAX_HOLD = 600.0
+#: Of several destinations, how often a batch waiting for one looks whether it still answers.
+WATCH_EVERY = 0.1
 
 
 class ToNsq:
@@ -66,6 +70,8 @@ class ToNsq:
         self.topic = destination_topic
         self.publishing: set[asyncio.Task[None]] = set()
         self.stopping = False
+        self.rerouted = 0  # messages sent again to another destination (may be there twice)
+        self.slow: dict[str, float] = {}  # destination -> when it answered a batch sent elsewhere meanwhile
         self.status = StatusLine(status_every)
         self.per_destination = {address: StatusLine(status_every, f"[{address}]:")
                                 for address in self.destinations} if len(self.destinations) > 1 else {}
@@ -130,11 +136,23 @@ class ToNsq:
             route = await self.routes.refresh(self.topic)
         return route
 
-    async def _publish_part(self, part: Part) -> None:
+    def _destination(self) -> str:
+        """The pool's next destination; of several, one whose producer answers when one does: a hung,
+        black-holed or lossy nsqd gets no batch once its connection is suspect (issue 57; each
+        batch sent there waited publish_timeout, holding its share of max in flight)."""
         address = self.pool.get()
+        if len(self.producers) > 1 and not self.producers[address].answering():
+            for _ in range(len(self.producers) - 1):
+                other = self.pool.get()
+                if self.producers[other].answering():
+                    return other
+        return address
+
+    async def _publish_part(self, part: Part) -> None:
+        address = self._destination()
         began = time.monotonic()
         try:
-            await self._mpublish(self.producers[address], part)
+            address = await self._mpublish_watched(address, part)
         except Exception as exc:  # noqa: BLE001 - every failure requeues; the next batch may go elsewhere
             self._failed(part.messages, address, exc)
             return
@@ -146,6 +164,38 @@ class ToNsq:
         self.status.record(took, len(part.messages))
         if address in self.per_destination:
             self.per_destination[address].record(took, len(part.messages))
+
+    async def _mpublish_watched(self, address: str, part: Part) -> str:
+        """:meth:`_mpublish` to ``address``; of several destinations, sent to another once this one
+        stops answering (suspect) while another answers, as the Producer reroutes what a suspect
+        connection holds: it may then arrive twice; from a destination that answered such a batch
+        after all (slow, not dead) within RECALL s, only once the batch waited SLOW_HOLD s, as
+        the Producer's rule for a slow nsqd. Returns the destination that answered."""
+        sending = asyncio.ensure_future(self._mpublish(self.producers[address], part))
+        if len(self.producers) == 1:
+            await sending
+            return address
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        hold = SLOW_HOLD if began - self.slow.get(address, float("-inf")) < RECALL else 0.0
+        while not sending.done():
+            await asyncio.wait({sending}, timeout=WATCH_EVERY)
+            if not sending.done() and not self.producers[address].answering() and loop.time() - began >= hold:
+                other = self._destination()
+                if other != address and self.producers[other].answering():
+                    sending.add_done_callback(functools.partial(self._answered_after_all, address))
+                    logger.warning("%s does not answer: %d messages sent to %s instead (they may arrive twice)",
+                                   address, len(part.messages), other)
+                    self.rerouted += len(part.messages)
+                    return await self._mpublish_watched(other, part)
+        sending.result()
+        return address
+
+    def _answered_after_all(self, address: str, task: asyncio.Future[None]) -> None:
+        """A batch sent again elsewhere: its first attempt's outcome is no one's, but one that
+        succeeded says ``address`` was slow, not dead (that batch is there twice)."""
+        if not task.cancelled() and task.exception() is None:
+            self.slow[address] = asyncio.get_running_loop().time()
 
     async def _mpublish(self, producer: Producer, part: Part) -> None:
         """One MPUB; with a single destination that is down (nothing was sent), held until it is

@@ -135,6 +135,11 @@ class ConnectionPool:
     def connected_to(self, address: str | None) -> bool:
         return bool(self.open if address is None else self._open_by_address.get(address))
 
+    def answering(self) -> bool:
+        """An open connection is in the rotation (not suspect or resting)."""
+        out = self.suspects.out
+        return any(conn not in out for conn in self.open)
+
     def pending_of(self, address: str) -> int:
         """Commands written to ``address`` and not answered yet (its open connections)."""
         return sum(conn.pending for conn in self._open_by_address.get(address, ()))
@@ -260,6 +265,7 @@ class ConnectionPool:
         slot.error = None
         self.open.append(conn)
         self._open_by_address.setdefault(slot.address, []).append(conn)
+        self.suspects.joined(conn, time.perf_counter())  # the clock of the write marks
         self._route()
         self._news()
         self._ensure_sweeper()

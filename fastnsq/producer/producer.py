@@ -59,6 +59,7 @@ from ..sharding import murmur3_32
 from ..stats import ProducerStats, deprecated_spelling
 from ..topology import Topology
 from .batches import FLUSH_AT, FLUSH_BYTES, BatchWriter
+from .deadline import answer_by
 from .direct import DirectPublisher, Done
 from .ha import CloseReport, HAProducer
 from .load import NodeStats
@@ -217,8 +218,7 @@ class Producer:
     async def close(self, timeout: float | None = 5.0) -> CloseReport:
         """Stop accepting publishes, wait for those in flight (up to ``timeout``), then close.
 
-        Returns what was left unsent: the publishes still waiting for a background retry
-        (:meth:`publish_and_retry_background`).
+        Returns what was left unsent: the publishes waiting for a background retry (:meth:`publish_and_retry_background`).
         """
         if self._closing:
             return CloseReport()
@@ -303,6 +303,10 @@ class Producer:
         """The open connections (for stats and tests)."""
         return list(self._pool.open)
 
+    def answering(self) -> bool:
+        """Whether an open connection answers (not suspect or resting): to-nsq skips a destination without."""
+        return self._pool.answering()
+
     def node_stats(self) -> dict[str, NodeStats]:
         """Per nsqd: publish commands pending, their average round trip (go-nsq's ``Stat()``)."""
         return self._ha.node_stats()
@@ -363,6 +367,7 @@ class Producer:
         Raises ``InvalidValueError`` for a bad topic, body or option before sending,
         ``ServerError`` when nsqd refuses, ``PublishTimeoutError`` or ``NoConnectionError``.
         """
+        deadline = None
         if (
             topic in self._ready_topics
             and timeout is None
@@ -374,6 +379,8 @@ class Producer:
             and not tracing.ENABLED
         ):
             direct = self._router.topology is None and self._pool.open
+            # The call's one deadline, should it go on to the slow path: a retry is not a new call.
+            deadline = self._loop.time() + self.publish_timeout  # type: ignore[union-attr] # open: checked
             # A lone publish (nothing unanswered, no batch to join) takes the pipelined path below.
             if self.coalesce and not (direct and not self._active and not self._coalescer.pending):
                 # The fast path: the C coalescer checks the body, batches it with the other
@@ -417,10 +424,11 @@ class Producer:
             with tracing.publishing(call):
                 call.answer = await self._publish_slow(
                     topic, body, defer, timeout, partition, sharding_key, trace_id,
-                    None if call.exts is None else call.exts[0],
+                    None if call.exts is None else call.exts[0], deadline,
                 )
                 return call.answer
-        return await self._publish_slow(topic, body, defer, timeout, partition, sharding_key, trace_id, ext)
+        return await self._publish_slow(topic, body, defer, timeout, partition, sharding_key, trace_id, ext,
+                                        deadline)
 
     # ---- for callers that do not await: the blocking facade --------------------------------
 
@@ -502,9 +510,10 @@ class Producer:
         sharding_key: Any,
         trace_id: int | None,
         ext: Mapping[str, Any] | None,
+        deadline: float | None = None,
     ) -> Any:
-        """publish() beyond its fast paths: checks, routing, retries. (A function of its own so
-        that the fast paths make no closure cells for the lambdas below.)"""
+        """publish() beyond its fast paths (``deadline``: the call's, when one tried first): checks,
+        routing, retries. (Its own function: the fast paths make no closure cells for the lambdas.)"""
         self._check_topic(topic)
         if ext is not None and self._ha.compressing:
             body, ext = self._ha.compress(topic, body, ext)
@@ -525,7 +534,8 @@ class Producer:
         else:
             send = lambda conn, pid: conn.publish(topic, body, partition=pid)
         traced = trace_id is not None or ext is not None
-        return await self._call(topic, send, timeout, partition, sharding_key, body=body, size=size, traced=traced)
+        return await self._call(topic, send, timeout, partition, sharding_key, body=body, size=size, traced=traced,
+                                deadline=deadline)
 
     @overload
     async def mpublish(
@@ -626,11 +636,8 @@ class Producer:
         return results[-1]
 
     def _check_topic(self, topic: str) -> None:
-        """Raise unless the producer is open and ``topic`` valid; remember valid topics.
-
-        ``_ready_topics`` holds topics checked while open (and is emptied by close()), so
-        the fast path needs a single set lookup for both questions.
-        """
+        """Raise unless the producer is open and ``topic`` valid; remember valid topics (``_ready_topics``,
+        emptied by close(): the fast path needs a single set lookup for both questions)."""
         if self._closing:
             raise ConnectionClosedError("the producer is closed")
         if not self._started:
@@ -672,13 +679,16 @@ class Producer:
         size: int = 0,
         traced: bool = False,
         messages: int = 1,
+        deadline: float | None = None,
     ) -> Any:
         """Route, send (``send(conn, partition)``, or the coalescing batch when ``send`` is
         None), await the answer; retry after a lost link or a moved partition leader.
-        ``messages``: how many the command carries (the counters count messages)."""
+        ``messages``: how many the command carries (the counters count messages). One
+        ``deadline`` for the call, from its start (:mod:`.deadline`), given when a fast path began it."""
         assert self._loop is not None
         self._active += 1
-        deadline = self._loop.time() + (self.publish_timeout if timeout is None else timeout)
+        if deadline is None:
+            deadline = self._loop.time() + (self.publish_timeout if timeout is None else timeout)
         try:
             attempt = 0
             while True:
@@ -692,7 +702,7 @@ class Producer:
                         conn = await self._pool.connection_for(target[0], deadline, self.fail_fast)
                         future = send(conn, target[1])
                         self._ha.timed(conn.address, future)
-                    result = await self._await_answer(future, deadline, timeout is not None)
+                    result = await answer_by(future, deadline, self.publish_timeout, timeout is not None)
                     if send is not None:
                         self.published += messages
                     if traced and tracing.LOG_ENABLED:
@@ -751,16 +761,6 @@ class Producer:
             self._active -= 1
             if not self._active and self._idle_waiter is not None:
                 _resolve(self._idle_waiter)
-
-    async def _await_answer(self, future: asyncio.Future[Any], deadline: float, explicit: bool) -> Any:
-        if not explicit:
-            return await future  # the default deadline is enforced by the sweeper
-        assert self._loop is not None
-        remaining = deadline - self._loop.time()
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), max(remaining, 0))
-        except asyncio.TimeoutError:
-            raise PublishTimeoutError(f"no answer from nsqd within {remaining:.3f} s") from None
 
     def _note_error(self, exc: BaseException, messages: int) -> None:
         if isinstance(exc, ServerError):

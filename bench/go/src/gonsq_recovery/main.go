@@ -8,6 +8,10 @@
 //	     line per publish on stdout: {"t": CLOCK_MONOTONIC ns at its answer, "took": ns the call
 //	     took, "ok": bool, "err": "..."}.
 //
+// -stats-every D (sub): one JSON line on stdout every D: {"t": CLOCK_MONOTONIC ns, "conns": the
+// consumer's open connections (Stats().Connections)}; what bench/gray_failures.py reads as
+// "noticed" (default 0: none).
+//
 // Runs until SIGTERM or SIGINT. -max-in-flight sets Config.MaxInFlight (sub; go-nsq's default 1).
 // -client-id sets Config.ClientID (what the bench's counting listener reads from IDENTIFY to tell
 // the clients' connection attempts apart).
@@ -38,6 +42,7 @@ var (
 	clientID    = flag.String("client-id", "", "Config.ClientID")
 	maxInFlight = flag.Int("max-in-flight", 1, "sub: Config.MaxInFlight")
 	logLevel    = flag.String("log-level", "error", "go-nsq log level: debug|info|warn|error")
+	statsEvery  = flag.Duration("stats-every", 0, "sub: print the open connections this often (0: never)")
 )
 
 func monotonicNs() int64 {
@@ -84,9 +89,21 @@ func consume(stop <-chan os.Signal) {
 	if err != nil {
 		log.Fatal(err)
 	}
+	if *statsEvery > 0 {
+		go printConnections(consumer)
+	}
 	<-stop
 	consumer.Stop()
 	<-consumer.StopChan
+}
+
+func printConnections(consumer *nsq.Consumer) {
+	encoder := json.NewEncoder(os.Stdout)
+	for range time.Tick(*statsEvery) {
+		if encoder.Encode(map[string]int64{"t": monotonicNs(), "conns": int64(consumer.Stats().Connections)}) != nil {
+			return
+		}
+	}
 }
 
 type outcome struct {
