@@ -30,6 +30,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast, overload
 
+from ._loop_thread import LoopThread
 from ._sync_publish import CALL, FORKS, PUBLISH, SEND, Bridge, close_producer, settle_future
 from ._thread_publish import NOT_TAKEN, ThreadPublisher
 from .codec import Message, TracedResponse
@@ -38,7 +39,6 @@ from .consumer import Batch as AsyncBatch
 from .consumer import Consumer as AsyncConsumer
 from .consumer import StopReport
 from .errors import ConnectionClosedError, InvalidValueError
-from .loop import new_event_loop
 from .producer import Producer as AsyncProducer
 from .producer.ha import CloseReport
 from .producer.load import NodeStats
@@ -54,39 +54,6 @@ __all__ = ["Batch", "Consumer", "Producer"]
 T = TypeVar("T")
 _RESULT_MARGIN = 5.0  # seconds added to a call's own timeout before the caller stops waiting
 _LATE = 0.25  # seconds a publish with its own timeout waits past it for the loop's answer (or error)
-
-
-class _LoopThread:
-    """An event loop running in a daemon thread; ``call`` runs a coroutine there and blocks."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        if threading.current_thread() is self._thread:
-            coro.close()
-            raise RuntimeError("blocking call from the facade's own event-loop thread would deadlock")
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            if future.done():
-                raise  # the call's own TimeoutError (PublishTimeoutError is one), not this wait's
-            future.cancel()
-            raise TimeoutError(f"no result within {timeout} s") from None
-
-    def stop(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
-        if not self.loop.is_running():
-            self.loop.close()
 
 
 class Producer:
@@ -133,7 +100,7 @@ class Producer:
         # Built here, in the caller's thread, so bad options raise at once.
         nsqd, lookupd, options = self._arguments
         producer = AsyncProducer(nsqd, lookupd_http_addresses=lookupd, lazy_connect=background, **options)
-        thread = _LoopThread("fastnsq-producer")
+        thread = LoopThread("fastnsq-producer")
         try:
             thread.call(producer.start(background=background))
         except BaseException:
@@ -449,7 +416,7 @@ class Consumer:
             handler=None if handler is None else self._handle,
             **options,
         )
-        self._thread: _LoopThread | None = None
+        self._thread: LoopThread | None = None
         self._stopped = threading.Event()  # run() returns: stop() was called or a signal came
         self._stop_lock = threading.Lock()  # one drain; a second stop() waits for its report
         self._closed = False  # the loop is gone: calls read the consumer directly
@@ -504,7 +471,7 @@ class Consumer:
         """Connect and consume in the background."""
         if self._thread is not None:
             return
-        self._thread = _LoopThread("fastnsq-consumer")
+        self._thread = LoopThread("fastnsq-consumer")
         try:
             self._thread.call(self._consumer.start())
         except BaseException:
@@ -646,7 +613,7 @@ class Consumer:
                 except RuntimeError:
                     pass  # the loop closed meanwhile, or the garbage collector closed us on the loop thread
 
-    def _next_batch(self, thread: _LoopThread, batches: AsyncIterator[AsyncBatch]) -> AsyncBatch | None:
+    def _next_batch(self, thread: LoopThread, batches: AsyncIterator[AsyncBatch]) -> AsyncBatch | None:
         """The next batch, however long it takes to come; None once the consumer has stopped."""
         if self._closed:
             return None
@@ -709,7 +676,7 @@ class Consumer:
                 raise
             return method(*args)  # the loop closed as we asked: the consumer has stopped
 
-    def _call(self, thread: _LoopThread, coro: Coroutine[Any, Any, T]) -> T:
+    def _call(self, thread: LoopThread, coro: Coroutine[Any, Any, T]) -> T:
         try:
             return thread.call(coro, 10)
         except RuntimeError:

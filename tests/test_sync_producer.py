@@ -266,6 +266,52 @@ def test_children_that_exit_normally_leave_the_parent_working(tmp_path: Any) -> 
     assert out.stderr == "", out.stderr  # no "Exception ignored", no traceback
 
 
+@pytest.mark.parametrize("fork", [False, True], ids=["script", "forked child"])
+def test_a_facade_never_closed_ends_its_loop_before_the_interpreter_does(tmp_path: Any, fork: bool) -> None:
+    """A producer and a consumer the program never closes (a script, a fork's child exiting by
+    sys.exit): their loop threads are stopped at exit. A loop left running in its daemon thread
+    while the interpreter finalized crashed it (SIGSEGV: uvloop's timer callback taking the GIL
+    of an interpreter already gone; 9 of 30 runs of the preload script above at load 4). Checked
+    from an atexit hook registered before fastnsq's, so it runs after it: no loop thread is alive."""
+    nsqd = external_nsqd_from_env()
+    script = textwrap.dedent("""
+        import atexit, os, sys, threading
+
+        def no_loop_thread_left():
+            alive = [t.name for t in threading.enumerate() if t.name.startswith("fastnsq-")]
+            print("alive:", alive, flush=True)
+
+        atexit.register(no_loop_thread_left)  # before fastnsq's own: runs after it
+        from fastnsq.sync import Consumer, Producer
+        address, topic, fork = sys.argv[1], sys.argv[2], sys.argv[3] == "True"
+        producer = Producer([address])
+        assert producer.publish(topic, b"one") == b"OK"
+        consumer = Consumer(topic, "c", nsqd_tcp_addresses=[address], handler=lambda m: None)
+        if fork and os.fork() != 0:
+            os._exit(os.waitstatus_to_exitcode(os.wait()[1]))  # the parent leaves without its own atexit
+        if fork:
+            assert producer.publish(topic, b"two") == b"OK"  # the child's own loop
+        sys.exit(0)
+    """)
+    path = tmp_path / "unclosed.py"
+    path.write_text(script)
+    topic = unique("unclosed")
+
+    def run(address: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(path), address, topic, str(fork)], capture_output=True, text=True,
+                              timeout=60, check=False, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+
+    if nsqd is not None:
+        out = run(nsqd.tcp_address)
+    else:
+        from fastnsq.testing.background import in_thread
+
+        with in_thread(NSQD) as embedded:
+            out = run(embedded.tcp_address)
+    assert out.returncode == 0, out
+    assert out.stdout.strip() == "alive: []", out
+
+
 # ---- issue 33 (c): the hand-off from many threads -------------------------------------------
 
 
