@@ -31,6 +31,11 @@ given-up count is its "giving up" log lines; it has no /readyz. ``consumer`` is 
 ``ready_check=ready``, ``max_in_flight`` 4000. ``sync`` is the blocking facade
 (``fastnsq.sync.Consumer``, one process): ``batches(400, 0.25)`` in the main thread, a sync
 handler and a sync ``ready_check``, asyncpg on an event loop of its own per thread.
+``handler`` is the plain ``Consumer`` with a message handler and the defaults (no
+``ready_check``: a failed message is held and retried in-process, ``hold_failed``),
+``max_in_flight`` 200, one ``INSERT ... ON CONFLICT DO NOTHING`` a message through an asyncpg
+pool of 8; ``sync-handler`` the blocking facade the same way, 8 worker threads, each with its
+own asyncpg connection on its own loop.
 
 The HTTP sink (modes ``http``, ``http-ready``, ``http-go-nsq``): the bench's own nginx
 (``--nginx``, Debian's) with its own prefix and config on a free loopback port, stopped with
@@ -41,6 +46,7 @@ worker's defaults), ``http-ready`` the same with ``ready()`` (``GET /health``), 
 ``outage_bench --http-url`` (go-nsq v1.1.0, the batches POSTed with net/http).
 
     python bench/dependency_outage.py --real ~/nsq-real/bin --outages 5,40 --modes sync,http,http-ready,http-go-nsq
+    python bench/dependency_outage.py --real ~/nsq-real/bin --outages 5,40,300 --modes handler,sync-handler
 
 Writes bench/results/dependency_outage-<date>.json and .md and prints the table.
 """
@@ -121,6 +127,45 @@ async def consume(topic, address):
                 batch.requeue()
             else:
                 batch.finish()
+
+
+INSERT = "INSERT INTO events VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING"
+
+
+async def consume_handler(topic, address):
+    """The plain Consumer with a message handler and the defaults (no ready_check): a row a message."""
+    import asyncio
+    import fastnsq
+
+    pool = await asyncpg.create_pool(DSN, min_size=1, max_size=8)
+
+    async def handle(message):
+        event = json.loads(message.body)
+        await pool.execute(INSERT, event["id"], event["ts"], event["payload"])
+
+    async with fastnsq.Consumer(topic, "ingest", nsqd_tcp_addresses=[address], handler=handle, max_in_flight=200):
+        await asyncio.Event().wait()
+
+
+def consume_sync_handler(topic, address):
+    """The blocking facade with a handler and the defaults: 8 threads, a row a message each."""
+    import threading
+    import fastnsq.sync
+
+    local = threading.local()
+
+    def handle(message):
+        ingest = getattr(local, "ingest", None) or SyncIngest()
+        local.ingest = ingest
+        event = json.loads(message.body)
+        try:
+            ingest._run(ingest._connection().execute(INSERT, event["id"], event["ts"], event["payload"]))
+        except Exception:
+            ingest._failed()
+            raise
+
+    fastnsq.sync.Consumer(topic, "ingest", nsqd_tcp_addresses=[address], handler=handle, workers=8,
+                          max_in_flight=200).run()
 
 
 class SyncIngest:
@@ -216,9 +261,10 @@ class PostReady(Post):
 '''
 
 MODES = {"ready": "ingest:IngestReady", "defaults": "ingest:Ingest", "go-nsq": "", "consumer": "", "sync": "",
+         "handler": "consume_handler", "sync-handler": "consume_sync_handler",
          "http": "ingest_http:Post", "http-ready": "ingest_http:PostReady", "http-go-nsq": ""}
 #: Modes without a worker (no /metrics, /readyz): their given up are counted in their log.
-NO_WORKER = {"go-nsq", "consumer", "sync", "http-go-nsq"}
+NO_WORKER = {"go-nsq", "consumer", "sync", "http-go-nsq", "handler", "sync-handler"}
 
 
 class Postgres:
@@ -430,6 +476,12 @@ async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path
     go = mode in NO_WORKER  # no worker: no /metrics, /readyz
     if mode == "consumer":
         command = [sys.executable, "-c", "import asyncio, sys, ingest; asyncio.run(ingest.consume(*sys.argv[1:]))",
+                   topic, nsqd.tcp_address]
+    elif mode == "handler":
+        command = [sys.executable, "-c", "import asyncio, sys, ingest; asyncio.run(ingest.consume_handler(*sys.argv[1:]))",
+                   topic, nsqd.tcp_address]
+    elif mode == "sync-handler":
+        command = [sys.executable, "-c", "import sys, ingest; ingest.consume_sync_handler(*sys.argv[1:])",
                    topic, nsqd.tcp_address]
     elif mode == "sync":
         command = [sys.executable, "-c", "import sys, ingest; ingest.consume_sync(*sys.argv[1:])",

@@ -236,6 +236,12 @@ _CONSUMER = [
              "While a handler fails, polled every ready_check_interval (sync or async; raising or False: "
              "not ready): RDY 0 until it passes, then full max_in_flight at once, failed messages requeued "
              "without delay.", off=(None,), callable_ok=True),
+    _fastnsq("hold_failed", "consumer", "bool", True,
+             "A handler's failed message is held and its handler called again every ready_check_interval, "
+             "requeued (an attempt) only once other messages succeed beside it; two failures in a row hold the "
+             "consumer at RDY 0 until a retry succeeds (False, ordered or backoff_scope='partition': REQ with "
+             "backoff at once, as go-nsq).",
+             kind="bool"),
     _fastnsq("ready_check_interval", "consumer", "float", 0.25, "How often a failing ready_check is asked again.",
              low=0.01, high=60, **_SECONDS),
     _fastnsq("ordered", "consumer", "bool", False, "HA: SUB_ORDERED, one message at a time per partition.",

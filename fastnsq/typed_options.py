@@ -147,6 +147,8 @@ class ConsumerOptions(ConnectionKeywords, total=False):
     """Messages past max_attempts are published here (their body as it came, on the nsqd they came from) and finished only once nsqd took them (None: finished and logged). Default None; fastnsq's own."""
     ready_check: Callable[[], object] | None
     """While a handler fails, polled every ready_check_interval (sync or async; raising or False: not ready): RDY 0 until it passes, then full max_in_flight at once, failed messages requeued without delay. Default None; fastnsq's own."""
+    hold_failed: bool
+    """A handler's failed message is held and its handler called again every ready_check_interval, requeued (an attempt) only once other messages succeed beside it; two failures in a row hold the consumer at RDY 0 until a retry succeeds (False, ordered or backoff_scope='partition': REQ with backoff at once, as go-nsq). Default True; fastnsq's own."""
     ready_check_interval: float
     """How often a failing ready_check is asked again. Default 0.25 s; fastnsq's own."""
     ordered: bool

@@ -172,7 +172,7 @@ async def test_backoff_engages_on_failures_and_recovers(nsqd):
         handled.append(message.body)
 
     consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=5,
-                        backoff_multiplier=0.05, default_requeue_delay=0, max_attempts=0)
+                        backoff_multiplier=0.05, default_requeue_delay=0, max_attempts=0, hold_failed=False)
     await consumer.start()
     await eventually(lambda: len(set(handled)) == 20, timeout=20, what="all messages after recovering")
     assert max(levels) >= 1, "backoff never engaged"
@@ -195,7 +195,7 @@ async def test_give_up_hook_fires_past_max_attempts(nsqd):
             raise ValueError("cannot process")
 
     consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle, max_in_flight=2,
-                        max_attempts=2, default_requeue_delay=0, max_backoff_duration=0,
+                        max_attempts=2, default_requeue_delay=0, max_backoff_duration=0, hold_failed=False,
                         give_up_handler=lambda m: given_up.append((m.body, m.attempts)))
     await consumer.start()
     await eventually(lambda: given_up, timeout=10, what="the give-up hook")

@@ -97,7 +97,7 @@ async def test_the_fast_lane_closes_in_backoff_and_reopens_after(nsqd) -> None:
     await publish(nsqd.tcp_address, topic, 50)
     async with Consumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], max_in_flight=10,
                         backoff_multiplier=0.05, max_backoff_duration=0.2, default_requeue_delay=0,
-                        max_attempts=0, handler=handler) as consumer:
+                        max_attempts=0, handler=handler, hold_failed=False) as consumer:
         link = consumer._all_links()[0]
         await eventually(lambda: consumer.backoff_level > 0, timeout=5, what="backoff")
         assert not link.rdy_state.fast  # every answer goes through the controller now

@@ -38,6 +38,7 @@ async def test_tagged_and_untagged_consumers_each_get_their_own(nsq_cluster_ha: 
     consumers = [
         Consumer(topic, "ch", lookupd_http_addresses=nsq_cluster_ha.lookupd_http_addresses, handler=handler(name),
                  max_in_flight=10, lookupd_poll_interval=0.5, default_requeue_delay=0, max_backoff_duration=0,
+                 hold_failed=False,  # each failure a REQ: the redelivery must come back to the same side
                  **({"desired_tag": "red"} if name == "red" else {}))
         for name in ("red", "plain")
     ]

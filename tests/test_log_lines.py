@@ -67,7 +67,8 @@ async def test_a_failing_handler_is_one_warning_line_with_its_traceback_at_debug
 
         with caplog.at_level(logging.DEBUG, logger="fastnsq"):
             async with Consumer(topic, "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle,
-                                max_attempts=2, default_requeue_delay=0, max_backoff_duration=0) as consumer:
+                                max_attempts=2, default_requeue_delay=0, max_backoff_duration=0,
+                                hold_failed=False) as consumer:
                 await eventually(lambda: consumer.snapshot().given_up == 1, what="the give-up")
     failures = records(caplog, "handler failed on message")
     assert [r.levelno for r in failures] == [logging.WARNING, logging.WARNING]

@@ -103,7 +103,7 @@ async def test_a_failing_handler_marks_its_span(nsqd, spans) -> None:
     async with Producer([nsqd.tcp_address]) as producer:
         await producer.publish(topic, b"x")
     consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=handle,
-                        default_requeue_delay=0, max_backoff_duration=0)
+                        default_requeue_delay=0, max_backoff_duration=0, hold_failed=False)
     await consumer.start()
     try:
         await eventually(lambda: attempts == [1, 2], timeout=20, what="a failed and a good attempt")

@@ -61,7 +61,7 @@ async def test_consumer_wide_backoff_stays_the_default(nsq_cluster_ha):
         raise RuntimeError("fails")
 
     consumer = consumer_on(nsq_cluster_ha, topic, handler=handle, backoff_multiplier=30.0, max_in_flight=16,
-                           default_requeue_delay=0)
+                           default_requeue_delay=0, hold_failed=False)
     await consumer.start()
     try:
         await asyncio.wait_for(failed.wait(), 20)

@@ -804,7 +804,7 @@ async def test_a_handler_that_always_raises_backs_off_without_crashing(
     await publish_spread([nsqd.tcp_address], topic, 20)
     worker = await start_worker(tmp_path, "wk_jobs:fail", *_consume_args(topic, nsqd.tcp_address),
                                 "--processes", "2", "--consumer-opt", "default_requeue_delay=0",
-                                "--backoff-grace", "1")
+                                "--consumer-opt", "hold_failed=false", "--backoff-grace", "1")
     cleanup.append(worker)
     pids = [w["pid"] for w in (await worker.health())["workers"]]
 

@@ -6,7 +6,8 @@ Three ways to consume, one per consumer:
   queue: its FIN goes out in the same write as the other answers of that read);
   a coroutine function runs concurrently, at most ``max_in_flight`` at once, and
   gets a task only when it actually awaits. Returning finishes the message,
-  raising requeues it with backoff; ``message.finish()`` / ``requeue()`` /
+  raising holds it and calls the handler again (:mod:`.held`; ``hold_failed=False``:
+  requeued with backoff); ``message.finish()`` / ``requeue()`` /
   ``touch()`` / ``disable_auto_response()`` take over.
 * ``async for message in consumer``: the caller answers each message.
 * ``async for batch in consumer.batches(max_size, max_wait)``: a batch is yielded
@@ -25,7 +26,6 @@ import logging
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import codec
@@ -50,9 +50,11 @@ from .batch import Batch
 from .dispatch import Dispatcher, DispatchSettings, Link
 from .express import ExpressLanes
 from .ha import HAConsumer, direct_endpoints
+from .held import HeldMessages, probe_one
 from .missing import REFRESH_ERRORS, Missing
 from .partitions import Partitions
 from .readiness import Readiness
+from .report import StopReport
 
 if TYPE_CHECKING:
     from typing_extensions import Self, Unpack
@@ -81,17 +83,6 @@ _SETTLE_ROUND_TRIPS = 10
 _MIN_SETTLE = 0.05
 
 
-@dataclass
-class StopReport:
-    """What ``Consumer.stop()`` did."""
-
-    finished: int = 0  # messages finished while draining
-    requeued: int = 0  # messages requeued while draining (by handlers, or by stop at the deadline)
-    abandoned: int = 0  # messages unanswered at the deadline (by handlers or in batches): stop requeued them
-    timed_out: bool = False  # the deadline passed with messages still unanswered
-    duration: float = 0.0
-
-
 class Consumer:
     """Consumes a topic's channel from nsqd, directly or through nsqlookupd (``nsqd_tcp_addresses=[]``: none yet).
 
@@ -103,7 +94,8 @@ class Consumer:
     ...         await asyncio.sleep(60)
 
     ``handler``: a function of one :class:`~fastnsq.Message`, plain or ``async``: it returns to
-    finish the message and raises to requeue it with backoff (what it returns is not read:
+    finish the message and raises to have it held and handled again in-process, requeued only once
+    other messages succeed beside it (``hold_failed=False``: requeued with backoff; what it returns is not read:
     pynsq's ``return False`` finishes); ``message.requeue()`` requeues without a traceback.
     Without one, ``async for message in consumer`` or :meth:`batches`. The keyword options are
     :class:`fastnsq.typed_options.ConsumerOptions` (go-nsq's names and defaults, durations in
@@ -185,13 +177,26 @@ class Consumer:
         if dead is not None and not codec.valid_topic_name(dead):  # nsqd would close the connection at each try
             raise InvalidValueError(f"invalid dead_letter_topic {dead!r}: 1-64 characters of [.a-zA-Z0-9_-]")
         self._readiness: Readiness | None = None
-        if s["ready_check"] is None:
+        #: hold_failed: the handler's failed messages, held and retried in-process (consumer/held.py).
+        self.held: HeldMessages | None = None
+        check, what = s["ready_check"], "ready_check"
+        if check is None:
             self._rdy.on_backoff = self._dispatch.backoff_changed
-        else:  # the check, not a backoff's waits and probes, says when to resume
-            self._readiness = Readiness(s["ready_check"], s["ready_check_interval"],
+            if handler is not None and s["hold_failed"] and not self.ordered and self.backoff_scope != "partition":
+                self.held = self._dispatch.held = HeldMessages(
+                    self._dispatch.call_again, lambda: self.total_finished, lambda: self.total_received,
+                    lambda: self._rdy.max_in_flight,
+                    lambda: probe_one(self._all_links()), lambda: self.msg_timeout, s["ready_check_interval"], self._log)
+                check, what = self.held.retry, "the failed message's handler again"
+        if check is not None:  # the check, not a backoff's waits and probes, says when to resume
+            self._readiness = Readiness(check, s["ready_check_interval"],
                                         lambda holding: self._apply(self._rdy.hold(holding)), self._touch_held,
-                                        self._log, f"{topic}/{channel}")
-            self._dispatch.on_failure = self._readiness.failed
+                                        self._log, f"{topic}/{channel}", what,
+                                        None if self.held is None else self.held.release)
+            if self.held is None:
+                self._dispatch.on_failure = self._readiness.failed
+            else:
+                self.held.hold = self._readiness.failed
             self._dispatch.holding = lambda: self._readiness is not None and self._readiness.holding
         self._loop: asyncio.AbstractEventLoop | None = None
         self._links: dict[Endpoint, list[Link]] = {}

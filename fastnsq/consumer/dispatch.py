@@ -24,6 +24,7 @@ from .. import codec, tracing
 from ..config import LoggerLike
 from ..errors import InvalidValueError
 from ..rdy import Outcome, RdyController, RdyUpdate
+from .held import HeldMessages
 from .partitions import Partitions
 
 __all__ = ["DispatchSettings", "Dispatcher", "is_async_callable"]
@@ -96,6 +97,8 @@ class Dispatcher:
         #: The consumer's ready_check: told of each failure (a REQ with backoff); holding.
         self.on_failure: Callable[[], None] | None = None
         self.holding: Callable[[], bool] = lambda: False
+        #: hold_failed: a failed message is held and retried in-process (consumer/held.py), not requeued.
+        self.held: HeldMessages | None = None
         self.closed_counts = [0, 0, 0]  # received, finished, requeued
         self.closed_timed_out = 0
         # Not finished or requeued as far as nsqd knows: counting them as such hid the loss.
@@ -205,9 +208,15 @@ class Dispatcher:
         per message at WARNING drowned the rest (75 of them for 500 messages failing 10 %)."""
         limit = self.settings.max_attempts
         attempts = f"attempt {message.attempts} of {limit}" if limit else f"attempt {message.attempts}"
-        answer = "requeueing" if message.auto_response and not message.has_responded else "answered by the handler"
+        if not message.auto_response or message.has_responded:
+            answer = "answered by the handler"
+        elif self.held is not None:
+            answer = "held, its handler called again in-process"
+        else:
+            answer = "requeueing"
         # While the consumer holds (its ready_check failing), the hold's line said why: DEBUG.
-        log = self._log.debug if self.holding() else self._log.warning
+        holding = self.holding() or (self.held is not None and answer.startswith("held") and self.held.holds_next())
+        log = self._log.debug if holding else self._log.warning
         log("handler failed on message %s (%s): %s: %s; %s", _id_text(message), attempts, type(error).__name__, error,
             answer)
         if self._log.isEnabledFor(logging.DEBUG):
@@ -317,7 +326,9 @@ class Dispatcher:
     def _auto_answer(self, message: Any, *, failed: bool) -> None:
         if message.has_responded or not message.auto_response:
             return
-        if failed:
+        if failed and self.held is not None:
+            self.held.add(message)
+        elif failed:
             message.requeue()
         else:
             message.finish()
@@ -333,6 +344,17 @@ class Dispatcher:
         if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
             raise InvalidValueError(f"requeue delay must be seconds >= 0, got {delay!r}")
         return min(round(delay * 1000), 3600 * 1000)
+
+    async def call_again(self, message: Any) -> BaseException | None:
+        """A held message's handler once more (consumer/held.py): its error, or None."""
+        assert self._handler is not None
+        try:
+            result = self._handler(message)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as error:  # noqa: BLE001 - a user handler: the error is the answer
+            return error
+        return None
 
     # ---- async handlers -----------------------------------------------------------------
 

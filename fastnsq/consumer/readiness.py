@@ -44,6 +44,8 @@ class Readiness:
         touch_held: Callable[[], float],
         log: LoggerLike,
         where: str,
+        what: str = "ready_check",
+        release: Callable[[], None] | None = None,
     ) -> None:
         if not callable(check):
             raise InvalidValueError(f"ready_check must be a callable (sync or async) or None, got {check!r}")
@@ -53,7 +55,10 @@ class Readiness:
         self._touch_held = touch_held  # TOUCHes what the consumer holds; returns seconds until the next is due
         self._log = log
         self._where = where
+        self._what = what  # what the log line names as the check
+        self._release = release  # the consumer stops: what the check holds goes back
         self._task: asyncio.Task[None] | None = None
+        self._failed_again = False
         self._ready = asyncio.Event()
         self._ready.set()
         #: RDY 0 and nothing handed out: from a failure until a check passes.
@@ -68,6 +73,7 @@ class Readiness:
     def failed(self) -> None:
         """A handler failed (a REQ with backoff): hold and ask the check, unless already doing so."""
         if self._task is not None:
+            self._failed_again = True  # a check passing now may predate this failure: ask once more
             return
         self.holding = True
         self._ready.clear()
@@ -87,19 +93,24 @@ class Readiness:
             self._task = None
         self.holding = self.not_ready = False  # RDY stays 0: the consumer is stopping
         self._ready.set()
+        if self._release is not None:
+            self._release()
 
     async def _poll(self) -> None:
         started, told, next_touch = time.monotonic(), False, 0.0
         try:
             while True:
+                self._failed_again = False
                 error = await self._ask()
-                if error is None:
+                if error is None and not self._failed_again:
                     break
+                if error is None:
+                    continue
                 if not told:
                     told = self.not_ready = True
                     self.holds += 1
-                    self._log.warning("%s: not ready (ready_check: %s: %s): holding at RDY 0, checking every "
-                                      "%.2f s", self._where, type(error).__name__, error, self._interval)
+                    self._log.warning("%s: not ready (%s: %s: %s): holding at RDY 0, checking every %.2f s",
+                                      self._where, self._what, type(error).__name__, error, self._interval)
                 else:
                     self._log.debug("%s: still not ready: %s: %s", self._where, type(error).__name__, error)
                 if time.monotonic() >= next_touch:
