@@ -12,7 +12,8 @@ call (``thread_connections``), as that costs no thread switch.
 
 A :class:`Consumer` runs a plain function handler in worker threads (``workers``,
 default 1), so a slow handler never blocks the connection's heartbeats. In the
-handler, return to finish the message and raise to requeue it; the message's
+handler, return to finish the message and raise to have it held and handled again
+(``hold_failed``, as :class:`fastnsq.Consumer`); the message's
 ``finish``/``requeue``/``touch`` are safe to call from the handler's thread. Made
 without a handler, it hands out :meth:`Consumer.batches` to plain threads instead.
 ``Consumer.run()`` drains on SIGINT/SIGTERM; a second signal hurries the drain.
@@ -458,7 +459,7 @@ class Consumer:
         if ran:
             try:
                 self._user_handler(_thread_safe(message, loop))  # type: ignore[misc]
-            except BaseException as exc:  # noqa: BLE001 - the dispatcher requeues it with backoff
+            except BaseException as exc:  # noqa: BLE001 - the dispatcher holds or requeues it
                 # A SystemExit or StopIteration would break the loop's task: pass it on as an error.
                 plain = isinstance(exc, Exception) and not isinstance(exc, StopIteration)
                 error = exc if plain else RuntimeError(f"handler raised {exc!r}")

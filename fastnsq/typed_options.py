@@ -28,7 +28,8 @@ __all__ = ["AsyncHandler", "BackoffStrategy", "Body", "ConsumerOptions", "Handle
 #: What a publish takes as a message body (a str goes out as UTF-8).
 Body = bytes | bytearray | memoryview | str
 
-#: A plain handler: returns to finish the message, raises to requeue it (with backoff); what it
+#: A plain handler: returns to finish the message, raises to have it held and handled again
+#: (hold_failed; requeued with backoff when that is off); what it
 #: returns is not read, so it is typed None (pynsq's ``return False`` would finish the message).
 SyncHandler = Callable[[Message], None]
 #: A coroutine handler: the same rules once it returns.

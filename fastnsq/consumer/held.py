@@ -65,6 +65,7 @@ class HeldMessages:
         self._successes = successes  # messages finished by the consumer so far
         self._received = received  # messages received by the consumer so far
         self._probed_at: int | None = None  # received() when the last probe was sent
+        self._probe_mark: int | None = None  # successes() then: more since, and the probe succeeded
         self._room = room  # max_in_flight: held messages beyond it leave no room for another
         self._probe = probe  # RDY for one fresh message beside the held ones; False: no connection
         self._msg_timeout = msg_timeout
@@ -111,7 +112,8 @@ class HeldMessages:
             self._keeper = asyncio.get_running_loop().create_task(self._keep())
 
     def _hold(self) -> None:
-        self.holding, self._last_probe, self._probe_wait, self._probed_at = True, time.monotonic(), FIRST_PROBE, None
+        self.holding, self._last_probe, self._probe_wait = True, time.monotonic(), FIRST_PROBE
+        self._probed_at = self._probe_mark = None
         self.hold()
 
     async def retry(self) -> None:
@@ -121,7 +123,7 @@ class HeldMessages:
         if error is None:
             self.holding = False
             if self._held:
-                self._start_round(None)  # the rest, now that something passes: what fails is charged
+                self._start_round(None, proven=True)  # the rest, now that something passes: what fails is charged
             return
         if time.monotonic() - self._last_probe >= self._probe_wait:
             self._next_probe()
@@ -134,6 +136,7 @@ class HeldMessages:
         if self._probed_at is not None and self._received() == self._probed_at and self._held:
             self._charge(next(iter(self._held)))
         self._probed_at = self._received() if self._probe() else None
+        self._probe_mark = self._successes() if self._probed_at is not None else None
         self._last_probe, self._probe_wait = time.monotonic(), min(MAX_PROBE, 2 * self._probe_wait)
 
     def release(self) -> None:
@@ -153,15 +156,16 @@ class HeldMessages:
             if not self.holding and await asyncio.shield(self._start_round(None)) is not None:
                 self._hold()  # failed again with no success since: a dependency, not the message
 
-    def _start_round(self, tries: int | None) -> asyncio.Task[BaseException | None]:
+    def _start_round(self, tries: int | None, proven: bool = False) -> asyncio.Task[BaseException | None]:
         """The round running, else a new one: a message is never retried twice at once."""
         if self._round is None or self._round.done():
-            self._round = asyncio.get_running_loop().create_task(self._retry_round(tries))
+            self._round = asyncio.get_running_loop().create_task(self._retry_round(tries, proven))
         return self._round
 
-    async def _retry_round(self, tries: int | None) -> BaseException | None:
+    async def _retry_round(self, tries: int | None, proven: bool) -> BaseException | None:
         """Retry ``tries`` held messages (None: all); None when one succeeded (or none is held),
-        else the last error. A failure after a success elsewhere is charged."""
+        else the last error. A failure that a success shows to be the message's own is charged
+        (``proven``: a retry just succeeded)."""
         self._touch_due()
         error: BaseException | None = None
         passed = not self._held
@@ -178,12 +182,20 @@ class HeldMessages:
                 del self._held[message]
                 if not message.has_responded and message.auto_response:
                     message.finish()
-                passed = True
-            elif self._successes() > held.successes or time.monotonic() - held.since >= HOLD_LIMIT:
+                passed = proven = True
+            elif proven or self._proven(held) or time.monotonic() - held.since >= HOLD_LIMIT:
                 self._charge(message)
             else:
                 error = failure
         return None if passed else error
+
+    def _proven(self, held: _Held) -> bool:
+        """Whether a success shows a failure to be the message's own. While the consumer holds only
+        the probe's counts (a handler that began before the outage and ended after it proves
+        nothing: 99 of 200 in flight were charged so); else any success since it failed."""
+        if self.holding:
+            return self._probe_mark is not None and self._successes() > self._probe_mark
+        return self._successes() > held.successes
 
     def _charge(self, message: Any) -> None:
         del self._held[message]
