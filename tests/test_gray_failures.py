@@ -225,13 +225,14 @@ async def test_lone_hung_nsqd_publish_raises_at_its_timeout(two_nsqd):
 
 
 @pytest.mark.parametrize("fail_fast", [True, False])
-@pytest.mark.parametrize("coalesce", [True, False])
-async def test_lone_publish_ends_at_its_timeout_when_the_connection_dies_meanwhile(two_nsqd, coalesce, fail_fast):
+@pytest.mark.parametrize(("coalesce", "method"), [(True, "publish"), (False, "publish"), (True, "mpublish")])
+async def test_lone_publish_ends_at_its_timeout_when_the_connection_dies_meanwhile(two_nsqd, coalesce, method,
+                                                                                   fail_fast):
     """Producer([B]), B hung, its connection declared dead (dead_after = 2 heartbeats) about when
     the publishes it holds reach publish_timeout: each call still ends within publish_timeout of
     its start. Before, a publish failed by the dying connection was retried with a deadline of
     its own: it raised NsqdDown FAIL_FAST_WAIT later (10.2 s for a 10 s timeout in the bench),
-    or, without fail_fast, waited a second publish_timeout."""
+    or, without fail_fast, waited a second publish_timeout. The same for mpublish's fast path."""
     _, b = two_nsqd
     timeout = 2.0
     topic = unique("lone_dies")
@@ -245,7 +246,10 @@ async def test_lone_publish_ends_at_its_timeout_when_the_connection_dies_meanwhi
                     await asyncio.sleep(start_after)
                     began = time.monotonic()
                     with pytest.raises((PublishTimeoutError, NoConnectionError)):
-                        await producer.publish(topic, b"x")
+                        if method == "mpublish":
+                            await producer.mpublish(topic, [b"x", b"y"])
+                        else:
+                            await producer.publish(topic, b"x")
                     return time.monotonic() - began
 
                 took = await asyncio.gather(*(timed(i * 0.1) for i in range(12)))

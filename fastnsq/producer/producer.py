@@ -565,13 +565,15 @@ class Producer:
         On HA: ``partition`` / ``sharding_key`` as for :meth:`publish`; ``trace_ids``
         (one per body) uses MPUB_TRACE, ``exts`` (one JSON object per body) MPUB_EXT.
         """
+        deadline = None
         if (
             topic in self._ready_topics and timeout is None and partition is None and sharding_key is None
             and trace_ids is None and exts is None and not tracing.ENABLED
             and self._router.topology is None and self._pool.open
         ):
-            # The pipelined fast path, as publish()'s: the common batch (bytes, one MPUB under nsqd's
-            # limits) on the next connection, awaited here without _call's routing coroutines.
+            # The pipelined fast path, as publish()'s: the common batch (one MPUB under nsqd's limits) on the
+            # next connection, awaited without _call's routing coroutines; a retry keeps the call's deadline.
+            deadline = self._loop.time() + self.publish_timeout  # type: ignore[union-attr] # open: checked
             batch = bodies if type(bodies) is list else list(bodies)
             if fits_one_mpub(batch, self.options.max_body_size, self._max_msg_size):
                 future = self._pool.next_open().mpublish(topic, batch, now=not self._active)
@@ -583,9 +585,9 @@ class Producer:
                                        len(bodies))
             with tracing.publishing(call):
                 call.answer = await self._mpublish(topic, bodies, timeout, partition, sharding_key, trace_ids,
-                                                   call.exts)
+                                                   call.exts, deadline)
                 return call.answer
-        return await self._mpublish(topic, bodies, timeout, partition, sharding_key, trace_ids, exts)
+        return await self._mpublish(topic, bodies, timeout, partition, sharding_key, trace_ids, exts, deadline)
 
     async def _mpublish(
         self,
@@ -595,7 +597,7 @@ class Producer:
         partition: int | None,
         sharding_key: Any,
         trace_ids: Sequence[int] | None,
-        exts: Sequence[Mapping[str, Any]] | None,
+        exts: Sequence[Mapping[str, Any]] | None, deadline: float | None = None,
     ) -> Any:
         self._check_topic(topic)
         batch = list(bodies)
@@ -628,7 +630,7 @@ class Producer:
         chunks = self._chunks(items, header, body_of)
         sends = [
             self._call(topic, lambda conn, pid, c=chunk: make(conn, pid, c), timeout, partition, sharding_key,
-                       traced=trace_ids is not None, messages=len(chunk))
+                       traced=trace_ids is not None, messages=len(chunk), deadline=deadline)
             for chunk in chunks
         ]
         # One chunk is the common case: awaited directly, without a task for gather() to wrap it in.
