@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 from typing import Any
 
 from .. import codec
@@ -95,6 +96,7 @@ async def _serve_nsqd(args: argparse.Namespace, host: str, tcp_port: int, http_p
 
     stop = asyncio.Event()
     install_stop_signals(stop.set)
+    watch = _watch_parent(stop)
     broadcast = args.broadcast_address or (host if host not in ("0.0.0.0", "::") else None)
     async with contextlib.AsyncExitStack() as stack:
         registrations = list(args.lookupd_tcp_address)
@@ -121,7 +123,29 @@ async def _serve_nsqd(args: argparse.Namespace, host: str, tcp_port: int, http_p
         dialect = "HA (youzan)" if args.ha else f"nsqd 1.3, answering like nsqd {args.emulate}"
         print(f"running ({dialect} protocol, messages in memory only); Ctrl-C to stop", flush=True)
         await stop.wait()
+    if watch is not None:
+        watch.cancel()
     print("stopped", flush=True)
+
+
+#: How often the embedded nsqd started by fastnsq.testing looks whether its parent is still there.
+PARENT_CHECK_INTERVAL = 0.5
+
+
+def _watch_parent(stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """With FASTNSQ_STOP_WITH_PARENT=PID (set by fastnsq.testing's NSQDProcess): stop once this
+    process's parent is no longer PID (it died and the process was reparented)."""
+    parent = os.environ.get("FASTNSQ_STOP_WITH_PARENT", "")
+    if not parent.isdigit():
+        return None
+
+    async def watch() -> None:
+        while os.getppid() == int(parent):
+            await asyncio.sleep(PARENT_CHECK_INTERVAL)
+        print(f"the parent process {parent} is gone: stopping", flush=True)
+        stop.set()
+
+    return asyncio.get_running_loop().create_task(watch())
 
 
 def _split_listen(address: str) -> tuple[str, int]:

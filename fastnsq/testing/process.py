@@ -251,7 +251,9 @@ class NSQDProcess(ServerProcess):
         if self.binary is not None:
             return None
         path = os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))
-        return dict(os.environ, PYTHONPATH=path)
+        # The embedded nsqd ends with this process: a test run killed by a signal left its servers
+        # running for as long as nobody looked (fastnsq nsqd watches its parent's pid).
+        return dict(os.environ, PYTHONPATH=path, FASTNSQ_STOP_WITH_PARENT=str(os.getpid()))
 
     def describe(self) -> str:
         what = f"nsqd {self.binary}" if self.binary else "fastnsq's embedded nsqd (fastnsq nsqd)"
