@@ -4,8 +4,8 @@ Three ways to consume, one per consumer:
 
 * ``handler=``: a sync function runs inline as frames are split (no task, no
   queue: its FIN goes out in the same write as the other answers of that read);
-  a coroutine function runs concurrently, at most ``max_in_flight`` at once, and
-  gets a task only when it actually awaits. Returning finishes the message,
+  a coroutine function runs concurrently in a task of its own (started eagerly on
+  3.12+), at most ``max_in_flight`` at once. Returning finishes the message,
   raising holds it and calls the handler again (:mod:`.held`; ``hold_failed=False``:
   requeued with backoff); ``message.finish()`` / ``requeue()`` /
   ``touch()`` / ``disable_auto_response()`` take over.

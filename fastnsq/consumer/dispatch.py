@@ -359,26 +359,20 @@ class Dispatcher:
     # ---- async handlers -----------------------------------------------------------------
 
     def run_async_handler(self, handler: Callable[[Any], Any], message: Any) -> None:
+        """An async handler in a task of its own from its first step: ``asyncio.timeout()``,
+        ``current_task()`` and the libraries built on them (asyncpg's connect, aiohttp's timeouts)
+        need one. On 3.12+ the task starts eagerly (no loop pass when the handler never awaits);
+        3.11's first step once ran inline without a task, and such a handler failed every time."""
+        assert self._loop is not None
         coro = handler(message)
         if _EAGER_TASKS:
-            assert self._loop is not None
             task: asyncio.Task[Any] = asyncio.Task(coro, loop=self._loop, eager_start=True)  # type: ignore[call-arg,unused-ignore]
             if task.done():
                 self._async_done(message, task)
-            else:
-                self._watch_task(task, message)
-            return
-        try:
-            yielded = coro.send(None)
-        except StopIteration:
-            self._auto_answer(message, failed=False)
-            return
-        except Exception as exc:  # noqa: BLE001 - a user handler: logged, the message requeued
-            self.log_failure(message, exc)
-            self._auto_answer(message, failed=True)
-            return
-        assert self._loop is not None
-        self._watch_task(self._loop.create_task(resume(coro, yielded)), message)
+                return
+        else:
+            task = self._loop.create_task(coro)
+        self._watch_task(task, message)
 
     def _watch_task(self, task: asyncio.Task[Any], message: Any) -> None:
         self.tasks.add(task)
@@ -466,37 +460,6 @@ class Dispatcher:
                 task.add_done_callback(self.tasks.discard)
         except Exception:  # noqa: BLE001 - the user's give-up hook: logged with its traceback
             self._log.exception("give_up_handler failed for message %r", message)
-
-
-async def resume(coro: Any, yielded: Any) -> Any:
-    """Drive the rest of a coroutine that was started outside a task, as a Task would.
-
-    Python 3.11 has no eager tasks: a handler is first run inline and only when it
-    awaits something does it get this task, which waits for what the coroutine
-    awaits and then resumes it.
-    """
-    while True:
-        throw: BaseException | None = None
-        try:
-            if yielded is None:
-                await asyncio.sleep(0)  # a bare yield: give the loop one pass
-            else:
-                # As a Task does when it takes over a yielded future: clear the flag the
-                # coroutine's own await set, or awaiting the future again is refused.
-                yielded._asyncio_future_blocking = False
-                try:
-                    await yielded  # the coroutine reads the outcome itself when resumed
-                except asyncio.CancelledError:
-                    if not yielded.cancelled():
-                        raise
-                except Exception:  # noqa: BLE001, S110 - the coroutine sees this error itself
-                    pass
-        except asyncio.CancelledError as exc:
-            throw = exc
-        try:
-            yielded = coro.throw(throw) if throw is not None else coro.send(None)
-        except StopIteration as stop:
-            return stop.value
 
 
 def is_async_callable(func: Any) -> bool:
