@@ -873,7 +873,8 @@ async def test_threads_have_their_own_setup_and_readiness_sees_a_handler_failing
     nsqd: Any, tmp_path: Path, cleanup: list[Worker]
 ) -> None:
     """sqlite3 opened in setup() and used from --threads fails every message (the connection
-    belongs to the loop's thread): /readyz says so even with backoff off. Opened in
+    belongs to the loop's thread): /readyz says so, with backoff off and the failed messages held
+    and retried (hold_failed, the default), and with hold_failed=false. Opened in
     setup_thread(), in each handler thread, every message is stored once; teardown_thread()
     runs in each thread at the drain."""
     topic = unique("wk")
@@ -884,9 +885,19 @@ async def test_threads_have_their_own_setup_and_readiness_sees_a_handler_failing
                                 "--threads", "2", "--backoff-grace", "1", "--consumer-opt", "max_backoff_duration=0",
                                 "--consumer-opt", "default_requeue_delay=0", "--consumer-opt", "max_attempts=0")
     cleanup.append(worker)
-    await _until_not_ready_because(worker, "the handler failed every message", 30)
+    await _until_not_ready_because(worker, "its failed messages, held and retried, still fail", 30)
     assert await worker.status("/healthz") == 200
     assert not worker.lines("handled")
+    assert await worker.stop() == 0
+
+    go_nsq = failing / "go-nsq"
+    go_nsq.mkdir()
+    worker = await start_worker(go_nsq, "wk_jobs:RowsOnce", *_consume_args(topic, nsqd.tcp_address),
+                                "--threads", "2", "--backoff-grace", "1", "--consumer-opt", "max_backoff_duration=0",
+                                "--consumer-opt", "default_requeue_delay=0", "--consumer-opt", "max_attempts=0",
+                                "--consumer-opt", "hold_failed=false")
+    cleanup.append(worker)
+    await _until_not_ready_because(worker, "the handler failed every message", 30)
     assert await worker.stop() == 0
 
     topic = unique("wk")

@@ -8,7 +8,8 @@ One job: answering them from :meth:`Supervisor.status` and :meth:`Supervisor.met
   worker in backoff for more than ``--backoff-grace`` seconds) and not failing every
   message (every consuming worker has requeued each message it answered, and finished none,
   for more than ``--backoff-grace`` seconds) and no worker holding because its ready check
-  fails (``--ready-check`` or the handler's ``ready()``: reported the moment it changes); 503
+  fails (``--ready-check``, the handler's ``ready()``, or the retry of the messages a failing
+  handler left held: reported the moment it changes); 503
   otherwise, with why.
 * ``/metrics``: the group's Prometheus text (:mod:`.gather`); prometheus_client is there, as
   the settings check refuses ``--metrics-port`` without the extra ``metrics``.
@@ -29,6 +30,11 @@ if TYPE_CHECKING:
     from .supervisor import Supervisor
 
 
+#: /readyz's reason while a worker holds (the consumer's ``ready_check`` fails).
+_HOLDING = ("the ready check fails (the handler's dependency is down; or its failed messages, held and retried, "
+            "still fail)")
+
+
 def build_app(supervisor: Supervisor) -> web.Application:
     async def healthz(request: web.Request) -> web.Response:
         status = supervisor.status()
@@ -42,7 +48,7 @@ def build_app(supervisor: Supervisor) -> web.Application:
             ("draining", status["draining"]),
             ("stuck in backoff", status["stuck_in_backoff"]),
             ("the handler failed every message", status["failing_every_message"]),
-            ("the ready check fails (the handler's dependency is down)", status["not_ready"]),
+            (_HOLDING, status["not_ready"]),
         ) if failed]
         return web.json_response({"ready": not reasons, "reasons": reasons, **status},
                                  status=503 if reasons else 200)
