@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..errors import PublishTimeoutError
+from ..errors import ConnectionClosedError, PublishTimeoutError
 
-__all__ = ["SWEEP_EARLY", "answer_by"]
+__all__ = ["SWEEP_EARLY", "answer_by", "past_deadline"]
 
 #: Seconds a call may have spent before its write and still leave its deadline to the pool's
 #: sweeper (which counts publish_timeout from the write, with no timer per publish): more, and
@@ -34,3 +34,16 @@ async def answer_by(future: asyncio.Future[Any], deadline: float, publish_timeou
         where = "" if explicit else f" (publish_timeout={publish_timeout} s from the call's start)"
         raise PublishTimeoutError(f"no answer from nsqd within {remaining:.3f} s{where}; it may still arrive") \
             from None
+
+
+def past_deadline(error: BaseException, publish_timeout: float, other_reason: bool) -> BaseException:
+    """What a call raises when it stops retrying after ``error``: a connection lost while its
+    deadline passed is publish()'s documented PublishTimeoutError (the message may have reached
+    nsqd), not the attempt's ConnectionClosedError; anything else (no connection: nothing was
+    sent; ``other_reason``: retries spent, the producer closing) is raised as it is."""
+    if other_reason or not isinstance(error, ConnectionClosedError):
+        return error
+    timeout = PublishTimeoutError(f"no answer within publish_timeout={publish_timeout} s from the call's start "
+                                  f"(the last attempt: {error}); it may still arrive")
+    timeout.__cause__ = error
+    return timeout

@@ -59,7 +59,7 @@ from ..sharding import murmur3_32
 from ..stats import ProducerStats, deprecated_spelling
 from ..topology import Topology
 from .batches import FLUSH_AT, FLUSH_BYTES, BatchWriter
-from .deadline import answer_by
+from .deadline import answer_by, past_deadline
 from .direct import DirectPublisher, Done
 from .ha import CloseReport, HAProducer
 from .load import NodeStats
@@ -725,7 +725,7 @@ class Producer:
                     attempt += 1
                     if attempt > self.max_retries or self._closing or self._loop.time() >= deadline:
                         self.failed += messages
-                        raise
+                        raise past_deadline(exc, timeout or self.publish_timeout, self._closing or attempt > self.max_retries)
                     self.retried += 1
                     delay = min(self.retry_delay * (2 ** (attempt - 1)), max(0.0, deadline - self._loop.time()))
                     self._log.debug("publish failed (%s); retry %d in %.3f s", exc, attempt, delay)

@@ -187,6 +187,7 @@ class ServerProcess:
         if self.running:
             assert self.process is not None
             self.process.send_signal(signal.SIGSTOP)
+            _wait_stopped(self.process.pid)
 
     def resume(self) -> None:
         if self.running:
@@ -285,3 +286,19 @@ def _executable(path: str | os.PathLike[str]) -> Path:
 def go_duration(seconds: float) -> str:
     """A Go duration flag value: ``2.0`` -> ``"2000ms"``."""
     return f"{round(seconds * 1000)}ms"
+
+
+def _wait_stopped(pid: int, timeout: float = 5.0) -> None:
+    """Until every thread of ``pid`` is stopped (Linux: /proc): SIGSTOP lands asynchronously, and on
+    a busy machine a real nsqd answered a publish sent after pause() returned."""
+    tasks = Path(f"/proc/{pid}/task")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0] for task in tasks.iterdir()]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return  # no /proc, or the process is gone
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.001)
+
