@@ -168,14 +168,17 @@ class HeldMessages:
         (``proven``: a retry just succeeded)."""
         self._touch_due()
         error: BaseException | None = None
-        passed = not self._held
-        for message in list(self._held)[:tries]:
+        passed, calls = False, 0
+        for message in list(self._held):
             held = self._held.get(message)
             if held is None:
                 continue
             if message.has_responded or _connection_closed(message):
                 del self._held[message]  # answered by the handler, or nsqd gives it out again
                 continue
+            if tries is not None and calls == tries:
+                break
+            calls += 1
             self.tries += 1
             failure = await self._call(message)
             if failure is None:
@@ -187,7 +190,7 @@ class HeldMessages:
                 self._charge(message)
             else:
                 error = failure
-        return None if passed else error
+        return None if passed or not self._held else error
 
     def _proven(self, held: _Held) -> bool:
         """Whether a success shows a failure to be the message's own. While the consumer holds only
