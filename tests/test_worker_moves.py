@@ -268,7 +268,9 @@ async def test_a_process_killed_while_it_lets_an_nsqd_go(tmp_path: Path, cleanup
         assert await worker.stop() == 0
         handled = worker.lines("handled")
         assert set(handled) == {b.decode() for b in _bodies(ordered, [150, 150, 2])}
-        assert len(handled) < total + 40, "more handled twice than worker 0 held in flight"
+        # At most what the killed process held in flight comes back: all of --max-in-flight (40) when
+        # it alone held the nsqd's messages (40 of 40 seen once, the real pass under two spinners).
+        assert len(handled) <= total + 40, "more handled twice than worker 0 held in flight"
 
 
 def _bodies(servers: list[Any], counts: list[int]) -> list[bytes]:
