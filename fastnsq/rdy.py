@@ -432,9 +432,8 @@ class RdyController:
     def on_message(self, conn_id: Hashable, msg_id: Hashable) -> list[RdyUpdate]:
         """A message arrived on ``conn_id``; returns RDY updates (a refill, rarely more).
 
-        ``msg_id`` identifies the message until it is done (the 16-byte NSQ id);
-        it is how the backoff probe's result is told apart from the others.
-        """
+        ``msg_id`` identifies the message until it is done (the 16-byte NSQ id); it is how the
+        backoff probe's result is told apart from the others."""
         c = self._conns.get(conn_id)
         now = self._clock()
         if c is None:
@@ -442,6 +441,7 @@ class RdyController:
             self._orphans[conn_id] = self._orphans.get(conn_id, 0) + 1
             self._orphan_total += 1
             return self._rebalance(now)
+        first = c.last_message_at is None
         pending = self._pending(c, now)
         authorized = pending > 0 or c.in_flight < c.rdy
         c.in_flight += 1
@@ -456,16 +456,20 @@ class RdyController:
             # More than the model allows (nsqd timed a message out, or ignored a RDY for too long), or
             # a lowered connection took one before nsqd read its new RDY (then the others' RDY may no
             # longer fit): re-check the budget, which stops all grants until the excess has drained.
-            return self._rebalance(now)
-        if not c.fast and not c.pending and self._fast_lane:
-            c.fast = self._may_be_fast(conn_id)  # a lowered RDY has settled
-        if c.rdy and c.remaining * 4 <= c.rdy:
+            updates = self._rebalance(now)
+        elif c.rdy and (first or c.remaining * 4 <= c.rdy):
             # The client guide's refill at 25 %: a no-op for nsqd >= 1.0 (RDY is absolute there),
-            # needed by servers that count RDY down.
+            # needed by servers that count RDY down. The first message's: what Consumer._apply held back.
             c.remaining = c.rdy
             c.last_rdy_at = now
-            return [RdyUpdate(conn_id, c.rdy)]
-        return []
+            updates = [RdyUpdate(conn_id, c.rdy)]
+        else:
+            updates = []
+        if not c.fast and not c.pending and self._fast_lane:
+            c.fast = self._may_be_fast(conn_id)  # a lowered RDY has settled
+        if first and c.rdy > 1 and all(update.conn_id != conn_id for update in updates):
+            updates.append(RdyUpdate(conn_id, c.rdy))  # the same after a rebalance that left it out
+        return updates
 
     def on_message_done(self, conn_id: Hashable, msg_id: Hashable, outcome: Outcome) -> list[RdyUpdate]:
         """A message was finished or requeued (call it as the FIN/REQ is sent); returns RDY updates.
@@ -756,7 +760,8 @@ class RdyController:
         """
         ok = self._fast_lane and not self._deficit
         for conn_id, c in self._conns.items():
-            c.fast = ok and not c.pending and self._flows(conn_id)
+            # A connection's first message comes through on_message (see there).
+            c.fast = ok and not c.pending and c.last_message_at is not None and self._flows(conn_id)
 
     def _send(self, c: _Conn, value: int, now: float) -> RdyUpdate:
         if value < c.rdy:
@@ -771,15 +776,10 @@ class RdyController:
         return RdyUpdate(c.conn_id, value)
 
     def _schedule_redistribute(self, now: float) -> None:
-        needed = self._mif > 0 and (
-            self._rotating
-            or any(
-                scope.probe is not None
-                and scope.waiting_for_probe_message
-                and len(self._probe_candidates(scope_key)) > 1
-                for scope_key, scope in self._scopes.items()
-            )
-        )
+        needed = self._mif > 0 and (self._rotating or any(
+            scope.probe is not None and scope.waiting_for_probe_message and len(self._probe_candidates(key)) > 1
+            for key, scope in self._scopes.items()
+        ))
         if not needed:
             self._next_redistribute = None
         elif self._next_redistribute is None:

@@ -546,3 +546,31 @@ def test_max_requeue_delay_is_documented_as_its_default_and_its_limit() -> None:
     consuming = (Path(__file__).resolve().parents[1] / "docs" / "consuming.md").read_text()
     row = next(line for line in consuming.splitlines() if line.startswith("| `default_requeue_delay`"))
     assert "| 90, 900 |" in row and "at most 3600" in row and "`--max-req-timeout` (1 h" in row
+
+
+@pytest.mark.parametrize("published", ["before the connection", "after its subscription"])
+async def test_a_connections_first_message_is_not_held_in_nsqds_output_buffer(nsqd, published):
+    """nsqd writes a message out at once only when the connection is then no longer ready;
+    with more RDY it waits for the output buffer's tick (here made 30 s) or a heartbeat (20 s, which
+    nsqd flushes with). A connection's first
+    RDY is 1 until its first message, so that message (a newly found nsqd's, a quiet topic's)
+    comes at once; the rest of the RDY follows it."""
+    topic = unique("first")
+    handled: list[bytes] = []
+    async with Producer([nsqd.tcp_address]) as producer:
+        if published == "before the connection":
+            await producer.publish(topic, b"first")
+        consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=lambda m: handled.append(m.body),
+                            max_in_flight=10, output_buffer_timeout=30, heartbeat_interval=20, express_lane=False)
+        await consumer.start()
+        try:
+            if published != "before the connection":
+                await producer.publish(topic, b"first")
+            await eventually(lambda: handled == [b"first"], timeout=10, what="the first message, before the 30 s tick")
+            async def holds_the_rest() -> bool:
+                channels = await channel_stats([nsqd.http_address], topic, "ch")
+                return [client["ready_count"] for ch in channels for client in ch["clients"]] == [10]
+
+            await eventually(holds_the_rest, what="nsqd holding the rest of the RDY")
+        finally:
+            await consumer.stop()

@@ -221,6 +221,7 @@ class TwoFacedServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
         first = self.accepted == 1
+        delivered = False
         try:
             await reader.readexactly(4 + len(b"IDENTIFY\n"))
             await reader.readexactly(int.from_bytes(await reader.readexactly(4), "big"))
@@ -234,7 +235,8 @@ class TwoFacedServer:
                     return
                 if line.startswith(b"SUB "):
                     writer.write(SUB_OK + (self.hostile if first else b""))
-                elif line.startswith(b"RDY ") and not first:
+                elif line.startswith(b"RDY ") and not first and not delivered:
+                    delivered = True
                     writer.write(codec.encode_message(1, 1, b"0123456789abcdef", b"after the reconnect"))
                 elif line.startswith(b"PUB "):
                     self.published.append(await reader.readexactly(int.from_bytes(await reader.readexactly(4), "big")))

@@ -405,12 +405,35 @@ def test_a_lowered_busy_connection_frees_room_only_as_its_messages_finish() -> N
 def test_refill_when_a_quarter_of_the_last_rdy_is_left() -> None:
     ctl, _ = make(8)
     ctl.add_connection("a", 2500)
-    for msg in range(5):
+    assert ctl.on_message("a", 0) == [RdyUpdate("a", 8)]  # the first message: see below
+    for msg in range(1, 6):
         assert ctl.on_message("a", msg) == []
     assert ctl.connection_stats("a").rdy_remaining == 3
-    assert ctl.on_message("a", 5) == [RdyUpdate("a", 8)]  # 2 left: 25 % of 8
+    assert ctl.on_message("a", 6) == [RdyUpdate("a", 8)]  # 2 left: 25 % of 8
     stats = ctl.connection_stats("a")
-    assert (stats.rdy, stats.rdy_remaining, stats.in_flight) == (8, 8, 6)
+    assert (stats.rdy, stats.rdy_remaining, stats.in_flight) == (8, 8, 7)
+
+
+def test_a_connections_first_message_brings_its_rdy_again() -> None:
+    """The consumer sends RDY 1 until a connection's first message (nsqd then writes it out at
+    once); the controller answers that message with the connection's RDY, and keeps the
+    connection's hot path slow until then so that the message reaches it."""
+    ctl = RdyController(10)  # the real clock: the hot path may open
+    ctl.add_connection("a", 2500)
+    assert not ctl.record("a").fast
+    assert ctl.on_message("a", b"m1") == [RdyUpdate("a", 10)]
+    assert ctl.record("a").fast
+    assert ctl.on_message("a", b"m2") == []
+
+
+def test_a_first_message_under_a_settling_rdy_still_brings_the_rdy() -> None:
+    """a's RDY is lowered for b before a's first message; that message comes while the lowered
+    value settles (the rebalance path): a's RDY is still sent again, else nsqd keeps RDY 1."""
+    ctl = RdyController(10, rdy_settle_time=60.0)
+    ctl.add_connection("a", 2500)
+    ctl.add_connection("b", 2500)
+    assert ctl.record("a").pending > 0
+    assert RdyUpdate("a", 5) in ctl.on_message("a", b"m1")
 
 
 def test_rdy_is_recomputed_when_the_connection_count_changes() -> None:
@@ -791,6 +814,8 @@ def test_the_hot_path_record_is_fast_only_in_normal_operation() -> None:
     ctl = RdyController(10, backoff_multiplier=0.01, max_backoff_duration=0.05)  # the real clock
     ctl.add_connection("a", 2500)
     record = ctl.record("a")
+    ctl.on_message("a", b"m0")  # a connection's first message always comes through on_message
+    ctl.on_message_done("a", b"m0", SUCCESS)
     assert record.fast and record.rdy == 10
     ctl.on_message("a", b"m1")
     ctl.on_message_done("a", b"m1", FAILURE)  # backoff: every answer must reach the controller

@@ -733,8 +733,11 @@ class Consumer:
     def _apply(self, updates: list[RdyUpdate]) -> None:
         for link, count in updates:
             if not link.closed and link.conn.is_open and link.conn.state != "closing":
+                # nsqd writes out a message at once only when it leaves the connection not ready (in
+                # flight = RDY), else at its output buffer's next tick (250 ms): RDY 1 until the first
+                # message, which brings the rest (RdyController.on_message), so that comes at once.
                 try:
-                    link.conn.rdy(min(count, link.conn.max_rdy_count))
+                    link.conn.rdy(min(count, link.conn.max_rdy_count, count if link.received else 1))
                 except NSQError as exc:
                     self._log.debug("RDY on %s: %s", link, exc)
         self._arm_rdy_timer()
@@ -744,11 +747,9 @@ class Consumer:
         if self._loop is None:
             return
         when = self._rdy.next_deadline()
-        if when is None:
+        if when is None or (self._rdy_timer is not None and self._rdy_timer_at <= when):
             return
         if self._rdy_timer is not None:
-            if self._rdy_timer_at <= when:
-                return
             self._rdy_timer.cancel()
         self._rdy_timer_at = when
         self._rdy_timer = self._loop.call_later(max(0.0, when - time.monotonic()), self._on_rdy_timer)
