@@ -26,7 +26,9 @@ worst publish latency of the calls started during the fault or in flight when it
 B held, sent again to A: each may be there twice); for consumers, seconds from the fault's
 start until the face had no connection to B (``noticed``; go-nsq's: one connection fewer) and seconds from
 the fault's end until B's /stats count a FIN on the face's channel again (``back``). At the
-end, each fastnsq consumer's lost (acknowledged by nsqd, never consumed) and duplicated
+end, once the consumers have every acknowledged message or ``--drain`` s have passed (what a
+dead connection held comes back after nsqd's msg_timeout), each fastnsq consumer's lost
+(acknowledged by nsqd, never consumed) and duplicated
 messages among those the fastnsq producers published. Writes bench/results/gray-<date>.json/.md.
 """
 
@@ -376,11 +378,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             thread_stop.set()
             await asyncio.gather(*tasks)
             sync_thread.join()
-            await asyncio.sleep(args.settle)  # the consumers drain
+            acked = set().union(*(f.acked for n, f in faces.items() if not n.startswith("go")))
+            # The consumers drain: until each has every acknowledged message, at most --drain s (a
+            # message in flight on a connection that died comes back after nsqd's msg_timeout, 60 s).
+            drain_from = time.monotonic()
+            while time.monotonic() < drain_from + max(args.settle, args.drain) and (
+                    time.monotonic() < drain_from + args.settle
+                    or any(acked - set(w.seen) for w in watches if w.counts_messages)):
+                await asyncio.sleep(0.25)
+            results["drained_s"] = round(time.monotonic() - drain_from, 2)
             await p_ab.close()
             await p_b.close()
             s_ab.close()
-            acked = set().union(*(f.acked for n, f in faces.items() if not n.startswith("go")))
             left = await left_in_nsqd(session, [a.http_address, b.http_address])
             results["end"] = {w.name: {"acked": len(acked), "lost": len(acked - set(w.seen)),
                                        "duplicated": sum(1 for body, n in w.seen.items() if n > 1 and body in acked),
@@ -500,6 +509,8 @@ def markdown(results: dict[str, Any]) -> str:
             produced = f"{made['requeued']} requeued | | | {made['rerouted']}" if made else "| | |"
             noticed = "not noticed" if c["noticed_s"] is None else fmt(c["noticed_s"])
             lines.append(f"| {row['fault']} | {name} | {produced} | {noticed} | {fmt(c['back_s'])} |")
+    if "drained_s" in results:
+        lines.append(f"\nAfter the last fault's settle the consumers drained for {results['drained_s']} s (at most --drain).")
     for name, end in results.get("end", {}).items():
         lines.append(f"\n{name}: {end['acked']} acknowledged, {end['lost']} never consumed "
                      f"({end.get('in_nsqd')} still in nsqd for its channel), {end['duplicated']} duplicated")
@@ -513,6 +524,9 @@ def main() -> None:
     parser.add_argument("--faults", default="stop:20,stop:90,hole:30,hole:120,loss:60")
     parser.add_argument("--loss", type=int, default=30, help="loss:S drops this percent of B's packets")
     parser.add_argument("--settle", type=float, default=15.0, help="seconds between faults (and measured after each)")
+    parser.add_argument("--drain", type=float, default=75.0,
+                        help="at the end, seconds the consumers may take to get every acknowledged message "
+                             "(nsqd's msg_timeout 60 s brings back what a dead connection held)")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
     args = parser.parse_args()
     if args.go_bin is None:

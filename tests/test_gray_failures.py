@@ -198,6 +198,37 @@ async def test_a_slow_nsqd_is_re_sent_from_once():
         assert total <= 10 + len(calls) + stats.rerouted
 
 
+async def test_a_slow_nsqds_later_spells_reroute_within_a_short_publish_timeout():
+    """publish_timeout 2 s; B's answers held 2.5 s, twice. The second spell holds what B holds
+    for half the timeout (1 s), then re-sends it: nothing fails while A answers. Before, it was
+    held for SLOW_HOLD (3 s) and every publish B held failed at its 2 s deadline."""
+    async with NSQD() as a, NSQD() as b, FaultProxy(b.tcp_address) as proxy:
+        topic = unique("slowshort")
+        async with Producer([a.tcp_address, proxy.address], publish_timeout=2) as producer:
+            await asyncio.gather(*(producer.publish(topic, b"warm") for _ in range(10)))
+            stop = asyncio.Event()
+            calls: list[asyncio.Future[bytes]] = []
+
+            async def publisher() -> None:
+                while not stop.is_set():
+                    calls.append(asyncio.ensure_future(producer.publish(topic, b"m%d" % len(calls))))
+                    await asyncio.sleep(PACE)
+
+            running = asyncio.ensure_future(publisher())
+            await proxy.stall(2.5, "down")  # the first spell re-sends all; B then answers all: slow
+            await asyncio.sleep(0.5)  # B answers what it held: back in the rotation, at once (its first spell)
+            rerouted_first = producer.snapshot().rerouted
+            await proxy.stall(2.5, "down")
+            await asyncio.sleep(0.5)
+            stop.set()
+            await running
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            stats = producer.snapshot()
+        failures = [r for r in results if isinstance(r, BaseException)]
+        assert failures == [], (len(failures), failures[:3])
+        assert rerouted_first >= 1 and stats.rerouted > rerouted_first, (rerouted_first, stats)
+
+
 # ---- Producer([B]) alone ----------------------------------------------------------------------------
 
 
@@ -502,6 +533,22 @@ def test_a_slow_nsqds_later_spells_hold_what_it_holds():
     rule.check([conn], 100.6)
     rule.reroute(100.6, Exception)
     assert conn.cutoffs[-1] == 100.6
+
+
+def test_a_slow_nsqds_hold_fits_a_short_publish_timeout():
+    """With publish_timeout 2 s a held publish of a slow nsqd is re-sent at 1 s, within its
+    deadline: held SLOW_HOLD (3 s), it failed at 2 s while another nsqd answered."""
+    rule, conn = Suspects(0.5, logging.getLogger("test"), publish_timeout=2.0), _Conn()
+    conn.since, conn.pending = 0.0, 3
+    rule.check([conn], 0.6)
+    rule.reroute(0.6, Exception)
+    conn.answered, conn.since, conn.pending = 3, None, 0
+    rule.check([conn], 0.8)  # answered all: slow, not dead
+    conn.since, conn.pending = 5.0, 2
+    rule.check([conn], 5.6)
+    rule.reroute(5.6, Exception)
+    assert conn.cutoffs[-1] == pytest.approx(5.6 - 1.0)
+    assert Suspects(0.5, logging.getLogger("test")).slow_hold == SLOW_HOLD  # the default 10 s
 
 
 def test_a_new_connection_to_a_recently_suspect_nsqd_starts_on_trial():

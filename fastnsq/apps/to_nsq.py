@@ -177,7 +177,9 @@ class ToNsq:
             return address
         loop = asyncio.get_running_loop()
         began = loop.time()
-        hold = SLOW_HOLD if began - self.slow.get(address, float("-inf")) < RECALL else 0.0
+        slow = began - self.slow.get(address, float("-inf")) < RECALL
+        # As the Producer's rule: within the publish timeout (its half), else the batch would fail.
+        hold = min(SLOW_HOLD, self.producers[address].publish_timeout / 2) if slow else 0.0
         while not sending.done():
             await asyncio.wait({sending}, timeout=WATCH_EVERY)
             if not sending.done() and not self.producers[address].answering() and loop.time() - began >= hold:

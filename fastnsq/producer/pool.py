@@ -83,7 +83,7 @@ class ConnectionPool:
         self.usable: list[Connection] = self.open
         self.suspect_after = suspect_after
         #: The connections out of the rotation (suspect or resting), read at each tick.
-        self.suspects = Suspects(suspect_after, log)
+        self.suspects = Suspects(suspect_after, log, publish_timeout)
         #: Commands failed on a suspect connection for the producer to send elsewhere.
         self.rerouted = 0
         self.reconnects = 0

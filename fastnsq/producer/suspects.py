@@ -20,8 +20,9 @@ publishes just go unanswered). Read by the pool at each of its ticks, never per 
   elsewhere at once in the first spell of a run (a hung or black-holed nsqd never answers it).
   An nsqd whose spell then ended with every held publish answered was slow, not dead: what was
   re-sent is there twice. In its later spells of the run, a held publish is re-sent only once
-  it is ``SLOW_HOLD`` s old: a lossy link that turns suspect over and over no longer re-sends,
-  and duplicates, what it holds each time (issue 57: 164 duplicates in a minute of 30 % loss;
+  it is ``SLOW_HOLD`` s old (half the ``publish_timeout`` if that is less, so that it is still
+  re-sent within it): a lossy link that turns suspect over and over no longer re-sends, and
+  duplicates, what it holds each time (issue 57: 164 duplicates in a minute of 30 % loss;
   with a hold of twice the slowest answer, at most 2 s, still 119: TCP's retransmissions
   of a lossy link answer 1-3 s late). It holds little meanwhile: it rests, then is on trial.
 """
@@ -68,8 +69,11 @@ class Watched(Protocol):
 class Suspects:
     """The connections out of the rotation, on the clock of the connections' write marks."""
 
-    def __init__(self, suspect_after: float, log: LoggerLike) -> None:
+    def __init__(self, suspect_after: float, log: LoggerLike, publish_timeout: float = 10.0) -> None:
         self.suspect_after = suspect_after
+        #: How old a slow nsqd's held publish gets before it is re-sent: SLOW_HOLD, or half the
+        #: publish_timeout when that is shorter (else it would fail at its deadline instead).
+        self.slow_hold = min(SLOW_HOLD, publish_timeout / 2)
         self._log = log
         #: Suspect connections, each with the count of answers it must reach to be healthy again.
         self.suspect: dict[Watched, int] = {}
@@ -142,13 +146,13 @@ class Suspects:
 
     def hold(self, address: str, now: float) -> float:
         """How old a publish held by a suspect connection to ``address`` gets before it is re-sent:
-        0, or ``SLOW_HOLD`` for an nsqd whose earlier spell of this run ended answered."""
+        0, or ``slow_hold`` for an nsqd whose earlier spell of this run ended answered."""
         if address not in self._slow:
             return 0.0
         if now - self._spells[address][1] >= RECALL:  # a new run: it may be hung this time
             self._slow.discard(address)
             return 0.0
-        return SLOW_HOLD
+        return self.slow_hold
 
     def joined(self, conn: Watched, now: float) -> bool:
         """``conn`` opened: on trial if its nsqd was suspect within RECALL (True: the rotation changed)."""
