@@ -16,7 +16,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
@@ -161,6 +161,25 @@ async def test_producer_routes_around_a_black_hole():
             proxy.undrop()
 
 
+@contextlib.asynccontextmanager
+async def publishing_every_pace(producer: Producer, topic: str) -> AsyncIterator[list[asyncio.Future[bytes]]]:
+    """A publish task started every PACE s while the block runs; the list of them."""
+    stop = asyncio.Event()
+    calls: list[asyncio.Future[bytes]] = []
+
+    async def publisher() -> None:
+        while not stop.is_set():
+            calls.append(asyncio.ensure_future(producer.publish(topic, b"m%d" % len(calls))))
+            await asyncio.sleep(PACE)
+
+    running = asyncio.ensure_future(publisher())
+    try:
+        yield calls
+    finally:
+        stop.set()
+        await running
+
+
 async def test_a_slow_nsqd_is_re_sent_from_once():
     """A slow, not dead, nsqd: B's answers held 0.9 s (it has every publish), four times, 2.5 s
     apart. The first spell re-sends what B held (it might have been hung); B then answered all
@@ -171,23 +190,13 @@ async def test_a_slow_nsqd_is_re_sent_from_once():
         topic = unique("slow")
         async with Producer([a.tcp_address, proxy.address], publish_timeout=5) as producer:
             await asyncio.gather(*(producer.publish(topic, b"warm") for _ in range(10)))
-            stop = asyncio.Event()
-            calls: list[asyncio.Future[bytes]] = []
-
-            async def publisher() -> None:
-                while not stop.is_set():
-                    calls.append(asyncio.ensure_future(producer.publish(topic, b"m%d" % len(calls))))
-                    await asyncio.sleep(PACE)
-
-            running = asyncio.ensure_future(publisher())
-            first = 0
-            for cycle in range(4):
-                await proxy.stall(0.9, "down")
-                await asyncio.sleep(2.5)
-                if cycle == 0:
-                    first = producer.snapshot().rerouted
-            stop.set()
-            await running
+            async with publishing_every_pace(producer, topic) as calls:
+                first = 0
+                for cycle in range(4):
+                    await proxy.stall(0.9, "down")
+                    await asyncio.sleep(2.5)
+                    if cycle == 0:
+                        first = producer.snapshot().rerouted
             results = await asyncio.gather(*calls, return_exceptions=True)
             stats = producer.snapshot()
         failures = [r for r in results if isinstance(r, BaseException)]
@@ -206,22 +215,12 @@ async def test_a_slow_nsqds_later_spells_reroute_within_a_short_publish_timeout(
         topic = unique("slowshort")
         async with Producer([a.tcp_address, proxy.address], publish_timeout=2) as producer:
             await asyncio.gather(*(producer.publish(topic, b"warm") for _ in range(10)))
-            stop = asyncio.Event()
-            calls: list[asyncio.Future[bytes]] = []
-
-            async def publisher() -> None:
-                while not stop.is_set():
-                    calls.append(asyncio.ensure_future(producer.publish(topic, b"m%d" % len(calls))))
-                    await asyncio.sleep(PACE)
-
-            running = asyncio.ensure_future(publisher())
-            await proxy.stall(2.5, "down")  # the first spell re-sends all; B then answers all: slow
-            await asyncio.sleep(0.5)  # B answers what it held: back in the rotation, at once (its first spell)
-            rerouted_first = producer.snapshot().rerouted
-            await proxy.stall(2.5, "down")
-            await asyncio.sleep(0.5)
-            stop.set()
-            await running
+            async with publishing_every_pace(producer, topic) as calls:
+                await proxy.stall(2.5, "down")  # the first spell re-sends all; B then answers all: slow
+                await asyncio.sleep(0.5)  # B answers what it held: back in the rotation, at once (its first spell)
+                rerouted_first = producer.snapshot().rerouted
+                await proxy.stall(2.5, "down")
+                await asyncio.sleep(0.5)
             results = await asyncio.gather(*calls, return_exceptions=True)
             stats = producer.snapshot()
         failures = [r for r in results if isinstance(r, BaseException)]
