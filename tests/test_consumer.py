@@ -247,15 +247,17 @@ async def held_by_stuck_handlers(nsqd, count: int) -> tuple[str, Consumer]:
     """A new topic's ``count`` messages, each held by a handler that will not return for 30 s."""
     topic = unique("deadline")
     await publish_spread([nsqd.tcp_address], topic, count)
-    started = asyncio.Event()
+    started = 0
 
     async def stuck(message):
-        started.set()
+        nonlocal started
+        started += 1
         await asyncio.sleep(30)
 
     consumer = Consumer(topic, "ch", nsqd_tcp_addresses=[nsqd.tcp_address], handler=stuck, max_in_flight=count)
     await consumer.start()
-    await started.wait()
+    # All of them: the first comes alone (a connection's first RDY is 1), the rest after it.
+    await eventually(lambda: started == count, what=f"{count} handlers started")
     return topic, consumer
 
 
