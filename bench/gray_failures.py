@@ -25,7 +25,8 @@ Per fault and face: failed publishes (raised within the fault or the settle afte
 worst publish latency of the calls started during the fault or in flight when it began, ``rerouted`` (fastnsq: publishes
 B held, sent again to A: each may be there twice); for consumers, seconds from the fault's
 start until the face had no connection to B (``noticed``; go-nsq's: one connection fewer) and seconds from
-the fault's end until B's /stats count a FIN on the face's channel again (``back``). At the
+the fault's end until B's /stats count a FIN on the face's channel again (``back``); per
+channel, the most messages A held waiting (its depth) during the fault and its settle. At the
 end, once the consumers have every acknowledged message or ``--drain`` s have passed (what a
 dead connection held comes back after nsqd's msg_timeout), each fastnsq consumer's lost
 (acknowledged by nsqd, never consumed) and duplicated
@@ -234,6 +235,26 @@ async def fins_on_b(session: aiohttp.ClientSession, b_http: str, channels: list[
     return found
 
 
+async def watch_a_backlog(session: aiohttp.ClientSession, a_http: str, until: asyncio.Event) -> dict[str, int]:
+    """Until ``until`` is set, every 0.25 s: per channel, the most messages A held waiting for it
+    (depth, in memory and on disk; not those in flight). Consumption from A unaffected by B's
+    fault keeps this near 0 while the producers send A everything."""
+    most: Counter[str] = Counter()
+    while not until.is_set():
+        with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            async with session.get(f"http://{a_http}/stats?format=json&topic={TOPIC}",
+                                   timeout=aiohttp.ClientTimeout(total=1.0)) as response:
+                data = json.loads(await response.read())
+            data = data.get("data", data)
+            for topic in data.get("topics") or []:
+                for channel in topic.get("channels") or [] if topic["topic_name"] == TOPIC else []:
+                    name = channel["channel_name"]
+                    most[name] = max(most[name], int(channel.get("depth", 0)))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(until.wait(), 0.25)
+    return dict(most)
+
+
 async def left_in_nsqd(session: aiohttp.ClientSession, http_addresses: list[str]) -> dict[str, int]:
     """Per channel, messages nsqd still holds (depth, in flight, deferred) summed over the nsqd."""
     left: Counter[str] = Counter()
@@ -334,6 +355,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 rerouted_before = {n: f.rerouted() for n, f in faces.items() if f.rerouted}
                 counters_before = {w.name: relayed(w.log) for w, _ in process_watches}
                 fins_before = await fins_on_b(session, b.http_address, list(CHANNELS)) or {}
+                fault_over = asyncio.Event()
+                a_backlog = asyncio.ensure_future(watch_a_backlog(session, a.http_address, fault_over))
                 t0 = time.monotonic()
                 print(f"{kind} {seconds:g} s on B ...", flush=True)
                 if kind == "stop":
@@ -366,6 +389,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             fins_before[channel] = fins.get(channel, {})
                     await asyncio.sleep(0.05)
                 row = summarise(kind, seconds, t0, t1, args.settle, faces, watches, back, rerouted_before, args)
+                fault_over.set()
+                row["a_depth_max"] = await a_backlog  # over the fault and its settle
                 row["load_1m"] = os.getloadavg()[0]  # the machine's load average as the fault's settle ends
                 for watch, _ in process_watches:  # to-nsq's batches: re-sent elsewhere, requeued, in this fault
                     if watch.channel == "tonsq":
@@ -509,6 +534,11 @@ def markdown(results: dict[str, Any]) -> str:
             produced = f"{made['requeued']} requeued | | | {made['rerouted']}" if made else "| | |"
             noticed = "not noticed" if c["noticed_s"] is None else fmt(c["noticed_s"])
             lines.append(f"| {row['fault']} | {name} | {produced} | {noticed} | {fmt(c['back_s'])} |")
+    lines.append("\nMost messages waiting on A for each channel during the fault and its settle (A's depth, sampled "
+                 "every 0.25 s; the producers sent A everything meanwhile):")
+    for row in results["faults"]:
+        depths = ", ".join(f"{name} {n}" for name, n in sorted(row.get("a_depth_max", {}).items()))
+        lines.append(f"- {row['fault']}: {depths}")
     if "drained_s" in results:
         lines.append(f"\nAfter the last fault's settle the consumers drained for {results['drained_s']} s (at most --drain).")
     for name, end in results.get("end", {}).items():
