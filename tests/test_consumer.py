@@ -554,9 +554,9 @@ def test_max_requeue_delay_is_documented_as_its_default_and_its_limit() -> None:
 async def test_a_connections_first_message_is_not_held_in_nsqds_output_buffer(nsqd, published):
     """nsqd writes a message out at once only when the connection is then no longer ready;
     with more RDY it waits for the output buffer's tick (here made 30 s) or a heartbeat (20 s, which
-    nsqd flushes with). A connection's first
-    RDY is 1 until its first message, so that message (a newly found nsqd's, a quiet topic's)
-    comes at once; the rest of the RDY follows it."""
+    nsqd flushes with). The ticker starts at IDENTIFY, so this hits a new or reconnected connection
+    (an idle one has a tick waiting). A connection's first RDY is 1 until its first message, so
+    that message comes at once; the rest of the RDY follows it."""
     topic = unique("first")
     handled: list[bytes] = []
     async with Producer([nsqd.tcp_address]) as producer:

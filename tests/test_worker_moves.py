@@ -224,8 +224,11 @@ async def test_a_sigterm_while_an_nsqd_is_let_go_loses_nothing(tmp_path: Path, c
         zero, one = _first_share(servers)
         ordered = [by_address[zero[0]], by_address[zero[1]], by_address[one[0]]]
         total = await _prefill(ordered, topic, [200, 200, 2])
+        # 0.1 s a message on the child's loop: the let-go finishes what the leaving connection holds
+        # (up to 20) first, a second or more, which outlasts this test's reaction to the log line
+        # even under load (at 0.02 s the move once ended 2 ms before the SIGTERM, two spinners beside).
         worker = await start_worker(tmp_path, "wk_jobs:handle", *_split_args(topic, servers, "--max-in-flight", "40"),
-                                    sleep=0.02)
+                                    sleep=0.1)
         cleanup.append(worker)
         letting_go = "moved to another worker (or left): disconnecting"
         await eventually(lambda: letting_go in worker.log(), 30, "worker 0 letting go of an nsqd")
