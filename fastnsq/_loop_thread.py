@@ -62,11 +62,34 @@ class LoopThread:
     def stop(self, timeout: float = JOIN_TIMEOUT) -> None:
         _RUNNING.discard(self)
         if self.loop.is_running():
+            if self._thread is not threading.current_thread():
+                self._wind_down(timeout)
             self.loop.call_soon_threadsafe(self.loop.stop)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=timeout)
         if not self.loop.is_running():
             self.loop.close()
+
+
+    def _wind_down(self, timeout: float) -> None:
+        """Cancel what still runs in the loop (the reconnect attempts of a producer or consumer
+        never closed) and let it finish, within ``timeout``: a task left pending when the loop
+        closes is reported at exit ("Task was destroyed but it is pending!", and its coroutine's
+        cleanup fails with "no running event loop"), a screenful for a script that just ended."""
+        try:
+            asyncio.run_coroutine_threadsafe(_cancel_other_tasks(timeout), self.loop).result(timeout)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            pass  # the loop is stopping anyway: what did not finish is left, as before
+
+
+async def _cancel_other_tasks(timeout: float) -> None:
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout / 2)
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 def _stop_running_loops() -> None:

@@ -312,6 +312,37 @@ def test_a_facade_never_closed_ends_its_loop_before_the_interpreter_does(tmp_pat
     assert out.stdout.strip() == "alive: []", out
 
 
+def test_a_facade_never_closed_whose_nsqd_is_gone_exits_quietly(tmp_path: Any) -> None:
+    """A script that never closes its producer and consumer, whose nsqd went away before it
+    ended: their reconnect attempts are still pending in the loop at exit. They are cancelled
+    and finish there; they were left pending, and the interpreter printed "Task was destroyed
+    but it is pending!" and "Exception ignored ... no running event loop" for each (11 lines a
+    connection)."""
+    script = textwrap.dedent("""
+        import time
+        from fastnsq.sync import Consumer, Producer
+        from fastnsq.testing.process import NSQDProcess
+
+        nsqd = NSQDProcess()
+        nsqd.start()
+        producer = Producer([nsqd.tcp_address])
+        assert producer.publish("gone", b"one") == b"OK"
+        consumer = Consumer("gone", "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=lambda m: None)
+        consumer.start()
+        nsqd.stop()
+        deadline = time.monotonic() + 30
+        while producer.snapshot().connections and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the producer has lost its connection and is redialling
+        print("done", flush=True)
+    """)
+    path = tmp_path / "gone.py"
+    path.write_text(script)
+    out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=60, check=False,
+                         env=dict(os.environ, PYTHONWARNINGS="ignore::DeprecationWarning"))
+    assert out.returncode == 0 and out.stdout.strip() == "done", out
+    assert "Task was destroyed" not in out.stderr and "Exception ignored" not in out.stderr, out.stderr
+
+
 # ---- issue 33 (c): the hand-off from many threads -------------------------------------------
 
 
