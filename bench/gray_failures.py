@@ -418,6 +418,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             left = await left_in_nsqd(session, [a.http_address, b.http_address])
             results["end"] = {w.name: {"acked": len(acked), "lost": len(acked - set(w.seen)),
                                        "duplicated": sum(1 for body, n in w.seen.items() if n > 1 and body in acked),
+                                       "duplicated_by_producer": _duplicates_by_producer(w.seen, acked),
                                        "in_nsqd": left.get(w.channel)}
                               for w in watches if w.counts_messages}
             for consumer in consumers:
@@ -542,9 +543,21 @@ def markdown(results: dict[str, Any]) -> str:
     if "drained_s" in results:
         lines.append(f"\nAfter the last fault's settle the consumers drained for {results['drained_s']} s (at most --drain).")
     for name, end in results.get("end", {}).items():
+        by_producer = ", ".join(f"{face} {n}" for face, n in end.get("duplicated_by_producer", {}).items())
         lines.append(f"\n{name}: {end['acked']} acknowledged, {end['lost']} never consumed "
-                     f"({end.get('in_nsqd')} still in nsqd for its channel), {end['duplicated']} duplicated")
+                     f"({end.get('in_nsqd')} still in nsqd for its channel), {end['duplicated']} duplicated"
+                     + (f" ({by_producer})" if by_producer else ""))
     return "\n".join(lines) + "\n"
+
+
+def _duplicates_by_producer(seen: dict[bytes, int], acked: set[bytes]) -> dict[str, int]:
+    """Acknowledged bodies seen more than once, by the face that published them (a body is
+    ``face-n``): a rerouted publish and a retry after a lost connection are told apart."""
+    counts: Counter[str] = Counter()
+    for body, n in seen.items():
+        if n > 1 and body in acked:
+            counts[body.decode(errors="replace").rsplit("-", 1)[0]] += 1
+    return dict(counts)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 import fastnsq.sync
-from fastnsq import Producer
+from fastnsq import Consumer, Producer, liveness
 from fastnsq.config import ConnectionOptions
 from fastnsq.conn import Connection
 from fastnsq.errors import NoConnectionError, NsqdDown, PublishTimeoutError
@@ -435,6 +435,31 @@ async def test_sockets_end_a_black_hole_themselves(nsqd):
         dead_after = producer.options.dead_after
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == int(dead_after * 1000)
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+
+
+def _kernel_caps_rto() -> bool:
+    """Linux 6.15+ takes TCP_RTO_MAX_MS (older kernels refuse the option)."""
+    if liveness.TCP_RTO_MAX_MS is None:
+        return False
+    with socket.socket() as probe:
+        try:
+            probe.setsockopt(socket.IPPROTO_TCP, liveness.TCP_RTO_MAX_MS, 5000)
+        except OSError:
+            return False
+        return probe.getsockopt(socket.IPPROTO_TCP, liveness.TCP_RTO_MAX_MS) == 5000
+
+
+@pytest.mark.skipif(not _kernel_caps_rto(), reason="the kernel has no TCP_RTO_MAX_MS (Linux 6.15+)")
+async def test_sockets_retransmit_at_least_once_a_second(nsqd):
+    """After a lossy spell a socket's retransmission wait has doubled to seconds (up to 120 s by
+    default): each face's sockets cap it at 1 s, so what they hold goes out within a second of
+    the loss ending."""
+    consumer = Consumer(unique("rto"), "c", nsqd_tcp_addresses=[nsqd.tcp_address], handler=lambda message: None)
+    async with Producer([nsqd.tcp_address]) as producer, consumer:
+        await eventually(lambda: consumer.connections, 10, "the consumer connected")
+        for conn in (producer.connections[0], consumer.connections[0]):
+            sock = conn._transport.get_extra_info("socket")
+            assert sock.getsockopt(socket.IPPROTO_TCP, liveness.TCP_RTO_MAX_MS) == liveness.RTO_MAX_MS == 1000
 
 
 async def test_reconnect_failures_are_logged_once_then_summarised(caplog):
