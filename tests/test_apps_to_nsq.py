@@ -30,7 +30,7 @@ from fastnsq.testing.proxy import FaultProxy
 from fastnsq.testing.real import RealNSQDServer, real_bin_dir
 
 from .apps_support import Source, channel_drained, create_channels, go_app, run_to_exit, start, start_go
-from .helpers import Slack, eventually, unique
+from .helpers import Slack, eventually, stats_json, unique
 from .test_consumer import channel_stats, publish_spread
 
 
@@ -323,8 +323,14 @@ async def test_a_slow_destination_is_re_sent_from_once(nsqd, tmp_path: Path) -> 
                     sent += 5
                     await asyncio.sleep(0.025)
 
+            async def relaying_to_b() -> bool:
+                stats = await stats_json(two.http_address, "copy")
+                return any(t["topic_name"] == "copy" and t["message_count"] > 0 for t in stats["topics"] or [])
+
             running = asyncio.ensure_future(publisher())
-            await asyncio.sleep(1.0)
+            # Until to-nsq relays to B (not a fixed second: under load its worker took longer to
+            # start, the first stall found B holding nothing and the first count was 0).
+            await eventually(relaying_to_b, 30, "to-nsq relaying to B")
             counts = []
             for _ in range(4):
                 await proxy.stall(0.9, "down")
