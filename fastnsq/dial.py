@@ -8,17 +8,22 @@ still unanswered after :data:`STAGGER` seconds is joined by another (a new socke
 until the dial timeout; the first to connect wins and the others are closed. An attempt that
 fails (refused, unreachable) ends the dial with its error unless another is still in flight:
 a refused port is still one SYN per dial.
+
+An IP address is parsed here, not looked up: the event loop's ``getaddrinfo`` runs in a
+thread pool even for "127.0.0.1", and on a loaded machine that hop alone outlasted a 1 s
+``dial_timeout`` (a busy CI run, issue 63).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import os
 import socket
 from typing import Any
 
-__all__ = ["STAGGER", "dial"]
+__all__ = ["STAGGER", "dial", "resolve"]
 
 #: Seconds a connect may stay unanswered before another joins it.
 STAGGER = 0.25
@@ -29,7 +34,7 @@ async def dial(host: str, port: int, timeout: float, local_addr: tuple[str, int]
     after it; the error of the last attempt when every attempt failed)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
+    infos = await resolve(host, port, timeout)
     if not infos:
         raise OSError(f"no address found for {host!r}")
     tasks: list[asyncio.Task[socket.socket]] = []
@@ -64,6 +69,17 @@ async def dial(host: str, port: int, timeout: float, local_addr: tuple[str, int]
         for task in tasks:  # connected too, but later than the winner (or after a failure)
             if task.done() and not task.cancelled() and task.exception() is None and task.result() is not winner:
                 task.result().close()
+
+
+async def resolve(host: str, port: int, timeout: float) -> list[tuple[Any, ...]]:
+    """``getaddrinfo`` for a TCP connect to ``host:port``: an IP address at once, without a
+    thread or DNS; a name by the event loop's resolver, within ``timeout`` seconds."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                                      timeout)
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
 
 
 async def _connect_one(info: tuple[Any, ...], local_addr: tuple[str, int] | None) -> socket.socket:
