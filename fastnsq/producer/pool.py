@@ -396,7 +396,7 @@ class ConnectionPool:
 
     async def _probe(self, address: str) -> None:
         try:
-            passed = await handshake_answered_within(address, self.suspects.probe_bound)
+            passed = await handshake_answered_within(address, self.suspects.probe_bound, self.suspects.probe_timeout)
         finally:
             del self._probes[address]
         if not self.closing and self.suspects.probed(address, passed):

@@ -36,11 +36,12 @@ __all__ = ["PROBES_IN_A_ROW", "PROBE_INTERVAL", "RECALL", "SLOW_HOLD", "Suspects
 #: Seconds within which an nsqd's suspect spells count as one run of them.
 RECALL = 60.0
 #: Probes answered in time, one after another, that end a probation. With 30 % of the
-#: segments lost, a probe (SYN, SYN-ACK, IDENTIFY, its answer) passes about one time in four:
-#: six in a row about once in 5,000 tries, 20 minutes of probing.
-PROBES_IN_A_ROW = 6
+#: packets lost both ways, 54 of 200 probes passed on loopback (SYN, SYN-ACK, IDENTIFY and its
+#: answer must all get through at once), never more than 3 in a row: 8 in a row is about
+#: once in 36,000 tries, two and a half hours of probing.
+PROBES_IN_A_ROW = 8
 #: Seconds between the starts of an nsqd's probes while it is on probation: a clean nsqd is
-#: back about 1.5 s after its link is.
+#: back about 2 s after its link is.
 PROBE_INTERVAL = 0.25
 #: An nsqd proven slow, not dead: a held publish is re-sent once it is this many seconds old
 #: (well within publish_timeout; beyond TCP's third retransmission, 0.2 + 0.4 + 0.8 s on loopback).
@@ -72,8 +73,10 @@ class Suspects:
         #: How old a slow nsqd's held publish gets before it is re-sent: SLOW_HOLD, or half the
         #: publish_timeout when that is shorter (else it would fail at its deadline instead).
         self.slow_hold = min(SLOW_HOLD, publish_timeout / 2)
-        #: How soon a probe's handshake must be answered to pass.
+        #: How soon a probe's handshake must be answered to pass (by the kernel's clock), and
+        #: how long a probe of an nsqd that does not answer lasts.
         self.probe_bound = suspect_after / 4
+        self.probe_timeout = max(1.0, 2 * suspect_after)
         self._log = log
         #: Suspect connections, each with the count of answers it must reach to be healthy again.
         self.suspect: dict[Watched, int] = {}
