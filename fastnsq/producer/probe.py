@@ -30,6 +30,7 @@ import time
 
 from ..codec import WriteBuffer
 from ..config import parse_address
+from ..dial import resolve
 
 __all__ = ["handshake_answered_within"]
 
@@ -62,8 +63,7 @@ async def handshake_answered_within(address: str, bound: float, timeout: float) 
     of its sending, the kernel retransmitting nothing (False after ``timeout`` s at most)."""
     host, port = parse_address(address)
     try:
-        infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
-                                       timeout)
+        infos = await resolve(host, port, timeout)
         family, kind, proto, _name, target = infos[0]
         sock = socket.socket(family, kind, proto)
     except (OSError, asyncio.TimeoutError, IndexError):
