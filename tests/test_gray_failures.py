@@ -26,7 +26,7 @@ from fastnsq.config import ConnectionOptions
 from fastnsq.conn import Connection
 from fastnsq.errors import NoConnectionError, NsqdDown, PublishTimeoutError
 from fastnsq.producer.pool import FAIL_FAST_WAIT
-from fastnsq.producer.suspects import RECALL, SLOW_HOLD, Suspects
+from fastnsq.producer.suspects import PROBES_IN_A_ROW, RECALL, SLOW_HOLD, Suspects
 from fastnsq.testing import NSQD
 from fastnsq.testing.process import NSQDProcess
 from fastnsq.testing.proxy import FaultProxy
@@ -208,17 +208,18 @@ async def test_a_slow_nsqd_is_re_sent_from_once():
 
 
 async def test_a_slow_nsqds_later_spells_reroute_within_a_short_publish_timeout():
-    """publish_timeout 2 s; B's answers held 2.5 s, twice. The second spell holds what B holds
-    for half the timeout (1 s), then re-sends it: nothing fails while A answers. Before, it was
-    held for SLOW_HOLD (3 s) and every publish B held failed at its 2 s deadline."""
+    """publish_timeout 2 s; B's answers held 2.5 s, twice, B back in the rotation between. The
+    second spell holds what B holds for half the timeout (1 s), then re-sends it: nothing fails
+    while A answers. Before, it was held for SLOW_HOLD (3 s) and every publish B held failed at
+    its 2 s deadline."""
     async with NSQD() as a, NSQD() as b, FaultProxy(b.tcp_address) as proxy:
         topic = unique("slowshort")
         async with Producer([a.tcp_address, proxy.address], publish_timeout=2) as producer:
             await asyncio.gather(*(producer.publish(topic, b"warm") for _ in range(10)))
             async with publishing_every_pace(producer, topic) as calls:
                 await proxy.stall(2.5, "down")  # the first spell re-sends all; B then answers all: slow
-                await asyncio.sleep(0.5)  # B answers what it held: back in the rotation, at once (its first spell)
                 rerouted_first = producer.snapshot().rerouted
+                await _taking_publishes_again(b.http_address, topic)  # its probes passed
                 await proxy.stall(2.5, "down")
                 await asyncio.sleep(0.5)
             results = await asyncio.gather(*calls, return_exceptions=True)
@@ -226,6 +227,43 @@ async def test_a_slow_nsqds_later_spells_reroute_within_a_short_publish_timeout(
         failures = [r for r in results if isinstance(r, BaseException)]
         assert failures == [], (len(failures), failures[:3])
         assert rerouted_first >= 1 and stats.rerouted > rerouted_first, (rerouted_first, stats)
+
+
+async def _taking_publishes_again(http_address: str, topic: str) -> None:
+    """Until B's depth of ``topic`` grows (a publish task runs every PACE s)."""
+    before = await depth(http_address, topic)
+
+    async def grew() -> bool:
+        return await depth(http_address, topic) > before
+
+    await eventually(grew, timeout=30, what="B taking publishes again")
+
+
+async def test_a_flapping_nsqd_takes_no_publish_until_its_link_is_clean():
+    """B's answers held 3.5 s, three times, 0.5 s apart (a lossy link's late answers, drawn
+    out): the first spell re-sends what B held; after it B is on probation, and its probes
+    (each a handshake of its own, through the same stalls) fail, so B holds and re-sends
+    nothing more. Once the link stays clean, B takes publishes again. Before, B was back at
+    once after its first spell, then after a 1 s rest on trial, and each spell re-sent what
+    B had held SLOW_HOLD (3 s): duplicates the first spell's re-sends did not account for."""
+    async with NSQD() as a, NSQD() as b, FaultProxy(b.tcp_address) as proxy:
+        topic = unique("flap")
+        async with Producer([a.tcp_address, proxy.address], publish_timeout=10) as producer:
+            await asyncio.gather(*(producer.publish(topic, b"warm") for _ in range(10)))
+            async with publishing_every_pace(producer, topic) as calls:
+                await proxy.stall(3.5, "down")
+                first = producer.snapshot().rerouted
+                for _ in range(2):
+                    await asyncio.sleep(0.5)
+                    await proxy.stall(3.5, "down")
+                await asyncio.sleep(0.5)
+                later = producer.snapshot().rerouted - first
+                await _taking_publishes_again(b.http_address, topic)
+            results = await asyncio.gather(*calls, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        assert failures == [], failures[:3]
+        assert first >= 1, first  # B held publishes when its first stall began: re-sent
+        assert later == 0, (first, later)
 
 
 # ---- Producer([B]) alone ----------------------------------------------------------------------------
@@ -544,15 +582,15 @@ def test_a_slow_nsqds_later_spells_hold_what_it_holds():
     assert conn.cutoffs == [0.6]
     conn.answered, conn.since, conn.pending = 3, None, 0
     rule.check([conn], 0.8)  # answered: the spell ends, 0.8 s after its oldest went out
+    _pass_probes(rule, conn.address)
     assert conn not in rule.out
     conn.since, conn.pending = 5.0, 2
     rule.check([conn], 5.6)
     rule.reroute(5.6, Exception)
     assert conn.cutoffs[-1] == pytest.approx(5.6 - SLOW_HOLD)
     conn.answered, conn.since, conn.pending = 5, None, 0
-    while conn in rule.out:  # answered; it rests
-        rule.check([conn], 7.0)
-        rule.check([conn], 9.0)
+    rule.check([conn], 7.0)
+    _pass_probes(rule, conn.address)
     conn.since, conn.pending = 100.0, 1
     rule.check([conn], 100.6)
     rule.reroute(100.6, Exception)
@@ -575,42 +613,60 @@ def test_a_slow_nsqds_hold_fits_a_short_publish_timeout():
     assert Suspects(0.5, logging.getLogger("test")).slow_hold == SLOW_HOLD  # the default 10 s
 
 
-def test_a_new_connection_to_a_recently_suspect_nsqd_starts_on_trial():
+def _pass_probes(rule: Suspects, address: str) -> None:
+    for _ in range(PROBES_IN_A_ROW):
+        rule.probed(address, True)
+
+
+def test_an_nsqd_that_answers_again_takes_publishes_after_its_probes():
+    """B answered what it held: it is on probation, out of the rotation, until PROBES_IN_A_ROW
+    probes in a row passed; a failed probe starts the count again. Before, B took publishes
+    at once after its first spell (and a lossy B held, and had re-sent, a new share of them)."""
+    rule, conn = Suspects(0.5, logging.getLogger("test")), _Conn()
+    conn.since, conn.pending = 0.0, 3
+    assert rule.check([conn], 0.6) and conn in rule.out
+    conn.answered, conn.since, conn.pending = 3, None, 0
+    assert rule.check([conn], 1.0)  # answered all: suspect no more, on probation
+    assert conn in rule.out and rule.probing() == {conn.address}
+    for _ in range(PROBES_IN_A_ROW - 1):
+        assert not rule.probed(conn.address, True)
+    assert not rule.probed(conn.address, False)  # a lossy link fails one: the count starts again
+    for _ in range(PROBES_IN_A_ROW - 1):
+        assert not rule.probed(conn.address, True)
+    assert conn in rule.out
+    assert rule.probed(conn.address, True)
+    assert conn not in rule.out and rule.probing() == set()
+    assert rule.probe_bound == 0.125  # a quarter of suspect_after: a retransmission (>= 0.2 s) fails it
+
+
+def test_a_new_connection_to_a_recently_suspect_nsqd_starts_on_probation():
     """A lossy link's connection may die of it (nothing read for dead_after) while suspect: its
-    successor starts with a small share (on trial), so its first spell re-sends little. One to an
-    nsqd not suspect within RECALL takes its full share at once."""
+    successor takes no publish until its nsqd passed its probes. One to an nsqd not suspect
+    within RECALL takes its full share at once."""
     rule, old = Suspects(0.5, logging.getLogger("test")), _Conn()
     old.since, old.pending = 0.0, 50
     rule.check([old], 0.6)
     rule.forget(old)  # declared dead while suspect
     new = _Conn()
-    assert rule.joined(new, 14.0) and new in rule.trial
+    assert rule.joined(new, 14.0) and new in rule.out
     other = _Conn()
     other.address = "a:4150"
-    assert not rule.joined(other, 14.0) and other not in rule.trial
+    assert not rule.joined(other, 14.0) and other not in rule.out
+    _pass_probes(rule, new.address)
+    assert new not in rule.out
     assert not rule.joined(_Conn(), 14.0 + RECALL)
 
 
-def test_an_nsqd_suspect_again_and_again_rests_longer():
-    """A lossy link: B answers late over and over. The first spell ends when B has answered
-    what it held (back at once); each further spell within RECALL rests 1, 2, 4... s before B
-    takes publishes again, so a reroute does not take a new share of them every second."""
-    log = logging.getLogger("test")
-    rule, conn = Suspects(0.5, log), _Conn()
-    rests = []
-    now = 0.0
-    for _ in range(4):
-        conn.since, conn.pending = now, 3
-        assert rule.check([conn], now + 0.6) and conn in rule.out  # suspect
-        conn.answered += 3
-        conn.since, conn.pending = None, 0
-        now += 1.0
-        rule.check([conn], now)  # it answered what it held
-        rest = 0.0
-        while conn in rule.out:
-            rest += 0.25
-            rule.check([conn], now + rest)
-        rests.append(rest)
-        assert (conn in rule.trial) == (rest > 0)  # back from a rest: a small share first
-        now += rest + 1.0
-    assert rests == [0.0, 1.0, 2.0, 4.0]
+def test_a_connection_on_probation_used_for_want_of_another_can_turn_suspect():
+    """Every connection out of the rotation is used (Producer([B]) alone): one on probation
+    that holds a publish suspect_after turns suspect again, its probation over."""
+    rule, conn = Suspects(0.5, logging.getLogger("test")), _Conn()
+    assert rule.joined(conn, 0.0) is False
+    conn.since, conn.pending = 1.0, 1
+    rule.check([conn], 1.6)
+    conn.answered, conn.since, conn.pending = 1, None, 0
+    rule.check([conn], 1.7)
+    assert conn in rule.probation
+    conn.since, conn.pending = 2.0, 1
+    assert rule.check([conn], 2.6)
+    assert conn in rule.suspect and conn not in rule.probation

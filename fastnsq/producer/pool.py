@@ -12,7 +12,8 @@ from ..config import ConnectionOptions, LoggerLike
 from ..conn import HANDSHAKE_TIMEOUT, Connection
 from ..errors import ConnectionClosedError, NoConnectionError, NsqdDown, NSQError, PublishTimeoutError
 from ..recovery import Redial
-from .suspects import TRIAL_WEIGHT, Suspects
+from .probe import handshake_answered_within
+from .suspects import PROBE_INTERVAL, Suspects
 
 #: fail_fast: how long a publish waits for the reconnect attempt it hurried (a refused port
 #: answers at once; a connect that times out would hold it for its dial_timeout).
@@ -55,8 +56,9 @@ class ConnectionPool:
     and the commands it holds fail with a retryable :class:`ConnectionClosedError`, which the
     producer sends again on a healthy connection (``rerouted`` counts them: if the suspect nsqd
     answers later after all, those messages are there twice). It is healthy again once it has
-    answered what it held (an nsqd suspect again and again rests a while first:
-    :mod:`fastnsq.producer.suspects`). With no healthy connection, suspects are used as before.
+    answered what it held and its nsqd answered a few handshakes in a row in good time, on
+    connections of their own (:mod:`fastnsq.producer.suspects`, :mod:`fastnsq.producer.probe`).
+    With no healthy connection, those out of the rotation are used as before.
     """
 
     def __init__(
@@ -82,7 +84,7 @@ class ConnectionPool:
         #: else the others (or every open one, when all are out).
         self.usable: list[Connection] = self.open
         self.suspect_after = suspect_after
-        #: The connections out of the rotation (suspect or resting), read at each tick.
+        #: The connections out of the rotation (suspect or on probation), read at each tick.
         self.suspects = Suspects(suspect_after, log, publish_timeout)
         #: Commands failed on a suspect connection for the producer to send elsewhere.
         self.rerouted = 0
@@ -98,6 +100,9 @@ class ConnectionPool:
                               on_round=lambda _address: self._news())
         self._sweeper: asyncio.TimerHandle | None = None
         self._round_trip_observer: Callable[[float], object] | None = None
+        #: The probe of each nsqd on probation, and when the last one started.
+        self._probes: dict[str, asyncio.Task[None]] = {}
+        self._probed_at: dict[str, float] = {}
 
     def set_round_trip_observer(self, observer: Callable[[float], object] | None) -> None:
         """Give every connection, open and future, this ``Connection.round_trip_observer``."""
@@ -136,7 +141,7 @@ class ConnectionPool:
         return bool(self.open if address is None else self._open_by_address.get(address))
 
     def answering(self) -> bool:
-        """An open connection is in the rotation (not suspect or resting)."""
+        """An open connection is in the rotation (not suspect or on probation)."""
         out = self.suspects.out
         return any(conn not in out for conn in self.open)
 
@@ -341,6 +346,9 @@ class ConnectionPool:
         if self._sweeper is not None:
             self._sweeper.cancel()
         slots = [slot for pool in self._slots.values() for slot in pool]
+        for probe in self._probes.values():
+            probe.cancel()
+        await asyncio.gather(*self._probes.values(), return_exceptions=True)
         await self._redial.close()
         await asyncio.gather(*(s.conn.close() for s in slots if s.conn is not None), return_exceptions=True)
         self.open.clear()
@@ -374,18 +382,30 @@ class ConnectionPool:
             self._route()
         if self.suspects.suspect and self.usable is not self.open:  # a healthy connection to send them to
             self.rerouted += self.suspects.reroute(now, self._rerouted_error)
+        if self.suspects.probation:
+            self._start_probes(now)
+
+    def _start_probes(self, now: float) -> None:
+        """A probe of each nsqd on probation, one at a time, PROBE_INTERVAL s apart."""
+        for address in self.suspects.probing():
+            if address in self._probes or now - self._probed_at.get(address, float("-inf")) < PROBE_INTERVAL:
+                continue
+            self._probed_at[address] = now
+            assert self._loop is not None
+            self._probes[address] = self._loop.create_task(self._probe(address))
+
+    async def _probe(self, address: str) -> None:
+        try:
+            passed = await handshake_answered_within(address, self.suspects.probe_bound, self.suspects.probe_timeout)
+        finally:
+            del self._probes[address]
+        if not self.closing and self.suspects.probed(address, passed):
+            self._route()
 
     def _route(self) -> None:
         """``usable`` after a change of the open connections or of those out of the rotation."""
-        out, trial = self.suspects.out, self.suspects.trial
-        if not out and not trial:
-            self.usable = self.open
-            return
-        healthy = [conn for conn in self.open if conn not in out and conn not in trial]
-        tried = [conn for conn in self.open if conn in trial]
-        # Round robin over a list with each healthy connection TRIAL_WEIGHT times: one on trial
-        # gets a small share (still one list index per publish).
-        self.usable = healthy * TRIAL_WEIGHT + tried if healthy and tried else healthy or tried or self.open
+        out = self.suspects.out
+        self.usable = self.open if not out else [conn for conn in self.open if conn not in out] or self.open
 
     @staticmethod
     def _rerouted_error() -> ConnectionClosedError:

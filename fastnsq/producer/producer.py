@@ -304,7 +304,7 @@ class Producer:
         return list(self._pool.open)
 
     def answering(self) -> bool:
-        """Whether an open connection answers (not suspect or resting): to-nsq skips a destination without."""
+        """Whether an open connection answers (not suspect or on probation): to-nsq skips a destination without."""
         return self._pool.answering()
 
     def node_stats(self) -> dict[str, NodeStats]:

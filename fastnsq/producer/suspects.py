@@ -1,4 +1,4 @@
-"""Which of a producer's connections take no new publishes: the suspect ones and those resting.
+"""Which of a producer's connections take no new publishes: the suspect ones and those on probation.
 
 One job: the rule of issue 57 (a hung nsqd, a black hole, a lossy link refuse nothing; their
 publishes just go unanswered). Read by the pool at each of its ticks, never per publish:
@@ -6,25 +6,22 @@ publishes just go unanswered). Read by the pool at each of its ticks, never per 
 * **suspect**: a connection whose oldest unanswered command went out ``suspect_after``
   seconds ago. It stays suspect until it has answered every command it held then (its
   answers still come in order; those the producer sent elsewhere are ignored).
-* **resting**: a connection that answered again, of an nsqd that was suspect before within
-  ``RECALL`` seconds (a lossy link answers late over and over): it stays out 1 s, then 2, 4...
-  up to ``MAX_REST`` s, so that such an nsqd does not get, and lose to a reroute, a new share
-  of publishes every second. The first recovery of a while rests 0 s (a nsqd that hung once
-  is used again as soon as it answers).
-* **on trial**: after a rest, ``TRIAL`` seconds with a small share of the publishes (the pool
-  gives each healthy connection ``TRIAL_WEIGHT`` turns for its one): if the link is still bad,
-  the next suspect spell holds, and reroutes, few publishes. A new connection to an nsqd
-  suspect within ``RECALL`` s starts on trial too (a lossy link's connection may die of it:
-  its successor would otherwise take a full share and re-send it all at its first spell).
+* **on probation**: a connection that answered again, and a new connection to an nsqd suspect
+  within ``RECALL`` seconds (a lossy link's connection may die of it). It takes no publish
+  until ``PROBES_IN_A_ROW`` handshakes on connections of their own (:mod:`.probe`, one every
+  ``PROBE_INTERVAL`` s, run by the pool) were each answered within a quarter of
+  ``suspect_after``: a link that still loses segments fails them (a retransmission costs at
+  least 200 ms), so a lossy nsqd takes, and holds, nothing more while it is lossy. Before,
+  a lossy nsqd answering late was used again at once, then after rests of 1, 2, 4... s with a
+  small share on trial, and each new share it held past ``SLOW_HOLD`` was re-sent: 63-102
+  duplicates in the bench's minute of 30 % loss, where only its first spell's (about 50 at
+  200 publishes a second) are unavoidable.
 * **re-sent once**: what a suspect connection holds is failed for the producer to send
   elsewhere at once in the first spell of a run (a hung or black-holed nsqd never answers it).
   An nsqd whose spell then ended with every held publish answered was slow, not dead: what was
   re-sent is there twice. In its later spells of the run, a held publish is re-sent only once
   it is ``SLOW_HOLD`` s old (half the ``publish_timeout`` if that is less, so that it is still
-  re-sent within it): a lossy link that turns suspect over and over no longer re-sends, and
-  duplicates, what it holds each time (issue 57: 164 duplicates in a minute of 30 % loss;
-  with a hold of twice the slowest answer, at most 2 s, still 119: TCP's retransmissions
-  of a lossy link answer 1-3 s late). It holds little meanwhile: it rests, then is on trial.
+  re-sent within it).
 """
 
 from __future__ import annotations
@@ -34,16 +31,18 @@ from typing import Protocol
 
 from ..config import LoggerLike
 
-__all__ = ["MAX_REST", "RECALL", "SLOW_HOLD", "TRIAL", "TRIAL_WEIGHT", "Suspects"]
+__all__ = ["PROBES_IN_A_ROW", "PROBE_INTERVAL", "RECALL", "SLOW_HOLD", "Suspects"]
 
 #: Seconds within which an nsqd's suspect spells count as one run of them.
 RECALL = 60.0
-#: The longest rest (seconds) of an nsqd that keeps falling suspect.
-MAX_REST = 30.0
-#: Seconds a connection back from a rest is on trial.
-TRIAL = 5.0
-#: Turns of each healthy connection for one of a connection on trial.
-TRIAL_WEIGHT = 9
+#: Probes answered in time, one after another, that end a probation. With 30 % of the
+#: packets lost both ways, 54 of 200 probes passed on loopback (SYN, SYN-ACK, IDENTIFY and its
+#: answer must all get through at once), never more than 3 in a row: 8 in a row is about
+#: once in 36,000 tries, two and a half hours of probing.
+PROBES_IN_A_ROW = 8
+#: Seconds between the starts of an nsqd's probes while it is on probation: a clean nsqd is
+#: back about 2 s after its link is.
+PROBE_INTERVAL = 0.25
 #: An nsqd proven slow, not dead: a held publish is re-sent once it is this many seconds old
 #: (well within publish_timeout; beyond TCP's third retransmission, 0.2 + 0.4 + 0.8 s on loopback).
 SLOW_HOLD = 3.0
@@ -74,15 +73,18 @@ class Suspects:
         #: How old a slow nsqd's held publish gets before it is re-sent: SLOW_HOLD, or half the
         #: publish_timeout when that is shorter (else it would fail at its deadline instead).
         self.slow_hold = min(SLOW_HOLD, publish_timeout / 2)
+        #: How soon a probe's handshake must be answered to pass (by the kernel's clock), and
+        #: how long a probe of an nsqd that does not answer lasts.
+        self.probe_bound = suspect_after / 4
+        self.probe_timeout = max(1.0, 2 * suspect_after)
         self._log = log
         #: Suspect connections, each with the count of answers it must reach to be healthy again.
         self.suspect: dict[Watched, int] = {}
-        #: Resting connections, each with the time it takes publishes again.
-        self.resting: dict[Watched, float] = {}
-        #: Connections on trial, each with the time its trial ends.
-        self.trial: dict[Watched, float] = {}
-        #: Every connection out of the rotation now (suspect or resting).
+        #: Connections on probation: out until their nsqd passes its probes.
+        self.probation: set[Watched] = set()
+        #: Every connection out of the rotation now (suspect or on probation).
         self.out: set[Watched] = set()
+        self._passes: dict[str, int] = {}  # address -> probes passed in a row
         self._spells: dict[str, tuple[int, float]] = {}  # address -> (spells in a row, when the last ended)
         #: The nsqd whose spell of this run ended with all it held answered: slow, not dead.
         self._slow: set[str] = set()
@@ -99,20 +101,9 @@ class Suspects:
                     self._recovered(conn, now)
                     changed = True
                 continue
-            until = self.resting.get(conn)
-            if until is not None:
-                if now >= until:
-                    del self.resting[conn]
-                    self.trial[conn] = now + TRIAL
-                    changed = True
-                continue
-            until = self.trial.get(conn)
-            if until is not None and now >= until:
-                del self.trial[conn]
-                changed = True
-            since = conn.unanswered_since()
+            since = conn.unanswered_since()  # on probation too, when every connection is out and used
             if since is not None and now - since >= self.suspect_after:
-                self.trial.pop(conn, None)
+                self.probation.discard(conn)
                 self.suspect[conn] = conn.answered + conn.pending
                 self._last_suspect[conn.address] = now
                 changed = True
@@ -120,22 +111,43 @@ class Suspects:
                                   "the other connections while one answers", conn.address, now - since,
                                   self.suspect_after)
         if changed:
-            self.out = set(self.suspect) | set(self.resting)
+            self._out_changed()
         return changed
 
     def _recovered(self, conn: Watched, now: float) -> None:
-        """``conn`` answered all it held when it turned suspect."""
+        """``conn`` answered all it held when it turned suspect: on probation."""
         spells, last = self._spells.get(conn.address, (0, float("-inf")))
-        spells = spells + 1 if now - last < RECALL else 1
-        self._spells[conn.address] = (spells, now)
+        self._spells[conn.address] = (spells + 1 if now - last < RECALL else 1, now)
         self._slow.add(conn.address)
-        rest = 0.0 if spells == 1 else min(MAX_REST, 2.0 ** (spells - 2))
-        if rest:
-            self.resting[conn] = now + rest
-            self._log.info("nsqd %s answers again; suspect %d times within %.0f s: it rests %.0f s",
-                           conn.address, spells, RECALL, rest)
-        else:
-            self._log.info("nsqd %s answers again: it takes publishes again", conn.address)
+        self._on_probation(conn)
+        self._log.info("nsqd %s answers again: it takes publishes again once %d handshakes in a row are "
+                       "answered within %.3f s", conn.address, PROBES_IN_A_ROW, self.probe_bound)
+
+    def _on_probation(self, conn: Watched) -> None:
+        self.probation.add(conn)
+        self._passes[conn.address] = 0
+
+    def probing(self) -> set[str]:
+        """The nsqd to probe: those with a connection on probation."""
+        return {conn.address for conn in self.probation}
+
+    def probed(self, address: str, passed: bool) -> bool:
+        """A probe of ``address`` ended; True when its connections joined the rotation."""
+        if not passed:
+            self._passes[address] = 0
+            return False
+        passes = self._passes.get(address, 0) + 1
+        self._passes[address] = passes
+        if passes < PROBES_IN_A_ROW:
+            return False
+        released = {conn for conn in self.probation if conn.address == address}
+        if not released:
+            return False
+        self.probation -= released
+        self._out_changed()
+        self._log.info("nsqd %s answered %d handshakes in a row within %.3f s: it takes publishes again",
+                       address, passes, self.probe_bound)
+        return True
 
     def reroute(self, now: float, error: Callable[[], BaseException]) -> int:
         """Fail the commands the suspect connections hold (the producer sends them elsewhere):
@@ -155,16 +167,21 @@ class Suspects:
         return self.slow_hold
 
     def joined(self, conn: Watched, now: float) -> bool:
-        """``conn`` opened: on trial if its nsqd was suspect within RECALL (True: the rotation changed)."""
-        if now - self._last_suspect.get(conn.address, float("-inf")) >= RECALL:
+        """``conn`` opened: on probation if its nsqd was suspect within RECALL or is on
+        probation now (True: the rotation changed)."""
+        recent = now - self._last_suspect.get(conn.address, float("-inf")) < RECALL
+        if not recent and conn.address not in self.probing():
             return False
-        self.trial[conn] = now + TRIAL
+        self._on_probation(conn)
+        self._out_changed()
         return True
 
     def forget(self, conn: Watched) -> None:
         """``conn`` closed."""
-        self.trial.pop(conn, None)
         if conn in self.out:
             self.suspect.pop(conn, None)
-            self.resting.pop(conn, None)
-            self.out = set(self.suspect) | set(self.resting)
+            self.probation.discard(conn)
+            self._out_changed()
+
+    def _out_changed(self) -> None:
+        self.out = set(self.suspect) | self.probation
