@@ -47,9 +47,9 @@ async def test_a_busy_event_loop_does_not_fail_a_probe():
             while not received.is_set():
                 await asyncio.sleep(0.001)
             hogging.set()
-            time.sleep(0.3)
+            time.sleep(0.3)  # noqa: ASYNC251 -- the point: the loop is blocked, as a busy application blocks it
 
-        address = "127.0.0.1:%d" % listener.getsockname()[1]
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
         passed, _ = await asyncio.gather(handshake_answered_within(address, BOUND, TIMEOUT), hog())
         server.join(5)
     assert passed
@@ -77,12 +77,12 @@ async def test_an_nsqd_that_does_not_answer_fails_at_the_timeout(nsqd):
 async def test_a_refused_or_closed_port_fails():
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
-        address = "127.0.0.1:%d" % closed.getsockname()[1]
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
         assert not await handshake_answered_within(address, BOUND, TIMEOUT)  # bound, not listening: refused
     with socket.socket() as silent:  # listening, closing what it accepts without a word
         silent.bind(("127.0.0.1", 0))
         silent.listen()
-        address = "127.0.0.1:%d" % silent.getsockname()[1]
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
         probing = asyncio.ensure_future(handshake_answered_within(address, BOUND, TIMEOUT))
         accepted, _ = await asyncio.get_running_loop().run_in_executor(None, silent.accept)
         accepted.close()

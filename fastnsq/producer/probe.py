@@ -103,7 +103,12 @@ async def _exchange(sock: socket.socket, target: tuple[str, int], bound: float) 
 
 async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
     ready: asyncio.Future[None] = loop.create_future()
-    loop.add_reader(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
     try:
         await ready
     finally:
