@@ -76,7 +76,9 @@ class Calls:
     rerouted: Any = None  # a callable: the face's rerouted count now
 
     def add(self, started: float, took: float, error: BaseException | str | None, body: bytes = b"") -> None:
-        self.calls.append((started, took, None if error is None else (str(error) or type(error).__name__)))
+        if isinstance(error, BaseException):
+            error = f"{type(error).__name__}: {error}"
+        self.calls.append((started, took, error))
         if error is None and body:
             self.acked.add(body)
 
@@ -494,6 +496,8 @@ def summarise(kind: str, seconds: float, t0: float, t1: float, settle: float, fa
             "errors": dict(Counter(c[2].split(":")[0][:60] for c in failed)),
             "p99_s": p99([c[1] for c in during]), "worst_s": max((c[1] for c in during), default=None),
             "rerouted": None if face.rerouted is None else face.rerouted() - rerouted_before.get(name, 0),
+            # fail_fast: how long the calls that raised NsqdDown (the connection known dead) took
+            "nsqd_down_worst_s": max((c[1] for c in failed if (c[2] or "").startswith("NsqdDown")), default=None),
         }
     for watch in watches:
         lost_at = next((t for t, has in watch.samples if t >= t0 and not has), None)
@@ -540,6 +544,10 @@ def markdown(results: dict[str, Any]) -> str:
     for row in results["faults"]:
         depths = ", ".join(f"{name} {n}" for name, n in sorted(row.get("a_depth_max", {}).items()))
         lines.append(f"- {row['fault']}: {depths}")
+    lines.append("\nfail_fast: the slowest call that raised NsqdDown (B's connection known dead), per fault and face:")
+    for row in results["faults"]:
+        worst = {name: p["nsqd_down_worst_s"] for name, p in row["producers"].items() if p.get("nsqd_down_worst_s")}
+        lines.append(f"- {row['fault']}: " + (", ".join(f"{name} {fmt(w)}" for name, w in worst.items()) or "none raised"))
     if "drained_s" in results:
         lines.append(f"\nAfter the last fault's settle the consumers drained for {results['drained_s']} s (at most --drain).")
     for name, end in results.get("end", {}).items():
