@@ -496,8 +496,7 @@ def summarise(kind: str, seconds: float, t0: float, t1: float, settle: float, fa
             "errors": dict(Counter(c[2].split(":")[0][:60] for c in failed)),
             "p99_s": p99([c[1] for c in during]), "worst_s": max((c[1] for c in during), default=None),
             "rerouted": None if face.rerouted is None else face.rerouted() - rerouted_before.get(name, 0),
-            # fail_fast: how long the calls that raised NsqdDown (the connection known dead) took
-            "nsqd_down_worst_s": max((c[1] for c in failed if (c[2] or "").startswith("NsqdDown")), default=None),
+            "nsqd_down_worst_s": _fail_fast_worst(window, t1),
         }
     for watch in watches:
         lost_at = next((t for t, has in watch.samples if t >= t0 and not has), None)
@@ -505,6 +504,16 @@ def summarise(kind: str, seconds: float, t0: float, t1: float, settle: float, fa
                                         "back_s": back.get(watch.channel)}
     row["consumers"]["go-nsq Consumer (lookupd)"] = {"noticed_s": go_noticed(args, t0, t1), "back_s": back.get("go")}
     return row
+
+
+def _fail_fast_worst(window: list[tuple[float, float, str | None]], t1: float) -> float | None:
+    """fail_fast: once a call has raised NsqdDown (the connection known dead, the attempts
+    failing), the slowest failed call started after that until the fault ended (None: none raised)."""
+    raised = [start + took for start, took, error in window if (error or "").startswith("NsqdDown")]
+    if not raised:
+        return None
+    known_dead = min(raised)
+    return max((took for start, took, error in window if known_dead <= start < t1 and error), default=None)
 
 
 def go_noticed(args: argparse.Namespace, t0: float, t1: float) -> float | None:
@@ -544,7 +553,8 @@ def markdown(results: dict[str, Any]) -> str:
     for row in results["faults"]:
         depths = ", ".join(f"{name} {n}" for name, n in sorted(row.get("a_depth_max", {}).items()))
         lines.append(f"- {row['fault']}: {depths}")
-    lines.append("\nfail_fast: the slowest call that raised NsqdDown (B's connection known dead), per fault and face:")
+    lines.append("\nfail_fast: once a call raised NsqdDown (B's connection known dead), the slowest failed call "
+                 "started after it until the fault ended, per fault and face:")
     for row in results["faults"]:
         worst = {name: p["nsqd_down_worst_s"] for name, p in row["producers"].items() if p.get("nsqd_down_worst_s")}
         lines.append(f"- {row['fault']}: " + (", ".join(f"{name} {fmt(w)}" for name, w in worst.items()) or "none raised"))

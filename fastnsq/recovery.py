@@ -180,15 +180,22 @@ class Redial:
         """Start the next round to these addresses (every one missing by default) now, within the
         cap on attempts a second. True if a round to one of them is under way or starting now:
         its outcome is fresher than the last; False if each was tried within the cap's gap."""
+        return self.hurry_since(addresses) is not None
+
+    def hurry_since(self, addresses: Iterable[str] | None = None) -> float | None:
+        """:meth:`hurry`, answering when the freshest round under way began (loop time; now for
+        one starting now), or None. A caller that waits for news waits from then: a round that has
+        hung for seconds (a hung nsqd's handshake) is no news it should wait for again."""
         now = self._now()
-        under_way = False
+        freshest: float | None = None
         for entry in self._entries(addresses):
             if entry.trying or now - entry.last_start >= self._gap():
-                under_way = True
+                began = entry.last_start if entry.trying else now
+                freshest = began if freshest is None else max(freshest, began)
                 entry.rush = not entry.trying
                 if entry.hurried is not None:
                     entry.hurried.set()
-        return under_way
+        return freshest
 
     async def close(self) -> None:
         """Stop every round."""
