@@ -18,7 +18,10 @@ Two real nsqd (A healthy, B faulted) registered with one nsqlookupd, their flags
 
 The faults on B, one after another, ``--settle`` s apart: ``stop:S`` SIGSTOP for S s;
 ``hole:S`` every packet to or from B's TCP port on loopback dropped by nftables for S s;
-``loss:S`` 30 % of them dropped at random (``numgen random mod 100 < 30``) for S s. The rules
+``loss:S`` 30 % of them dropped at random (``numgen random mod 100 < 30``) for S s
+(``loss:S:P``: P %); ``lookupd:S`` nsqlookupd stopped for S s, B restarted (SIGTERM, started
+again on its ports and data) 1 s into it: "back" counts from B's return, while nsqlookupd is
+still down (a lookupd consumer must reconnect to the nsqd it knew). The rules
 live in a table of this run's own (``gray57_<pid>``), deleted at the end even on an error.
 
 Per fault and face: failed publishes (raised within the fault or the settle after it), p99 and
@@ -271,6 +274,22 @@ async def left_in_nsqd(session: aiohttp.ClientSession, http_addresses: list[str]
     return dict(left)
 
 
+async def track_back(session: aiohttp.ClientSession, b_http: str, back: dict[str, float | None],
+                     fins_before: dict[str, Any], since: float, until: float) -> None:
+    """Until ``until``: for each channel not back yet, seconds from ``since`` until B counted a
+    FIN of it again (``fins_before``: B's counts to compare with, updated as it goes)."""
+    while time.monotonic() < until and any(seen is None for seen in back.values()):
+        fins = await fins_on_b(session, b_http, list(back))
+        now = time.monotonic()
+        if fins is not None:
+            for channel, seen in list(back.items()):
+                if seen is None and progressed(fins_before.get(channel, {}), fins.get(channel, {})):
+                    back[channel] = now - since
+                fins_before[channel] = fins.get(channel, {})
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(max(0.0, until - time.monotonic()))
+
+
 def progressed(before: dict[str, int], now: dict[str, int]) -> bool:
     """A client FINed something since ``before`` (a new client counts from 0)."""
     return any(count > before.get(client, 0) for client, count in now.items())
@@ -352,45 +371,49 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             sync_thread.start()
             await asyncio.sleep(args.settle)
             for spec in args.faults.split(","):
-                kind, _, seconds_text = spec.partition(":")
+                kind, seconds_text, percent_text = (spec.split(":") + [""])[:3]
                 seconds = float(seconds_text)
+                percent = int(percent_text) if percent_text else args.loss
+                label = f"{kind} {seconds:g} s" + (f" {percent}%" if kind == "loss" else "")
                 rerouted_before = {n: f.rerouted() for n, f in faces.items() if f.rerouted}
                 counters_before = {w.name: relayed(w.log) for w, _ in process_watches}
                 fins_before = await fins_on_b(session, b.http_address, list(CHANNELS)) or {}
                 fault_over = asyncio.Event()
                 a_backlog = asyncio.ensure_future(watch_a_backlog(session, a.http_address, fault_over))
                 t0 = time.monotonic()
-                print(f"{kind} {seconds:g} s on B ...", flush=True)
+                print(f"{label} on B ...", flush=True)
+                back_since: float | None = None  # when "back" counts from: the fault's end by default
+                back: dict[str, float | None] = dict.fromkeys(CHANNELS)
                 if kind == "stop":
                     b.pause()
                 elif kind == "hole":
                     nft.drop(None)
                 elif kind == "loss":
-                    nft.drop(args.loss)
+                    nft.drop(percent)
+                elif kind == "lookupd":
+                    await asyncio.to_thread(lookupd.stop)
                 else:
-                    raise SystemExit(f"unknown fault {kind!r}: stop, hole or loss")
+                    raise SystemExit(f"unknown fault {kind!r}: stop, hole, loss or lookupd")
                 try:
-                    await asyncio.sleep(seconds)
+                    if kind == "lookupd":
+                        await asyncio.sleep(1.0)
+                        await asyncio.to_thread(b.restart)
+                        back_since, fins_before = time.monotonic(), {}  # a new nsqd: its counts start at 0
+                        await track_back(session, b.http_address, back, fins_before, back_since, t0 + seconds)
+                    await asyncio.sleep(max(0.0, t0 + seconds - time.monotonic()))
                     # What B's clients had FINed as the fault ends (B's HTTP port is not the one
                     # dropped; a stopped B does not answer, and FINed nothing since t0 anyway).
                     fins_before = await fins_on_b(session, b.http_address, list(CHANNELS)) or fins_before
                 finally:
                     if kind == "stop":
                         b.resume()
+                    elif kind == "lookupd":
+                        await asyncio.to_thread(lookupd.start)
                     else:
                         nft.heal()
                 t1 = time.monotonic()
-                back: dict[str, float | None] = dict.fromkeys(CHANNELS)
-                while time.monotonic() < t1 + args.settle:
-                    fins = await fins_on_b(session, b.http_address, list(back))
-                    now = time.monotonic()
-                    if fins is not None:
-                        for channel, seen in list(back.items()):
-                            if seen is None and progressed(fins_before.get(channel, {}), fins.get(channel, {})):
-                                back[channel] = now - t1
-                            fins_before[channel] = fins.get(channel, {})
-                    await asyncio.sleep(0.05)
-                row = summarise(kind, seconds, t0, t1, args.settle, faces, watches, back, rerouted_before, args)
+                await track_back(session, b.http_address, back, fins_before, back_since or t1, t1 + args.settle)
+                row = summarise(label, t0, t1, args.settle, faces, watches, back, rerouted_before, args)
                 fault_over.set()
                 row["a_depth_max"] = await a_backlog  # over the fault and its settle
                 row["load_1m"] = os.getloadavg()[0]  # the machine's load average as the fault's settle ends
@@ -475,10 +498,10 @@ def start_go(args: argparse.Namespace, go_bin: Path, lookupd_http: str, b_tcp: s
                               "-interval", "50ms"], stdout=out)]
 
 
-def summarise(kind: str, seconds: float, t0: float, t1: float, settle: float, faces: dict[str, Calls],
+def summarise(label: str, t0: float, t1: float, settle: float, faces: dict[str, Calls],
               watches: list[Watch], back: dict[str, float | None], rerouted_before: dict[str, int],
               args: argparse.Namespace) -> dict[str, Any]:
-    row: dict[str, Any] = {"fault": f"{kind} {seconds:g} s", "producers": {}, "consumers": {}}
+    row: dict[str, Any] = {"fault": label, "producers": {}, "consumers": {}}
     go_lines = (args.out_dir / f"gray-go-pub-{os.getpid()}.jsonl").read_text().splitlines()
     go_calls = []
     for line in go_lines:
@@ -583,7 +606,7 @@ def main() -> None:
     parser.add_argument("--real", type=Path, required=True, help="folder with real nsqd and nsqlookupd")
     parser.add_argument("--go-bin", type=Path, help="go-nsq's recovery_bench (default: built into --real's folder)")
     parser.add_argument("--faults", default="stop:20,stop:90,hole:30,hole:120,loss:60")
-    parser.add_argument("--loss", type=int, default=30, help="loss:S drops this percent of B's packets")
+    parser.add_argument("--loss", type=int, default=30, help="loss:S drops this percent of B's packets (loss:S:P: P)")
     parser.add_argument("--settle", type=float, default=15.0, help="seconds between faults (and measured after each)")
     parser.add_argument("--drain", type=float, default=75.0,
                         help="at the end, seconds the consumers may take to get every acknowledged message "
