@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .errors import ConnectionClosedError, NoConnectionError, PublishTimeoutError
+from .errors import ConnectionClosedError, PublishTimeoutError
 from .producer import Producer
 from .producer.direct import Done
 
@@ -201,7 +201,7 @@ class Bridge:
             elif kind == CALL or down is None:
                 self._run_task(first(), done)
             else:
-                done(None, NoConnectionError(*down.args))  # one per caller: each raises its own
+                done(None, type(down)(*down.args))  # one per caller: each raises its own
         for topic, (bodies, dones) in batches.items():
             producer.publish_batch_soon(topic, bodies, dones)
 

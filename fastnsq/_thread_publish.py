@@ -28,7 +28,9 @@ never uses its parent's (the facade builds a new publisher there).
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import select
 import socket
 import struct
 import threading
@@ -62,6 +64,10 @@ _OK_SIZE = len(_OK_FRAME)
 IDLE_CLOSE = 60.0
 #: Seconds an nsqd that left a call unanswered for suspect_after gets no new line here.
 QUARANTINE = 1.0
+#: The share of a wait left to the kernel's receive deadline (SO_RCVTIMEO). Its timer wheel
+#: rounds a timeout up by up to an eighth (a 10 s wait ended up to 0.5 s late, all the calls
+#: waiting on a hung nsqd at once); the rest is waited for with select(), whose timer is precise.
+KERNEL_SHARE = 0.85
 
 
 class _Lost(Exception):
@@ -83,22 +89,29 @@ class _Line:
         self._view = memoryview(self._answer)
 
     def set_timeout(self, seconds: float) -> None:
-        """Receive and send deadlines in the kernel (SO_RCVTIMEO / SO_SNDTIMEO): unlike
-        ``settimeout``, no poll() before each call."""
-        whole = int(seconds)
-        micros = max(int((seconds - whole) * 1e6), 0 if whole else 1)  # 0 s 0 us would mean no deadline
+        """Receive and send deadlines in the kernel (SO_RCVTIMEO / SO_SNDTIMEO) for
+        :meth:`round_trip`: unlike ``settimeout``, no poll() before each call (KERNEL_SHARE
+        of ``seconds``: round_trip waits for the rest itself)."""
+        kernel = seconds * KERNEL_SHARE
+        whole = int(kernel)
+        micros = max(int((kernel - whole) * 1e6), 0 if whole else 1)  # 0 s 0 us would mean no deadline
         timeval = struct.pack("ll", whole, micros)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
         self.timeout = seconds
 
-    def round_trip(self, command: bytes) -> tuple[int, bytes]:
-        """Write ``command``, read the answer frame: (frame type, data). Heartbeats are answered.
+    def round_trip(self, command: bytes, answer_by: float) -> tuple[int, bytes]:
+        """Write ``command``, read the answer frame by ``answer_by`` (time.monotonic(); the
+        socket's timeout set for it): (frame type, data). Heartbeats are answered. Raises
+        BlockingIOError when no answer came by then.
 
         Two syscalls as a rule, run with the GIL given up once (codec.round_trip: taking it back
         is what threads publishing at once wait for), and nsqd's usual answer is checked in one
         comparison."""
-        got = round_trip(self.sock, command, self._answer)
+        try:
+            got = round_trip(self.sock, command, self._answer)
+        except BlockingIOError:  # the kernel's share of the wait is over: the rest, precisely
+            got = self._receive_by(answer_by)
         if got == _OK_SIZE and self._answer.startswith(_OK_FRAME):
             return _RESPONSE, b"OK"
         if got == 0:
@@ -126,6 +139,12 @@ class _Line:
         while got < 4 + size:
             got = self._receive(view, got)
         return _SIZE.unpack_from(view, 4)[0], bytes(view[8:4 + size])
+
+    def _receive_by(self, answer_by: float) -> int:
+        left = answer_by - time.monotonic()
+        if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+            raise BlockingIOError(errno.EAGAIN, "no answer within the deadline")
+        return self._receive(self._view, 0)
 
     def _receive(self, view: memoryview, got: int) -> int:
         count = self.sock.recv_into(view[got:])
@@ -183,7 +202,7 @@ class ThreadPublisher:
         try:
             if abs(bound - line.timeout) > 0.001:  # a syscall pair only when it changed
                 line.set_timeout(bound)
-            kind, data = line.round_trip(command)
+            kind, data = line.round_trip(command, time.monotonic() + bound)
         except BlockingIOError:  # the kernel's deadline: nothing came within the timeout
             self._drop(line)
             if bound < left:
@@ -302,9 +321,9 @@ class ThreadPublisher:
         line = None
         # With another nsqd to turn to, one that does not answer IDENTIFY within suspect_after is left alone.
         multi = len(self._producer._nsqd_addresses) > 1
-        left = max(deadline - time.monotonic(), 0.001)  # a hung nsqd's kernel still accepts the connect
+        answer_by = min(deadline, time.monotonic() + self._pool.suspect_after) if multi else deadline
         try:
-            line = self._connect(address, min(self._pool.suspect_after, left) if multi else left)
+            line = self._connect(address, answer_by)
         except (OSError, _Lost, ValueError):
             if multi:
                 self._quarantined[address] = time.monotonic() + QUARANTINE
@@ -317,12 +336,14 @@ class ThreadPublisher:
             line.close()
         return None
 
-    def _connect(self, address: str, answer_within: float) -> _Line | None:
-        """A connection identified with heartbeats off; None (and this path off for good) when
-        nsqd wants what only the loop's connections do (AUTH, or it is youzan's HA nsqd)."""
+    def _connect(self, address: str, answer_by: float) -> _Line | None:
+        """A connection identified with heartbeats off, by ``answer_by`` (time.monotonic(): the
+        connect and IDENTIFY's answer both); None (and this path off for good) when nsqd wants
+        what only the loop's connections do (AUTH, or it is youzan's HA nsqd)."""
         options = self._producer.options
         host, port = parse_address(address)
-        sock = socket.create_connection((host, port), timeout=min(options.dial_timeout, answer_within))
+        left = max(answer_by - time.monotonic(), 0.001)
+        sock = socket.create_connection((host, port), timeout=min(options.dial_timeout, left))
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         tune_socket(sock, options.dead_after)  # heartbeats off here: keepalive still probes it
@@ -331,8 +352,10 @@ class ThreadPublisher:
         out = codec.WriteBuffer(max_body_size=options.max_body_size)
         out.identify(json.dumps(identify).encode())
         try:
-            line.set_timeout(answer_within)  # IDENTIFY's answer, within the call's deadline
-            kind, data = line.round_trip(codec.MAGIC_V2 + out.take())
+            # IDENTIFY's answer, within what the connect left of the call's deadline (a hung
+            # nsqd's kernel still completes the connect, not always at once)
+            line.set_timeout(max(answer_by - time.monotonic(), 0.001))
+            kind, data = line.round_trip(codec.MAGIC_V2 + out.take(), answer_by)
             info = json.loads(data) if kind == codec.FRAME_RESPONSE and data != b"OK" else {}
         except (OSError, _Lost, ValueError):
             line.close()

@@ -437,7 +437,7 @@ class Producer:
         task = self._connecting
         return task if task is not None and not task.done() else None
 
-    def unreachable(self) -> NoConnectionError | None:
+    def unreachable(self) -> NsqdDown | None:
         """With ``fail_fast``, while no connection is open and every attempt failed: an error
         naming each nsqd and why, if the last attempt began within 0.2 s; else None, and an
         attempt starts now, whose outcome the publishes handed over then wait for."""
@@ -446,7 +446,7 @@ class Producer:
         causes = self._pool.down_error()
         if causes is None or self._pool.hurry():
             return None
-        return NoConnectionError(f"no connection to nsqd: {causes}; reconnecting in the background")
+        return NsqdDown(f"no connection to nsqd: {causes}; reconnecting in the background")
 
     def publish_batch_soon(self, topic: str, bodies: list[Any], dones: list[Done]) -> None:
         """:meth:`publish_soon` for many plain publishes to one topic: one MPUB, written now, when
