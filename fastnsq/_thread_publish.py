@@ -3,8 +3,9 @@
 Handing a call to the loop thread and waiting for it costs two thread switches and a GIL
 hand-over each way, more than the publish (bench/sync_publish.py: ~27-37 us of CPU a call).
 Here a plain ``publish()`` takes an idle connection of its own (a blocking socket, one thread
-at a time), writes PUB and reads nsqd's answer in the caller's thread, as go-nsq's goroutines
-do on their producer's connection. Threads publishing at once use as many connections, up to
+at a time) to the next nsqd of the rotation (round robin, as the loop's pool), writes PUB and
+reads nsqd's answer in the caller's thread, as go-nsq's goroutines do on their producer's
+connection. Threads publishing at once use as many connections, up to
 ``thread_connections``; beyond it, or whenever this path cannot serve a call as the loop would,
 the call goes through the loop (the answer :data:`NOT_TAKEN`), which has every feature:
 
@@ -77,11 +78,12 @@ class _Lost(Exception):
 class _Line:
     """One blocking connection to an nsqd, used by one thread at a time."""
 
-    __slots__ = ("_answer", "_view", "address", "idle_since", "published", "sock", "timeout")
+    __slots__ = ("_answer", "_view", "address", "idle", "idle_since", "published", "sock", "timeout")
 
     def __init__(self, address: str, sock: socket.socket) -> None:
         self.address = address
         self.sock = sock
+        self.idle: list[_Line] = []  # the idle lines to its nsqd, where it goes back after a call
         self.published = 0
         self.timeout = -1.0  # the deadline set in the kernel
         self.idle_since = 0.0  # time.monotonic() when its last call returned
@@ -167,13 +169,14 @@ class ThreadPublisher:
         self._pool = producer._pool
         self._limit = limit
         self._usable = limit > 0 and _plain_connections(producer)
-        self._idle: list[_Line] = []  # list.pop/append are atomic: no lock on the common path
+        #: Each nsqd's idle lines, a stack (list.pop/append are atomic: no lock on the common path).
+        self._idle: dict[str, list[_Line]] = {}
         self._lock = threading.Lock()  # opening and closing lines, the counters of failures
         self._lines: set[_Line] = set()
         self._heads: dict[str, bytes] = {}  # "PUB topic\n" of each topic taken here
         self._max_msg_size = producer.options.max_msg_size
         self._opening = 0
-        self._next = 0
+        self._next = 0  # the rotation's last nsqd (an index of the producer's addresses)
         self._closed = False
         self.published_on_closed: dict[str, int] = {}  # per nsqd, messages of lines closed since
         self.failed = 0
@@ -263,14 +266,43 @@ class ThreadPublisher:
     # ---- the connections -------------------------------------------------------------------
 
     def _take(self, deadline: float) -> _Line | None:
-        try:
-            line = self._idle.pop()
-        except IndexError:
-            return self._open(deadline)
-        if line.address in self._producer._nsqd_addresses and not self._avoided(line.address):
-            return line
-        self._drop(line)  # its nsqd was taken out of the producer, or does not answer
-        return self._take(deadline)
+        """An idle line to the next nsqd of the rotation: round robin over the nsqd, as the
+        loop's pool does (a thread that took back the line it had just used sent every publish
+        to one nsqd, and to the other nsqd never again once its lines were dropped in a fault)."""
+        addresses = self._producer._nsqd_addresses
+        count = len(addresses)
+        start = 0
+        if count > 1:
+            start = self._next = (self._next + 1) % count
+        elif not count:
+            return None
+        address = addresses[start]
+        idle = self._idle.get(address)
+        if idle and not (self._quarantined or self._pool.suspects.out and self._avoided(address)):
+            try:
+                return idle.pop()  # atomic; another thread may have taken the last one
+            except IndexError:
+                pass
+        return self._take_slowly(addresses, start, deadline)
+
+    def _take_slowly(self, addresses: list[str], start: int, deadline: float) -> _Line | None:
+        """From ``start`` round the nsqd not avoided: an idle line, else a new one, else (at
+        the limit) the next nsqd's."""
+        count = len(addresses)
+        for step in range(count):
+            address = addresses[(start + step) % count]
+            if self._avoided(address):
+                continue
+            idle = self._idle.get(address)
+            if idle:
+                try:
+                    return idle.pop()
+                except IndexError:
+                    pass
+            line = self._open(address, deadline)
+            if line is not None:
+                return line
+        return None
 
     def _avoided(self, address: str) -> bool:
         """Whether ``address`` is left alone: quarantined here, or out of the loop pool's rotation."""
@@ -294,10 +326,10 @@ class ThreadPublisher:
             return
         now = time.monotonic()
         line.idle_since = now
-        idle = self._idle
+        idle = line.idle
         idle.append(line)
-        # The idle list is a stack: its bottom is the line unused the longest. After a burst of
-        # threads, the lines no call needs any more close one per call, IDLE_CLOSE after last use.
+        # Each stack's bottom is its line unused the longest. After a burst of threads, the
+        # lines no call needs any more close one per call, IDLE_CLOSE after last use.
         oldest = idle[0]
         if now - oldest.idle_since > IDLE_CLOSE:
             try:
@@ -306,18 +338,18 @@ class ThreadPublisher:
                 return
             self._drop(oldest)
 
-    def _open(self, deadline: float) -> _Line | None:
-        if not self._usable:
+    def _open(self, address: str, deadline: float) -> _Line | None:
+        """A new line to ``address``: None at the limit, or when the loop has no connection
+        open to it (down, or not yet connected: the loop's rules answer those calls)."""
+        if not self._usable or len(self._lines) + self._opening >= self._limit:
             return None
-        open_now = {conn.address for conn in self._producer.connections}
-        addresses = [address for address in self._producer._nsqd_addresses
-                     if address in open_now and not self._avoided(address)]
+        if not any(conn.address == address for conn in self._producer.connections):
+            return None
         with self._lock:
-            if self._closed or not addresses or len(self._lines) + self._opening >= self._limit:
+            if self._closed or len(self._lines) + self._opening >= self._limit:
                 return None
             self._opening += 1  # counts toward the limit while it connects
-            self._next += 1
-            address = addresses[self._next % len(addresses)]
+        self._close_forgotten()
         line = None
         # With another nsqd to turn to, one that does not answer IDENTIFY within suspect_after is left alone.
         multi = len(self._producer._nsqd_addresses) > 1
@@ -330,11 +362,23 @@ class ThreadPublisher:
         with self._lock:
             self._opening -= 1
             if line is not None and not self._closed:
+                line.idle = self._idle.setdefault(address, [])
                 self._lines.add(line)
                 return line
         if line is not None:
             line.close()
         return None
+
+    def _close_forgotten(self) -> None:
+        """Close the idle lines to nsqd taken out of the producer (never taken again)."""
+        current = self._producer._nsqd_addresses
+        for address, lines in list(self._idle.items()):
+            while address not in current and lines:
+                try:
+                    line = lines.pop()
+                except IndexError:
+                    break
+                self._drop(line)
 
     def _connect(self, address: str, answer_by: float) -> _Line | None:
         """A connection identified with heartbeats off, by ``answer_by`` (time.monotonic(): the
@@ -383,7 +427,8 @@ class ThreadPublisher:
             errors = dict(stats.errors)
             for code, count in self.errors.items():
                 errors[code] = errors.get(code, 0) + count
-            busy = max(0, len(self._lines) - len(self._idle))  # lines with a call on them now
+            idle = sum(len(lines) for lines in list(self._idle.values()))
+            busy = max(0, len(self._lines) - idle)  # lines with a call on them now
             return dataclasses.replace(stats, published=stats.published + published, failed=stats.failed + self.failed,
                                        waiting=stats.waiting + busy, connections=stats.connections + len(self._lines),
                                        rerouted=stats.rerouted + self.rerouted, errors=errors)
@@ -398,9 +443,7 @@ class ThreadPublisher:
             for line in self._lines:
                 answered[line.address] = answered.get(line.address, 0) + line.published
                 connections[line.address] = connections.get(line.address, 0) + 1
-            idle: dict[str, int] = {}
-            for line in list(self._idle):
-                idle[line.address] = idle.get(line.address, 0) + 1
+            idle = {address: len(lines) for address, lines in list(self._idle.items())}
         merged = dict(nodes)
         for address in answered.keys() | connections.keys():
             node = merged.get(address) or NodeStats(address, 0, 0.0, 0, 0)
@@ -413,12 +456,13 @@ class ThreadPublisher:
     def close(self) -> None:
         """No new calls here; idle connections close now, busy ones when their call returns."""
         self._closed = True
-        while True:
-            try:
-                line = self._idle.pop()
-            except IndexError:
-                return
-            self._drop(line)
+        for lines in list(self._idle.values()):
+            while True:
+                try:
+                    line = lines.pop()
+                except IndexError:
+                    break
+                self._drop(line)
 
 
 def _plain_connections(producer: Producer) -> bool:

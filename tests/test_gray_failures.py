@@ -11,6 +11,7 @@ failed publishes and messages; the few bounds on time are the configured timeout
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import socket
@@ -142,6 +143,39 @@ def test_blocking_producer_routes_around_a_hung_nsqd(two_nsqd):
     assert stats.failed == 0, stats
     total = asyncio.run(delivered(two_nsqd, topic, 10 + COUNT))
     assert total <= 10 + COUNT + stats.rerouted
+
+
+def test_blocking_producer_sends_to_a_hung_nsqd_again_once_it_answers(two_nsqd):
+    """The calling threads' own connections go round the nsqd as the loop's do. Before, a thread
+    took back the connection it had just used: one thread sent every publish to one nsqd, and
+    once B's connections were dropped in its hang, B got no publish again (a trial: 0 of 1,500
+    in 15 s after SIGCONT, while the loop's pool had taken B back). Counted in calls, not time:
+    B must take one of those made after its probation can have ended."""
+    a, b = two_nsqd
+    topic = unique("rotation_sync")
+    with fastnsq.sync.Producer([a.tcp_address, b.tcp_address], publish_timeout=5) as producer:
+        producer.publish(topic, b"first")  # the loop validates the topic: the threads' path takes the rest
+        for _ in range(40):
+            producer.publish(topic, b"one thread")
+        spread = [asyncio.run(depth(server.http_address, topic)) for server in (a, b)]
+        assert min(spread) >= 15, spread  # round robin: about 20 each
+
+        with concurrent.futures.ThreadPoolExecutor(4) as threads:
+            b.pause()
+            try:
+                for _ in range(COUNT // 4):
+                    list(threads.map(lambda index: producer.publish(topic, b"during %d" % index), range(4)))
+                    time.sleep(PACE)
+            finally:
+                b.resume()
+        held_by_b = asyncio.run(depth(b.http_address, topic))
+        for calls in range(1, 3001):  # about 2 s of probes on a quiet machine: ~200 calls
+            producer.publish(topic, b"after")
+            time.sleep(PACE)
+            if calls % 20 == 0 and asyncio.run(depth(b.http_address, topic)) > held_by_b:
+                break
+        assert asyncio.run(depth(b.http_address, topic)) > held_by_b, f"B took none of {calls} calls"
+        assert producer.snapshot().failed == 0
 
 
 # ---- Producer([A, B]) with B black-holed ----------------------------------------------------------
