@@ -36,7 +36,15 @@ handler and a sync ``ready_check``, asyncpg on an event loop of its own per thre
 ``max_in_flight`` 200, one ``INSERT ... ON CONFLICT DO NOTHING`` a message through an asyncpg
 pool of 8; ``sync-handler`` the blocking facade the same way, 8 worker threads, each with its
 own asyncpg connection on its own loop. A row a message is a commit a message: with
-``--synchronous-commit off`` the sessions do not wait for each commit's WAL flush.
+``--synchronous-commit off`` the sessions do not wait for each commit's WAL flush. The plain
+``Consumer`` modes run on ``fastnsq.run`` (uvloop), as the docs' examples do.
+
+``--ceiling S`` measures first, for the handler modes, what their handler writes a second with
+no NSQ at all (the same pool and statement, as many writes at once, the events encoded and
+decoded as bodies are), alone and beside the publisher at ``--rate`` into nsqd: no consumer
+can drain a backlog faster, so "full flow" (90 % of the rate) is only measurable where it is
+above the rate. A row a message through an asyncpg pool is two round trips (the INSERT and
+the pool's reset of the connection on release) and ~180-210 us of the handler's CPU a row here.
 
 The HTTP sink (modes ``http``, ``http-ready``, ``http-go-nsq``): the bench's own nginx
 (``--nginx``, Debian's) with its own prefix and config on a free loopback port, stopped with
@@ -48,6 +56,8 @@ worker's defaults), ``http-ready`` the same with ``ready()`` (``GET /health``), 
 
     python bench/dependency_outage.py --real ~/nsq-real/bin --outages 5,40 --modes sync,http,http-ready,http-go-nsq
     python bench/dependency_outage.py --real ~/nsq-real/bin --outages 5,40,300 --modes handler,sync-handler
+    python bench/dependency_outage.py --real ~/nsq-real/bin --ceiling 20 --outages 40 --modes handler,sync-handler \
+        --synchronous-commit off
 
 Writes bench/results/dependency_outage-<date>.json and .md and prints the table.
 """
@@ -149,6 +159,53 @@ async def consume_handler(topic, address):
 
     async with fastnsq.Consumer(topic, "ingest", nsqd_tcp_addresses=[address], handler=handle, max_in_flight=200):
         await asyncio.Event().wait()
+
+
+async def ceiling_handler(seconds):
+    """consume_handler's writes with no NSQ: as many at once as its max_in_flight (200), through
+    the same pool of 8, each event encoded and decoded as a message body is; rows/s on stdout."""
+    import asyncio, itertools, time
+
+    pool = await asyncpg.create_pool(DSN, min_size=1, max_size=8, server_settings=ROW_SETTINGS)
+    ids, pad, rows = itertools.count(10 ** 12), "x" * 110, 0
+    started = time.monotonic()
+    cpu = time.process_time()
+
+    async def writer():
+        nonlocal rows
+        while time.monotonic() - started < seconds:
+            event = json.loads(json.dumps({"id": next(ids), "ts": time.time(), "payload": pad}))
+            await pool.execute(INSERT, event["id"], event["ts"], event["payload"])
+            rows += 1
+
+    await asyncio.gather(*(writer() for _ in range(200)))
+    took = time.monotonic() - started
+    print(json.dumps({"rows": rows, "seconds": took, "cpu_s": time.process_time() - cpu}))
+
+
+def ceiling_sync_handler(seconds):
+    """consume_sync_handler's writes with no NSQ: 8 threads, each its own connection; rows/s on stdout."""
+    import itertools, threading, time
+
+    ids, pad, counts = itertools.count(10 ** 12), "x" * 110, []
+    started = time.monotonic()
+    cpu = time.process_time()
+
+    def writer():
+        ingest, rows = SyncIngest(), 0
+        while time.monotonic() - started < seconds:
+            event = json.loads(json.dumps({"id": next(ids), "ts": time.time(), "payload": pad}))
+            ingest._run(ingest._connection().execute(INSERT, event["id"], event["ts"], event["payload"]))
+            rows += 1
+        counts.append(rows)
+
+    threads = [threading.Thread(target=writer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    took = time.monotonic() - started
+    print(json.dumps({"rows": sum(counts), "seconds": took, "cpu_s": time.process_time() - cpu}))
 
 
 def consume_sync_handler(topic, address):
@@ -480,10 +537,10 @@ async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path
     log = log_path.open("wb")
     go = mode in NO_WORKER  # no worker: no /metrics, /readyz
     if mode == "consumer":
-        command = [sys.executable, "-c", "import asyncio, sys, ingest; asyncio.run(ingest.consume(*sys.argv[1:]))",
+        command = [sys.executable, "-c", "import sys, fastnsq, ingest; fastnsq.run(ingest.consume(*sys.argv[1:]))",
                    topic, nsqd.tcp_address]
     elif mode == "handler":
-        command = [sys.executable, "-c", "import asyncio, sys, ingest; asyncio.run(ingest.consume_handler(*sys.argv[1:]))",
+        command = [sys.executable, "-c", "import sys, fastnsq, ingest; fastnsq.run(ingest.consume_handler(*sys.argv[1:]))",
                    topic, nsqd.tcp_address]
     elif mode == "sync-handler":
         command = [sys.executable, "-c", "import sys, ingest; ingest.consume_sync_handler(*sys.argv[1:])",
@@ -580,6 +637,35 @@ async def one_run(args: argparse.Namespace, mode: str, outage: float, work: Path
     }
 
 
+async def ceiling_run(args: argparse.Namespace, mode: str, work: Path, sink: Postgres, beside: bool) -> dict[str, Any]:
+    """What ``mode``'s handler writes a second with no NSQ under it (``ceiling_handler``), alone
+    or ``beside`` a publisher at ``--rate`` into the real nsqd (the drain after an outage runs
+    beside it): no consumer can drain a backlog faster than its handler can write."""
+    await sink.reset()
+    nsqd = RealNSQDServer(Path(args.real))
+    await nsqd.start()
+    env = {**os.environ, "INGEST_DSN": sink.dsn, "INGEST_SYNC_COMMIT": args.synchronous_commit,
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    runner = {"handler": "import sys, fastnsq, ingest; fastnsq.run(ingest.ceiling_handler(float(sys.argv[1])))",
+              "sync-handler": "import sys, ingest; ingest.ceiling_sync_handler(float(sys.argv[1]))"}[mode]
+    publisher = Publisher(nsqd.tcp_address, f"ceiling_{mode}_{int(time.time())}", args.rate)
+    try:
+        feeding = asyncio.create_task(publisher.run()) if beside else None
+        await asyncio.sleep(1.0 if beside else 0.0)
+        child = await asyncio.create_subprocess_exec(sys.executable, "-c", runner, str(args.ceiling), cwd=work,
+                                                     env=env, stdout=subprocess.PIPE)
+        out, _ = await child.communicate()
+        if feeding is not None:
+            publisher.stopped.set()
+            await feeding
+    finally:
+        await nsqd.close()
+    measured = json.loads(out.decode().strip().splitlines()[-1])
+    return {"mode": f"{mode} ceiling", "beside_publisher": beside, "rows_per_s": round(measured["rows"] / measured["seconds"]),
+            "handler_cpu_us_per_row": round(measured["cpu_s"] / max(measured["rows"], 1) * 1e6, 1),
+            "publish_rate": args.rate if beside else 0, "seconds": round(measured["seconds"], 1)}
+
+
 def full_flow(samples: list[tuple[float, int]], since: float, rate: float, window: float = 0.5) -> float | None:
     """Seconds from ``since`` to the first sample from which FINs run at ``rate`` over ``window``."""
     for i, (t, count) in enumerate(samples):
@@ -617,7 +703,13 @@ def markdown(result: dict[str, Any]) -> str:
                "/readyz 200 after (s) | /readyz 503 while down | published | arrived | duplicates | given up | "
                "requeued | still in nsqd (deferred) | lost |")
     lines = [head, "", columns, "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    ceilings = [r for r in result["runs"] if "rows_per_s" in r]
+    for r in ceilings:
+        lines.insert(1, f"\n{r['mode']}, no NSQ, {'beside the publisher' if r['beside_publisher'] else 'alone'}: "
+                        f"{r['rows_per_s']:,} rows/s ({r['handler_cpu_us_per_row']} us of the handler's CPU a row)")
     for r in result["runs"]:
+        if "rows_per_s" in r:
+            continue
         lines.append(f"| {r['mode']} | {r.get('sink', 'postgres')} | {r['down_s']} | {r.get('first_rows_after_s')} | "
                      f"{r['full_flow_after_s']} | {r['readyz_200_after_s']} | "
                      f"{'yes' if r['readyz_503_during'] else 'no'} | {r['published']:,} | {r['rows']:,} | "
@@ -644,7 +736,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             sink.init()
             sink.start()
             started.append(sink)
-        for outage in [float(o) for o in args.outages.split(",")]:
+        for mode in [m for m in modes if m in ("handler", "sync-handler")] if args.ceiling else []:
+            for beside in (False, True):
+                print(f"== {mode} ceiling, {'beside the publisher' if beside else 'alone'}", flush=True)
+                result = await ceiling_run(args, mode, work, sinks["postgres"], beside)
+                print(json.dumps(result), flush=True)
+                runs.append(result)
+        for outage in [float(o) for o in args.outages.split(",") if o]:
             for mode in modes:
                 sink = sinks["nginx" if mode.startswith("http") else "postgres"]
                 print(f"== {mode}, {type(sink).__name__} down {outage:g} s", flush=True)
@@ -676,6 +774,9 @@ def main() -> int:
     parser.add_argument("--after", type=float, default=15.0, help="seconds of publishing after the return")
     parser.add_argument("--drain", type=float, default=30.0, help="at most this long for the backlog after")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    parser.add_argument("--ceiling", type=float, default=0.0, metavar="S",
+                        help="first, for the handler modes: their writes with no NSQ for S s, alone and "
+                             "beside the publisher (rows/s: what any consumer's drain is bounded by)")
     args = parser.parse_args()
     if {"go-nsq", "http-go-nsq"} & set(args.modes.split(",")):
         sys.path.insert(0, str(ROOT / "bench"))

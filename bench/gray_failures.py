@@ -26,7 +26,8 @@ live in a table of this run's own (``gray57_<pid>``), deleted at the end even on
 
 Per fault and face: failed publishes (raised within the fault or the settle after it), p99 and
 worst publish latency of the calls started during the fault or in flight when it began, ``rerouted`` (fastnsq: publishes
-B held, sent again to A: each may be there twice); for consumers, seconds from the fault's
+B held, sent again to A: each may be there twice), and ``back``: seconds from the fault's end until B
+answered one of the face's publishes again (its ``node_stats()``); for consumers, seconds from the fault's
 start until the face had no connection to B (``noticed``; go-nsq's: one connection fewer) and seconds from
 the fault's end until B's /stats count a FIN on the face's channel again (``back``); per
 channel, the most messages A held waiting (its depth) during the fault and its settle. At the
@@ -49,6 +50,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,6 +69,8 @@ from fastnsq.testing.process import NSQDProcess, NSQLookupdProcess
 TOPIC = "gray"
 #: The consumers' channels: Consumer via lookupd, direct, sync.Consumer, worker, to-nsq, go-nsq.
 CHANNELS = ("fast", "fastd", "fasts", "worker", "tonsq", "go")
+#: The producer faces whose "back after" is measured: B answered one of their publishes again.
+PRODUCERS_BACK = ("Producer([A, B])", "Producer([B])", "sync.Producer([A, B])")
 
 
 @dataclass
@@ -290,6 +294,31 @@ async def track_back(session: aiohttp.ClientSession, b_http: str, back: dict[str
     await asyncio.sleep(max(0.0, until - time.monotonic()))
 
 
+async def track_producers_back(answered_on_b: dict[str, Callable[[], Any]], since: float,
+                               until: float) -> dict[str, float | None]:
+    """For each producer face, seconds from ``since`` until B answered one of its publishes
+    again (its ``node_stats()``: a face that routes around B must also come back to it)."""
+    async def count(face: str) -> int:
+        stats = await asyncio.to_thread(answered_on_b[face])
+        return int(stats)
+
+    before = {face: await count(face) for face in answered_on_b}
+    back: dict[str, float | None] = dict.fromkeys(answered_on_b)
+    while time.monotonic() < until and any(seen is None for seen in back.values()):
+        for face in answered_on_b:
+            if back[face] is None and await count(face) > before[face]:
+                back[face] = time.monotonic() - since
+        await asyncio.sleep(0.05)
+    return back
+
+
+def _answered_on(address: str, stats_of: Callable[[], dict[str, Any]]) -> Callable[[], int]:
+    def answered() -> int:
+        node = stats_of().get(address)
+        return 0 if node is None else int(node.answered)
+    return answered
+
+
 def progressed(before: dict[str, int], now: dict[str, int]) -> bool:
     """A client FINed something since ``before`` (a new client counts from 0)."""
     return any(count > before.get(client, 0) for client, count in now.items())
@@ -336,6 +365,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             s_ab = fastnsq.sync.Producer([a.tcp_address, b.tcp_address])
             faces["Producer([A, B])"].rerouted = lambda: getattr(p_ab.snapshot(), "rerouted", 0)
             faces["sync.Producer([A, B])"].rerouted = lambda: getattr(s_ab.snapshot(), "rerouted", 0)
+            answered_on_b = {"Producer([A, B])": _answered_on(b.tcp_address, p_ab.node_stats),
+                             "Producer([B])": _answered_on(b.tcp_address, p_b.node_stats),
+                             "sync.Producer([A, B])": _answered_on(b.tcp_address, s_ab.node_stats)}
             watches = [Watch("Consumer (lookupd)", "fast"), Watch("Consumer (direct)", "fastd")]
             consumers = []
             for watch, kwargs in zip(watches, ({"lookupd_http_addresses": [lookupd.http_address]},
@@ -383,6 +415,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 t0 = time.monotonic()
                 print(f"{label} on B ...", flush=True)
                 back_since: float | None = None  # when "back" counts from: the fault's end by default
+                producers_back: asyncio.Future[dict[str, float | None]] | None = None
                 back: dict[str, float | None] = dict.fromkeys(CHANNELS)
                 if kind == "stop":
                     b.pause()
@@ -399,6 +432,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         await asyncio.sleep(1.0)
                         await asyncio.to_thread(b.restart)
                         back_since, fins_before = time.monotonic(), {}  # a new nsqd: its counts start at 0
+                        producers_back = asyncio.ensure_future(track_producers_back(
+                            answered_on_b, back_since, t0 + seconds + args.settle))
                         await track_back(session, b.http_address, back, fins_before, back_since, t0 + seconds)
                     await asyncio.sleep(max(0.0, t0 + seconds - time.monotonic()))
                     # What B's clients had FINed as the fault ends (B's HTTP port is not the one
@@ -412,8 +447,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     else:
                         nft.heal()
                 t1 = time.monotonic()
+                if producers_back is None:
+                    producers_back = asyncio.ensure_future(track_producers_back(answered_on_b, t1, t1 + args.settle))
                 await track_back(session, b.http_address, back, fins_before, back_since or t1, t1 + args.settle)
                 row = summarise(label, t0, t1, args.settle, faces, watches, back, rerouted_before, args)
+                for face, seconds_back in (await producers_back).items():
+                    row["producers"][face]["back_s"] = seconds_back
                 fault_over.set()
                 row["a_depth_max"] = await a_backlog  # over the fault and its settle
                 row["load_1m"] = os.getloadavg()[0]  # the machine's load average as the fault's settle ends
@@ -565,7 +604,8 @@ def markdown(results: dict[str, Any]) -> str:
     for row in results["faults"]:
         for name, p in row["producers"].items():
             lines.append(f"| {row['fault']} | {name} | {p['failed']} of {p['calls']} | {fmt(p['p99_s'])} | "
-                         f"{fmt(p['worst_s'])} | {'-' if p['rerouted'] is None else p['rerouted']} | | |")
+                         f"{fmt(p['worst_s'])} | {'-' if p['rerouted'] is None else p['rerouted']} | | "
+                         f"{fmt(p.get('back_s')) if name in PRODUCERS_BACK else ''} |")
         for name, c in row["consumers"].items():
             made = c.get("producer")
             produced = f"{made['requeued']} requeued | | | {made['rerouted']}" if made else "| | |"

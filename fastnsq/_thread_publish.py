@@ -199,13 +199,14 @@ class ThreadPublisher:
             return NOT_TAKEN
         observer = self._pool._round_trip_observer  # NSQMetrics' histogram, when one is attached
         started = time.perf_counter() if observer is not None else 0.0
-        left = max(deadline - time.monotonic(), 0.001)
+        now = time.monotonic()
+        left = max(deadline - now, 0.001)
         # Another nsqd to turn to: wait suspect_after for this one, not the whole timeout.
         bound = min(left, self._pool.suspect_after) if len(self._producer._nsqd_addresses) > 1 else left
         try:
             if abs(bound - line.timeout) > 0.001:  # a syscall pair only when it changed
                 line.set_timeout(bound)
-            kind, data = line.round_trip(command, time.monotonic() + bound)
+            kind, data = line.round_trip(command, now + bound)
         except BlockingIOError:  # the kernel's deadline: nothing came within the timeout
             self._drop(line)
             if bound < left:

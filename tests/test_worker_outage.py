@@ -159,7 +159,8 @@ async def test_without_ready_the_failed_batches_are_held_and_retried_not_requeue
     assert (stats["depth"], stats["in_flight_count"], stats["requeue_count"], stats["timeout_count"]) == (0, 0, 0, 0)
     assert await worker.stop() == 0
     log = worker.log()
-    assert log.count("not ready (ready_check: ConnectionRefusedError") == 2  # one line in per process
+    # One line in per process, naming what was retried (it said "ready_check": there is none).
+    assert log.count("not ready (the failed batch's handler again: ConnectionRefusedError") == 2, log
     assert log.count("ready again after") == 2 and "Traceback" not in log  # one line out
     await dependency.down()
 

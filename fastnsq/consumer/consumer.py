@@ -53,7 +53,7 @@ from .ha import HAConsumer, direct_endpoints
 from .held import HeldMessages, probe_one
 from .missing import REFRESH_ERRORS, Missing
 from .partitions import Partitions
-from .readiness import Readiness
+from .readiness import Readiness, check_name
 from .report import StopReport
 
 if TYPE_CHECKING:
@@ -179,7 +179,7 @@ class Consumer:
         self._readiness: Readiness | None = None
         #: hold_failed: the handler's failed messages, held and retried in-process (consumer/held.py).
         self.held: HeldMessages | None = None
-        check, what = s["ready_check"], "ready_check"
+        check, what = s["ready_check"], check_name(s["ready_check"])
         if check is None:
             self._rdy.on_backoff = self._dispatch.backoff_changed
             if handler is not None and s["hold_failed"] and not self.ordered and self.backoff_scope != "partition":

@@ -26,7 +26,7 @@ from ..config import LoggerLike
 from ..errors import InvalidValueError
 from .dispatch import is_async_callable
 
-__all__ = ["Readiness"]
+__all__ = ["Readiness", "check_name"]
 
 #: A check that takes longer than this (or than four intervals) counts as failed: a connect
 #: to a host that drops packets must not stretch the poll to the kernel's TCP timeout.
@@ -146,3 +146,9 @@ class Readiness:
         if result is False:
             return RuntimeError("returned False")
         return None
+
+
+def check_name(check: Any) -> str:
+    """What the hold's log lines call the ready_check: "ready_check", or the ``check_name`` of
+    the object whose method it is (the worker's held batches: their handler, called again)."""
+    return str(getattr(getattr(check, "__self__", None), "check_name", "ready_check"))

@@ -53,6 +53,9 @@ class _Piece:
 class HeldBatches:
     """Failed batches kept in the worker; :meth:`retry` is the consumer's ``ready_check``."""
 
+    #: What the consumer's hold lines call :meth:`retry` (not the user's ready_check: there is none).
+    check_name = "the failed batch's handler again"
+
     def __init__(self, run: Callable[[Batch], Awaitable[None]], msg_timeout: Callable[[], float],
                  interval: float, log: LoggerLike) -> None:
         self._run = run  # the batch handler, called as for a new batch (loop, thread or coroutine)
