@@ -64,6 +64,24 @@ async def test_publish_mpublish_and_the_answers(nsqd):
 
 
 @pytest.mark.parametrize("coalesce", [True, False])
+async def test_node_stats_count_every_answered_command(nsqd, coalesce):
+    """node_stats()'s ``answered`` counts the commands of every path (an MPUB once): the
+    pipelined fast paths of a lone publish and a plain mpublish counted none, so a producer
+    publishing from one task showed 1 answered (its first, validated by the slow path) for 21."""
+    topic = unique("answered")
+    async with Producer([nsqd.tcp_address], coalesce=coalesce) as producer:
+        for index in range(20):
+            await producer.publish(topic, b"one %d" % index)
+        await producer.mpublish(topic, [b"a", b"b", b"c"])
+        await asyncio.gather(*(producer.publish(topic, b"many %d" % index) for index in range(50)))
+        answered = producer.node_stats()[nsqd.tcp_address].answered
+        published = producer.snapshot().published
+    assert published == 73
+    # One per PUB or MPUB: the 50 concurrent ones coalesced into fewer MPUBs, or not coalesced.
+    assert (21 + 1 <= answered < 21 + 50) if coalesce else answered == 21 + 50, answered
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
 @pytest.mark.parametrize("command", ["publish", "mpublish"])
 async def test_a_lone_publish_is_written_before_it_waits(nsqd, coalesce, command):
     """Nagle's rule, the producer's: a publish made while no other of the producer is unanswered has

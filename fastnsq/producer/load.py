@@ -58,6 +58,10 @@ class NodeLoads:
         self._avg[address] = seconds if last is None else (last * 4 + seconds) / 5
         self._answered[address] = self._answered.get(address, 0) + 1
 
+    def count(self, address: str) -> None:
+        """One more command answered at ``address``, not timed (the producer's fast paths)."""
+        self._answered[address] = self._answered.get(address, 0) + 1
+
     def pending(self, address: str) -> int:
         return self._pending_of(address)
 

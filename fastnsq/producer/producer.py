@@ -81,15 +81,8 @@ logger = logging.getLogger(__name__)
 PRODUCER_DEFAULTS: dict[str, Any] = {n: o.default for n, o in options_of("Producer").items() if o.client == "producer"}
 
 #: Server errors a retry cannot fix: the same bytes would be refused again.
-NOT_RETRYABLE = (
-    BadTopicError,
-    BadMessageError,
-    BadBodyError,
-    BadPartitionError,
-    ExtNotSupportError,
-    InvalidJsonHeaderError,
-    InvalidTraceIdError,
-)
+NOT_RETRYABLE = (BadTopicError, BadMessageError, BadBodyError, BadPartitionError, ExtNotSupportError,
+                 InvalidJsonHeaderError, InvalidTraceIdError)
 #: HA: the partition moved or is not on that node: look it up again, then retry (protocol.md §9.14).
 _REFRESH_ERRORS = (NotLeaderError, NotWritableError, TopicNotExistError)
 #: HA's non-fatal publish failures are transient (e.g. "pub to wait channel timeout").
@@ -402,7 +395,8 @@ class Producer:
                 # publish_timeout). The codec checks the body before a byte is buffered. _direct_answer
                 # written out here: its coroutine costs ~0.25 us a message.
                 # Nagle's rule: with nothing unanswered, written now (see _direct_answer).
-                future = self._pool.next_open().publish(topic, body, now=not self._active)
+                conn = self._pool.next_open()
+                future = conn.publish(topic, body, now=not self._active)
                 self._active += 1
                 try:
                     result = await future
@@ -414,6 +408,7 @@ class Producer:
                     self.retried += 1  # and on to the slow path, which retries
                 else:
                     self.published += 1
+                    self._ha.loads.count(conn.address)  # not timed: a done callback a message costs more
                     return result
                 finally:
                     self._active -= 1
@@ -576,8 +571,9 @@ class Producer:
             deadline = self._loop.time() + self.publish_timeout  # type: ignore[union-attr] # open: checked
             batch = bodies if type(bodies) is list else list(bodies)
             if fits_one_mpub(batch, self.options.max_body_size, self._max_msg_size):
-                future = self._pool.next_open().mpublish(topic, batch, now=not self._active)
-                answer = await self._direct_answer(future, len(batch))
+                conn = self._pool.next_open()
+                answer = await self._direct_answer(conn.mpublish(topic, batch, now=not self._active), len(batch),
+                                                   conn.address)
                 if answer is not _RETRY:
                     return answer
         if tracing.HOOKED:
@@ -735,7 +731,7 @@ class Producer:
             if not self._active and self._idle_waiter is not None:
                 _resolve(self._idle_waiter)
 
-    async def _direct_answer(self, future: Any, messages: int) -> Any:
+    async def _direct_answer(self, future: Any, messages: int, address: str) -> Any:
         """nsqd's answer to a command of the pipelined fast path, counted; ``_RETRY`` after a failure a
         retry may mend (the caller goes on to the slow path, which retries); other failures raise.
 
@@ -758,6 +754,7 @@ class Producer:
             return _RETRY
         else:
             self.published += messages
+            self._ha.loads.count(address)  # one command answered (an MPUB counts once), not timed
             return result
         finally:
             self._active -= 1
