@@ -215,7 +215,11 @@ class Connection(asyncio.BufferedProtocol):
             except BaseException:
                 sock.close()
                 raise
-            await asyncio.wait_for(self._handshake(), handshake_timeout)
+            try:
+                await asyncio.wait_for(self._handshake(), handshake_timeout)
+            except asyncio.TimeoutError:  # its own text: the logs said only "TimeoutError"
+                raise asyncio.TimeoutError(f"nsqd {self.host}:{self.port} accepted the connection but did not "
+                                           f"answer the handshake within {handshake_timeout:g} s") from None
         except BaseException as exc:
             self._abort(exc)
             # GeneratorExit: the coroutine is being closed (its loop went away); awaiting now

@@ -499,6 +499,20 @@ async def test_handshake_within_the_publish_timeout(two_nsqd):
     assert took < 1.5 + slack.allowance(0.3), (took, slack)
 
 
+async def test_an_unanswered_handshake_says_so_in_its_error():
+    """A hung nsqd accepts the connect and never answers IDENTIFY: the error says what happened
+    (the reconnect WARNING quotes an error's text, and for this one said only "TimeoutError")."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        host, port = silent.getsockname()
+        conn = Connection(f"{host}:{port}", ConnectionOptions())
+        with pytest.raises(asyncio.TimeoutError) as caught:
+            await conn.connect(handshake_timeout=0.2)
+    assert str(caught.value) == (f"nsqd {host}:{port} accepted the connection but did not answer the "
+                                 "handshake within 0.2 s")
+
+
 # ---- the defaults and the sockets ----------------------------------------------------------------
 
 
