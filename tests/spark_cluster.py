@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,8 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from fastnsq.testing.process import free_port
-
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -44,6 +43,19 @@ REPO = Path(__file__).resolve().parent.parent
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 _MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+def distinct_free_ports(count: int) -> list[int]:
+    """``count`` TCP ports nothing listens on now, all different (held open together while
+    the kernel picks them, so that two daemons are never given the same one)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class SparkStandaloneError(RuntimeError):
@@ -161,14 +173,15 @@ class SparkStandalone:
 
     def start(self, timeout: float = 90.0) -> None:
         """Start the master and the workers; wait until the master lists every worker ALIVE."""
-        self.port, self.webui_port = free_port(), free_port()
+        ports = distinct_free_ports(2 + 2 * self.workers)  # one free_port() at a time may repeat one
+        self.port, self.webui_port = ports.pop(), ports.pop()
         self._spawn("master", _MASTER_CLASS, "--host", HOST, "--port", str(self.port),
                     "--webui-port", str(self.webui_port))
         for i in range(self.workers):
             work = self.root / f"worker-{i}"
             work.mkdir(parents=True, exist_ok=True)
-            self._spawn(f"worker-{i}", _WORKER_CLASS, self.master_url, "--host", HOST, "--port", str(free_port()),
-                        "--webui-port", str(free_port()), "--cores", str(self.cores), "--memory", self.memory,
+            self._spawn(f"worker-{i}", _WORKER_CLASS, self.master_url, "--host", HOST, "--port", str(ports.pop()),
+                        "--webui-port", str(ports.pop()), "--cores", str(self.cores), "--memory", self.memory,
                         "--work-dir", str(work))
         try:
             self.wait_for_workers(timeout)
@@ -177,11 +190,15 @@ class SparkStandalone:
             raise
 
     def status(self) -> dict[str, Any]:
-        """The master's JSON status (workers, applications), or {} while it does not answer."""
+        """The master's JSON status (workers, applications), or {} while it does not answer it.
+        Once in CI (a loaded machine) /json answered with an HTML page of Spark's UI while the
+        cluster started, and the start failed on it: the master's UI before its pages were
+        attached, or another daemon given the same port (now excluded, distinct_free_ports).
+        A cluster that never answers JSON still fails, after ``timeout``, with the logs' tails."""
         try:
             with urllib.request.urlopen(self.status_url, timeout=2) as response:
                 return dict(json.loads(response.read()))
-        except OSError:
+        except (OSError, ValueError):
             return {}
 
     def alive_workers(self) -> int:
