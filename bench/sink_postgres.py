@@ -18,7 +18,10 @@ The NSQ runs are timed from the first poll of nsqd's ``/stats`` that sees a mess
 the one that sees the channel drained (every message finished, so committed); the ceilings
 from their processes' first batch to their last commit. Rounds alternate the order; medians.
 Each run checks the table: rows = distinct ids = ``--count`` (0 lost). CPU per row: each
-process's user+system seconds over the run (the app's processes, nsqd's, PostgreSQL's).
+process's user+system seconds over the run (the app's processes, nsqd's, PostgreSQL's; the
+ceilings' app and PostgreSQL). From those, each row's "machine bound": the rows/s this machine's
+cores could give at that CPU per row, every core busy. Where the NSQ path's bound is below 0.9 x
+the measured ceiling, the cores shared by the app, nsqd and the database stop it, not the client.
 
     python bench/sink_postgres.py --bin ~/nsq-real/bin --rounds 3 [--count 1000000]
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
 import signal
@@ -118,11 +122,16 @@ async def _ceiling_child(kind: str, first: int, stop: int, batch: int, concurren
 
     await asyncio.gather(*(lane() for _ in range(concurrency)))
     ended, cpu = time.time(), time.process_time() - cpu0
-    await handler.teardown()
     print(json.dumps({"began": began, "ended": ended, "cpu": cpu, "rows": stop - first}), flush=True)
+    # The pool's backends stay until the bench has read their CPU seconds: a process gone has none.
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    await handler.teardown()
 
 
-async def ceiling(kind: str, processes: int, args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+async def ceiling(kind: str, processes: int, args: argparse.Namespace, env: dict[str, str],
+                  servers: dict[str, Any]) -> dict[str, Any]:
+    from fastnsq.benchmark import process_tree
+
     share = -(-args.count // processes)
     children = []
     for index in range(processes):
@@ -133,6 +142,8 @@ async def ceiling(kind: str, processes: int, args: argparse.Namespace, env: dict
     for child in children:
         assert child.stdout is not None
         assert (await child.stdout.readline()).strip() == b"ready"
+    postgres_pids = process_tree(servers["postgres"].process.pid)  # the pools' backends are connected by now
+    postgres_cpu0 = _cpu(postgres_pids)
     for child in children:
         assert child.stdin is not None
         child.stdin.write(b"go\n")
@@ -141,10 +152,17 @@ async def ceiling(kind: str, processes: int, args: argparse.Namespace, env: dict
     for child in children:
         assert child.stdout is not None
         reports.append(json.loads(await child.stdout.readline()))
+    postgres_cpu1 = _cpu(postgres_pids)
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(b"done\n")
+        await child.stdin.drain()
         await child.wait()
     duration = max(r["ended"] for r in reports) - min(r["began"] for r in reports)
+    postgres_cpu = sum(postgres_cpu1[p] - postgres_cpu0[p] for p in postgres_pids)
     return {"rate": args.count / duration, "duration": duration,
-            "cpu_us_per_row": {"app": sum(r["cpu"] for r in reports) / args.count * 1e6}}
+            "cpu_us_per_row": {"app": sum(r["cpu"] for r in reports) / args.count * 1e6,
+                               "postgres": postgres_cpu / args.count * 1e6}}
 
 
 # ---- an NSQ run: the worker or to-postgres, on a pre-filled topic --------------------------------
@@ -240,7 +258,7 @@ async def one(way: str, processes: int, args: argparse.Namespace, env: dict[str,
     postgres.psql("CHECKPOINT")
     load = os.getloadavg()[0]
     if way.startswith("ceiling"):
-        run = await ceiling(way.split("-")[1], processes, args, env)
+        run = await ceiling(way.split("-")[1], processes, args, env, servers)
     else:
         run = await through_nsq(way, processes, args, env, servers)
     rows, distinct = map(int, postgres.psql("SELECT count(*), count(DISTINCT id) FROM events").split("|"))
@@ -293,16 +311,29 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                     continue
                 cpu = {group: statistics.median(r["cpu_us_per_row"][group] for r in runs[way])
                        for group in runs[way][0]["cpu_us_per_row"]}
+                ceiling_cpu = {group: statistics.median(r["cpu_us_per_row"].get(group, float("nan"))
+                                                        for r in runs[ceiling_way])
+                               for group in runs[ceiling_way][0]["cpu_us_per_row"]}
                 rows.append({
                     "batch": batch, "processes": processes, "way": way, "median_rate": median[way],
                     "ceiling": ceiling_way, "median_ceiling": median[ceiling_way],
                     "ratio": median[way] / median[ceiling_way], "rates": [round(r["rate"]) for r in runs[way]],
                     "ceiling_rates": [round(r["rate"]) for r in runs[ceiling_way]],
                     "cpu_us_per_row": cpu,
-                    "ceiling_cpu_us_per_row": statistics.median(r["cpu_us_per_row"]["app"] for r in runs[ceiling_way]),
+                    "ceiling_cpu_us_per_row": ceiling_cpu,
+                    "machine_bound_rows_per_s": {"way": machine_bound(cpu), "ceiling": machine_bound(ceiling_cpu)},
                     "lost": sum(r["lost"] for r in runs[way]), "exit_0": all(r["exit_status"] == 0 for r in runs[way]),
                 })
     return rows
+
+
+def machine_bound(cpu_us_per_row: dict[str, float]) -> float:
+    """Rows/s with every core of this machine busy at the measured CPU per row of every process taking part.
+
+    The NSQ path's processes (the app's, nsqd's, PostgreSQL's) share the machine's cores with the
+    database, so where this bound is below 0.9 x the ceiling the machine, not the client, stops the run.
+    """
+    return (os.cpu_count() or 1) * 1e6 / sum(v for v in cpu_us_per_row.values() if not math.isnan(v))
 
 
 def main() -> None:
@@ -334,9 +365,13 @@ def main() -> None:
     results["settings"] = {k: v for k, v in vars(args).items() if k not in ("out", "batch")}
     Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     for row in results["summary"]:
+        bound = row["machine_bound_rows_per_s"]
         print(f"batch {row['batch']:>5} x{row['processes']} {row['way']:<12} {row['median_rate']:>9,.0f} rows/s "
               f"/ {row['ceiling']} {row['median_ceiling']:>9,.0f} = {row['ratio']:.2f}  lost {row['lost']}  "
-              f"cpu us/row {json.dumps({k: round(v, 1) for k, v in row['cpu_us_per_row'].items()})}")
+              f"cpu us/row {json.dumps({k: round(v, 1) for k, v in row['cpu_us_per_row'].items()})} "
+              f"ceiling's {json.dumps({k: round(v, 1) for k, v in row['ceiling_cpu_us_per_row'].items()})}; "
+              f"all {os.cpu_count()} cores busy would give {bound['way']:,.0f} / {bound['ceiling']:,.0f} rows/s "
+              f"(at most {bound['way'] / row['median_ceiling']:.2f} of the measured ceiling)")
     print("wrote", args.out)
 
 
