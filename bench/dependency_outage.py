@@ -324,8 +324,17 @@ class PostReady(Post):
 MODES = {"ready": "ingest:IngestReady", "defaults": "ingest:Ingest", "go-nsq": "", "consumer": "", "sync": "",
          "handler": "consume_handler", "sync-handler": "consume_sync_handler",
          "http": "ingest_http:Post", "http-ready": "ingest_http:PostReady", "http-go-nsq": ""}
-#: Modes without a worker (no /metrics, /readyz): their given up are counted in their log.
-NO_WORKER = {"go-nsq", "consumer", "sync", "http-go-nsq", "handler", "sync-handler"}
+#: The modes without a worker (no /metrics, /readyz: their given up are counted in their log), and
+#: what runs in each, for the markdown table's head (the module docstring says more).
+NOT_A_WORKER = {
+    "go-nsq": "go-nsq v1.1.0 (outage_bench, MaxInFlight 4000)",
+    "consumer": "Consumer.batches(400, 0.25), ready_check, max_in_flight 4000",
+    "sync": "fastnsq.sync.Consumer.batches(400, 0.25), a sync ready_check",
+    "handler": "Consumer with a message handler on fastnsq.run, its defaults, max_in_flight 200",
+    "sync-handler": "fastnsq.sync.Consumer with a message handler, 8 threads",
+    "http-go-nsq": "go-nsq v1.1.0 (outage_bench --http-url)",
+}
+NO_WORKER = set(NOT_A_WORKER)
 
 
 class Postgres:
@@ -694,11 +703,17 @@ def first_after(readyz: list[tuple[float, int]], since: float, code: int) -> flo
     return None
 
 
+def what_ran(mode: str) -> str:
+    if mode in NOT_A_WORKER:
+        return NOT_A_WORKER[mode]
+    return f"`fastnsq worker {MODES.get(mode, '?')} --processes 2 --batch 400,0.25 --max-in-flight 4000`"
+
+
 def markdown(result: dict[str, Any]) -> str:
     sinks = ", ".join(result.get("sinks", {}).values()) or f"PostgreSQL {result.get('postgres')}"
-    head = (f"nsqd {result['nsqd']} (default flags), {sinks}, {result['rate']:,} msg/s, "
-            "`fastnsq worker ingest:CLASS --processes 2 --batch 400,0.25 --max-in-flight 4000`, "
-            f"{result['date']}")
+    modes = sorted({r["mode"].removesuffix(" ceiling") for r in result["runs"]})
+    ran = "; ".join(f"{mode}: {what_ran(mode)}" for mode in modes)
+    head = f"nsqd {result['nsqd']} (default flags), {sinks}, {result['rate']:,} msg/s, {result['date']}. {ran}"
     columns = ("| mode | sink | sink down (s) | first rows after it accepts (s) | full flow after (s) | "
                "/readyz 200 after (s) | /readyz 503 while down | published | arrived | duplicates | given up | "
                "requeued | still in nsqd (deferred) | lost |")
