@@ -142,8 +142,7 @@ async def ceiling(kind: str, processes: int, args: argparse.Namespace, env: dict
     for child in children:
         assert child.stdout is not None
         assert (await child.stdout.readline()).strip() == b"ready"
-    postgres_pids = process_tree(servers["postgres"].process.pid)  # the pools' backends are connected by now
-    postgres_cpu0 = _cpu(postgres_pids)
+    postgres_cpu0 = _cpu(process_tree(servers["postgres"].process.pid))
     for child in children:
         assert child.stdin is not None
         child.stdin.write(b"go\n")
@@ -152,14 +151,16 @@ async def ceiling(kind: str, processes: int, args: argparse.Namespace, env: dict
     for child in children:
         assert child.stdout is not None
         reports.append(json.loads(await child.stdout.readline()))
-    postgres_cpu1 = _cpu(postgres_pids)
+    # A backend the pool opened after the start (to-postgres's pool connects as it goes) spent
+    # all its CPU seconds within the run.
+    postgres_cpu1 = _cpu(process_tree(servers["postgres"].process.pid))
     for child in children:
         assert child.stdin is not None
         child.stdin.write(b"done\n")
         await child.stdin.drain()
         await child.wait()
     duration = max(r["ended"] for r in reports) - min(r["began"] for r in reports)
-    postgres_cpu = sum(postgres_cpu1[p] - postgres_cpu0[p] for p in postgres_pids)
+    postgres_cpu = sum(cpu - postgres_cpu0.get(pid, 0.0) for pid, cpu in postgres_cpu1.items())
     return {"rate": args.count / duration, "duration": duration,
             "cpu_us_per_row": {"app": sum(r["cpu"] for r in reports) / args.count * 1e6,
                                "postgres": postgres_cpu / args.count * 1e6}}
@@ -233,10 +234,13 @@ async def through_nsq(way: str, processes: int, args: argparse.Namespace, env: d
                 if app.returncode is not None:
                     raise SystemExit(f"{way} exited with {app.returncode}")
                 await asyncio.sleep(0.05)
-            cpu1 = _cpu(list(cpu0))
-        # Backends started after t0 (a pool's reconnect) are left out: their CPU is not in cpu0.
+            # A backend opened after t0 (to-postgres's pool connects as it goes, or reconnects) spent
+            # all its CPU seconds within the run; one that ended before t1 is left out.
+            pids["postgres"] = sorted(set(pids["postgres"]) | set(process_tree(postgres.process.pid)))
+            cpu1 = _cpu([p for group in pids.values() for p in group])
         rows_run = args.count - taken0
-        cpu = {group: sum(cpu1[p] - cpu0[p] for p in members) / rows_run * 1e6 for group, members in pids.items()}
+        cpu = {group: sum(cpu1[p] - cpu0.get(p, 0.0) for p in members if cpu1[p] >= cpu0.get(p, 0.0)) / rows_run * 1e6
+               for group, members in pids.items()}
         app.send_signal(signal.SIGTERM)
         status = await asyncio.wait_for(app.wait(), 120)
     finally:
