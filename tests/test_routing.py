@@ -99,3 +99,25 @@ async def test_a_sharding_key_whose_partition_has_no_leader_waits_for_one() -> N
     key = next(k for k in range(100) if murmur3_32(str(k).encode()) % 4 == 1)
     deadline = asyncio.get_running_loop().time() + 30
     assert await router(topology).target("t", None, key, deadline) == ("n1:4150", 1)
+
+
+@pytest.mark.parametrize("partition", [1, None], ids=["partition named", "round robin"])
+async def test_an_ha_topic_with_no_partition_listed_waits_for_a_leader(partition: int | None) -> None:
+    """With both replicas of partitions down, a real youzan lookupd listed no partition of the
+    topic at all for a while (issue 61's two-leaders run): the Router took that for an upstream
+    topic and sent the publishes to any nsqd of its pool, which has no such partition
+    (TopicNotExistError, then the connection closed). It waits for a leader instead."""
+    topology = ScriptedTopology(route(), route(), route(0, 1, 2, 3))
+    deadline = asyncio.get_running_loop().time() + 30
+    target = await router(topology).target("t", partition, None, deadline)
+    assert target[0] is not None and target == (f"n{target[1]}:4150", target[1])
+    assert partition is None or target[1] == partition
+    assert topology.asked == 2
+
+
+async def test_an_ha_topic_with_no_partition_listed_until_the_deadline_is_a_connection_error() -> None:
+    topology = ScriptedTopology(route())
+    deadline = asyncio.get_running_loop().time() + 0.2
+    with pytest.raises(NoConnectionError, match=r"the partition of topic 't' \(partitions with a leader: \[\]\)"):
+        await router(topology).target("t", None, None, deadline)
+    assert topology.asked >= 2

@@ -53,6 +53,8 @@ class Router:
         if route.is_ha and len(route.partitions) < route.partition_num:
             self._poll_short(topic)
         if not route.partitions:
+            if route.is_ha and route.partition_num:
+                return None  # no partition's leader listed (both replicas down, say): wait for one
             if sharding_key is not None:
                 raise InvalidValueError(f"topic {topic!r} has no partitions (not an HA nsqd): sharding_key needs them")
             return (None, partition)
@@ -101,13 +103,20 @@ class Router:
             target = self.target_now(topic, partition, sharding_key)
             if target is not None:
                 return target
-            if (partition is None and sharding_key is None) or loop.time() >= deadline:
+            if (partition is None and sharding_key is None and not self._leaders_due(topic)) or loop.time() >= deadline:
                 break
         route = self.topology.cached(topic)
         listed = list(route.pids) if route is not None else []
         which = "the partition" if partition is None else f"partition {partition}"
         raise NoConnectionError(f"nsqlookupd knows no nsqd leading {which} of topic {topic!r} "
                                 f"(partitions with a leader: {listed})")
+
+    def _leaders_due(self, topic: str) -> bool:
+        """An HA topic whose lookupd lists none of its partitions' leaders now (a failover): a
+        publish to any partition waits for one, as a publish to a named partition does."""
+        assert self.topology is not None
+        route = self.topology.cached(topic)
+        return route is not None and route.is_ha and route.partition_num > 0 and not route.partitions
 
     def _poll_short(self, topic: str) -> None:
         """The route lacks a partition's leader (a failover): ask lookupd again in the background,
