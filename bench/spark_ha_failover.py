@@ -52,6 +52,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -83,12 +84,13 @@ class HACluster:
     """The HA cluster on a loop thread (``tests/spark_ha.py``): real youzan when ``real_ha`` is given
     (started here), else the embedded one; nodes killed and started by index."""
 
-    def __init__(self, real_ha: Path | None) -> None:
+    def __init__(self, real_ha: Path | None, data_dir: Path) -> None:
         self.real: Any = None
         if real_ha is not None:
             from fastnsq.testing.real import RealHACluster
 
-            self.real = RealHACluster(real_ha.expanduser().resolve(), standalone=False)
+            # Its data and logs in the work folder: nsqd's log tells what became of a lost write.
+            self.real = RealHACluster(real_ha.expanduser().resolve(), standalone=False, data_dir=data_dir)
             self.real.start()
             os.environ.update(self.real.environment())
         from tests.spark_ha import ThreadedHACluster
@@ -216,6 +218,18 @@ def leaders_at(ledger: Ledger, when: float) -> dict[int, str]:
             break
         if isinstance(leaders, dict):
             found = leaders
+    return found
+
+
+def write_gaps(ledger: Ledger, partitions: int) -> dict[str, dict[str, float]]:
+    """Per partition, the longest time without an acknowledged write, and when it began."""
+    start = ledger.events[0][0] if ledger.events else 0.0
+    found = {}
+    for partition in range(partitions):
+        times = sorted(when for p, _, _, when in ledger.acked if p == partition)
+        gaps = [(later - earlier, earlier) for earlier, later in pairwise(times)] or [(0.0, start)]
+        longest, since = max(gaps)
+        found[str(partition)] = {"longest_s": round(longest, 2), "from_s": round(since - start, 2)}
     return found
 
 
@@ -564,6 +578,8 @@ def count_sink(out: Path, ledger: Ledger, partitions: int) -> dict[str, Any]:
 
     acked, raised = expand(ledger.acked), expand(ledger.raised)
     stored = np.unique(keys)
+    start = ledger.events[0][0] if ledger.events else 0.0
+    lost = [(p, round(when - start, 2)) for p, first, _, when in ledger.acked if not np.isin(first, stored)]
     positions = np.unique(part * (1 << 44) + offset)
     by_partition = {str(p): {"rows": int((part == p).sum()),
                              "acknowledged": int(sum(n for q, _, n, _ in ledger.acked if q == p))}
@@ -574,6 +590,10 @@ def count_sink(out: Path, ledger: Ledger, partitions: int) -> dict[str, Any]:
         "duplicated": len(table) - int(positions.size), "duplicated_bodies": len(table) - int(stored.size),
         "missing": int(np.setdiff1d(acked, stored).size),
         "missing_sample": [int(k) for k in np.setdiff1d(acked, stored)[:10]],
+        "missing_by_partition": {str(p): sum(1 for q, _ in lost if q == p) for p in range(partitions)},
+        "missing_publishes_acknowledged_at_s": {str(p): [min((t for q, t in lost if q == p), default=None),
+                                                         max((t for q, t in lost if q == p), default=None)]
+                                                for p in range(partitions)},
         "delivered_though_raised": int(np.intersect1d(raised, stored).size),
         "unknown_bodies": int(np.setdiff1d(stored, np.union1d(acked, raised)).size),
         "files": len(files), "uncommitted_files_in_folder": stray, "by_partition": by_partition,
@@ -634,19 +654,25 @@ def report(result: dict[str, Any]) -> list[str]:
              (f"| {sink['acknowledged']:,} | {sink['rows']:,} | {sink['distinct_partition_offset']:,} "
              f"| {sink['distinct_bodies']:,} | {sink['duplicated']:,} | {sink['missing']:,} "
              f"| {sink['delivered_though_raised']:,} | {result['invalid_value_errors']} | {result['caught_up']} |"),
-             "", ("| killed | unlisted (s) | first write after relisted (s) | rows read meanwhile | others flowed "
-             "| query up |"), "|---|---:|---:|---|---|---|"]
+             "", ("| killed | unlisted (s) | first write after relisted (s) | batches planned / completed meanwhile "
+             "| longest without a batch (s) | rows read meanwhile | others flowed | query up |"),
+             "|---|---:|---:|---:|---:|---|---|---|"]
     for kill in result["during_outages"]:
         resumes = result["resume"].get(str(kill["partition"])) or []
         unlisted = ", ".join(str(r["unlisted_s"]) for r in resumes) or "never unlisted"
         resumed = ", ".join(str(r["resume_s"]) for r in resumes) or "-"
         lines.append(f"| nsqd{kill['node']}, partition {kill['partition']} | {unlisted} | {resumed} "
+                     f"| {kill['batches_planned']} / {kill['batches_completed']} | {kill['longest_without_a_batch_s']} "
                      f"| {kill['rows_by_partition']} | {kill['others_flowed']} | {not kill['query_ended']} |")
     lines.append("")
     for partition, rows in sorted(result["resume"].items()):
         for row in rows:
             lines.append(f"partition {partition}: unlisted at {row['left_at_s']} s for {row['unlisted_s']} s, "
                          f"first acknowledged write {row['resume_s']} s after it was listed again")
+    lines.append(f"longest without an acknowledged write, per partition: {result['write_gaps']}")
+    if result["sink"]["missing"]:
+        lines.append(f"missing by partition: {result['sink']['missing_by_partition']}, acknowledged between "
+                     f"(s): {result['sink']['missing_publishes_acknowledged_at_s']}")
     lines.append(f"exceptions: {json.dumps(result['exceptions']) if result['exceptions'] else 'none'}")
     lines.append(f"query up until the planned driver kill: {result['query_alive']}")
     return lines
@@ -658,7 +684,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = args.work or Path(tempfile.mkdtemp(prefix="spark-ha-failover-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"work folder {work}", flush=True)
-    cluster = HACluster(args.real_ha)
+    cluster = HACluster(args.real_ha, work / "ha")
     spark = SparkStandalone(work / "spark", workers=2, cores=1, memory="1500m")
     ledger = Ledger()
     try:
@@ -693,7 +719,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "invalid_value_errors": sum(1 for r in ledger.raised if r[4] == "InvalidValueError"),
         "exceptions": exceptions(ledger, start), "caught_up": outcome["caught_up"],
         "resume": {str(p): rows for p, rows in resume_seconds(ledger, args.partitions).items()},
-        "during_outages": during,
+        "during_outages": during, "write_gaps": write_gaps(ledger, args.partitions),
         "query_alive": outcome["driver_alive_at_kill"] and not ended_1,
         "query_ended": [r.get("exception") for r in records if r["event"] == "ended"],
         "driver_2_exit": outcome["driver_2_exit"], "all_listed_again": outcome["all_listed_again"],
@@ -718,6 +744,8 @@ def main() -> int:
     result = run(args)
     for line in report(result):
         print(line)
+    if args.keep or args.work:
+        (Path(result["work"]) / "result.json").write_text(json.dumps(result, indent=1))
     if not args.no_save:
         RESULTS.mkdir(exist_ok=True)
         out = RESULTS / f"spark-ha-failover-{datetime.now():%Y%m%d-%H%M}.json"
