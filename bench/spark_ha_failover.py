@@ -233,6 +233,15 @@ def write_gaps(ledger: Ledger, partitions: int) -> dict[str, dict[str, float]]:
     return found
 
 
+def rate_before(ledger: Ledger, kills: list[dict[str, Any]]) -> float:
+    """Acknowledged messages/s from the first acknowledgement to the first kill."""
+    if not kills or not ledger.acked:
+        return 0.0
+    first = min(t for *_, t in ledger.acked)
+    messages = sum(n for _, _, n, t in ledger.acked if t < kills[0]["at"])
+    return round(messages / max(1e-9, kills[0]["at"] - first), 1)
+
+
 def resume_seconds(ledger: Ledger, partitions: int) -> dict[int, list[dict[str, Any]]]:
     """Per partition and outage: seconds from the lookupd listing a leader again to the first
     acknowledged write after it."""
@@ -243,12 +252,15 @@ def resume_seconds(ledger: Ledger, partitions: int) -> dict[int, list[dict[str, 
     start = ledger.events[0][0] if ledger.events else 0.0
     for partition, intervals in outages(ledger, partitions).items():
         times = sorted(acks[partition])
-        for left, back in intervals:
+        nexts: list[float | None] = [left for left, _ in intervals[1:]] + [None]
+        for (left, back), following in zip(intervals, nexts):
             assert left is not None
             first = next((t for t in times if back is not None and t >= back), None)
             report.setdefault(partition, []).append({
                 "left_at_s": round(left - start, 2), "back_at_s": None if back is None else round(back - start, 2),
                 "unlisted_s": None if back is None else round(back - left, 2),
+                # a leader listed for a moment only (youzan's lookupd flapped): no write could resume then
+                "listed_for_s": None if following is None or back is None else round(following - back, 2),
                 "resume_s": None if first is None or back is None else round(first - back, 3)})
     return report
 
@@ -579,7 +591,9 @@ def count_sink(out: Path, ledger: Ledger, partitions: int) -> dict[str, Any]:
     acked, raised = expand(ledger.acked), expand(ledger.raised)
     stored = np.unique(keys)
     start = ledger.events[0][0] if ledger.events else 0.0
-    lost = [(p, round(when - start, 2)) for p, first, _, when in ledger.acked if not np.isin(first, stored)]
+    firsts = np.array([first for _, first, _, _ in ledger.acked], np.int64)
+    gone = ~np.isin(firsts, stored) if firsts.size else np.array([], bool)
+    lost = [(p, round(when - start, 2)) for (p, _, _, when), g in zip(ledger.acked, gone) if g]
     positions = np.unique(part * (1 << 44) + offset)
     by_partition = {str(p): {"rows": int((part == p).sum()),
                              "acknowledged": int(sum(n for q, _, n, _ in ledger.acked if q == p))}
@@ -645,7 +659,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def report(result: dict[str, Any]) -> list[str]:
     sink = result["sink"]
-    lines = [(f"replicas {result['replicas']}, kills {result['kills_asked']}, {result['rate']:,.0f} msg/s asked, "
+    lines = [(f"replicas {result['replicas']}, kills {result['kills_asked']}, {result['rate']:,.0f} msg/s asked "
+             f"({result['published_rate_before_the_kills']:,.0f} acknowledged before the first kill), "
              f"{result['down']:.0f} s down; load average 1 min max {result['load']['max']}, "
              f"mean {result['load']['mean']}"),
              ("| acknowledged | rows | distinct (partition, offset) | distinct bodies | duplicated | missing "
@@ -667,8 +682,9 @@ def report(result: dict[str, Any]) -> list[str]:
     lines.append("")
     for partition, rows in sorted(result["resume"].items()):
         for row in rows:
+            flap = "" if row["listed_for_s"] is None else f" (listed for {row['listed_for_s']} s only)"
             lines.append(f"partition {partition}: unlisted at {row['left_at_s']} s for {row['unlisted_s']} s, "
-                         f"first acknowledged write {row['resume_s']} s after it was listed again")
+                         f"first acknowledged write {row['resume_s']} s after it was listed again{flap}")
     lines.append(f"longest without an acknowledged write, per partition: {result['write_gaps']}")
     if result["sink"]["missing"]:
         lines.append(f"missing by partition: {result['sink']['missing_by_partition']}, acknowledged between "
@@ -701,11 +717,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if driver.alive():
                 driver.kill()
         records = driver.records()
-        sink = count_sink(work / "out", ledger, args.partitions)
     finally:
         spark.stop()
         server = cluster.describe()
         cluster.close()
+    (work / "ledger.json").write_text(json.dumps({"acked": ledger.acked, "raised": ledger.raised,
+                                                  "lookups": ledger.lookups, "events": ledger.events}))
+    sink = count_sink(work / "out", ledger, args.partitions)
     start = ledger.events[0][0]
     loads = [load for _, load in ledger.load] or [0.0]
     during = query_during_outages(records, ledger, outcome["kills"], args.partitions)
@@ -716,6 +734,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "server": server, "topic": topic, "partitions": args.partitions, "replicas": args.replicas,
         "rate": args.rate, "down": args.down, "kills_asked": args.kills, "sink": sink,
         "published_rate": round(sink["acknowledged"] / max(1e-9, max(t for *_, t in ledger.acked) - start), 1),
+        "published_rate_before_the_kills": rate_before(ledger, outcome["kills"]),
         "invalid_value_errors": sum(1 for r in ledger.raised if r[4] == "InvalidValueError"),
         "exceptions": exceptions(ledger, start), "caught_up": outcome["caught_up"],
         "resume": {str(p): rows for p, rows in resume_seconds(ledger, args.partitions).items()},
