@@ -292,3 +292,33 @@ async def test_standalone_nsqd_takes_only_the_end(nsqd_ha: Any) -> None:
     client = await connect(nsqd_ha.tcp_address, heartbeat_interval=1000)
     client.send_raw(command(b"SUB_ADVANCED", name.encode(), b"c", b"0", b"special:2"))
     await client.fatal("E_INVALID not supported offset type")
+
+
+async def test_a_connection_with_a_start_takes_its_whole_rdy_at_once(nsq_cluster_ha: Any) -> None:
+    """A new connection's first RDY is 1 until its first message (so nsqd writes that message at once),
+    but not with a start: raised from 1 while the start's first message was in flight, youzan's nsqd
+    (b16e68eb) sent that message twice (test_a_start_is_applied_once_and_reconnects_go_on failed on
+    the real cluster with b'm-0-0' twice)."""
+    import json
+    import urllib.request
+
+    topic, leaders = await topic_with(nsq_cluster_ha, ("ch",), partitions=1)
+    http_address = nsq_cluster_ha.http_addresses[nsq_cluster_ha.tcp_addresses.index(leaders[0])]
+
+    def ready_counts() -> list[int]:
+        with urllib.request.urlopen(f"http://{http_address}/stats?format=json&topic={topic}", timeout=5) as answer:
+            stats = json.load(answer)
+        stats = stats.get("data", stats)  # the legacy wrapper, where nsqd answers with it
+        return [client["ready_count"] for t in stats["topics"] if t["topic_name"] == topic
+                for c in t["channels"] if c["channel_name"] == "ch" for client in c["clients"]]
+
+    consumer = Consumer(topic, "ch", lookupd_http_addresses=nsq_cluster_ha.lookupd_http_addresses,
+                        handler=lambda m: None, max_in_flight=50, lookupd_poll_interval=0.5,
+                        consume_offset=ConsumeOffset.end())  # (a count beyond an empty partition's end is refused)
+    await consumer.start()
+    try:
+        await eventually(lambda: asyncio.to_thread(ready_counts), timeout=20, what="the consumer's connection")
+        await eventually(lambda: asyncio.to_thread(lambda: ready_counts() == [50]), timeout=20,
+                         what="RDY 50 before any message")
+    finally:
+        await consumer.stop()

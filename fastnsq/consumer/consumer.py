@@ -733,11 +733,11 @@ class Consumer:
     def _apply(self, updates: list[RdyUpdate]) -> None:
         for link, count in updates:
             if not link.closed and link.conn.is_open and link.conn.state != "closing":
-                # nsqd writes out a message at once only when it leaves the connection not ready (in
-                # flight = RDY), else at its output buffer's next tick (250 ms): RDY 1 until the first
-                # message, which brings the rest (RdyController.on_message), so that comes at once.
+                # nsqd writes a message out at once only when it leaves the connection not ready, else at its output
+                # buffer's tick: RDY 1 until the first message, which brings the rest; not with an HA start (ha.py).
+                first = not link.received and not self._ha.starting(link.endpoint.partition)
                 try:
-                    link.conn.rdy(min(count, link.conn.max_rdy_count, count if link.received else 1))
+                    link.conn.rdy(min(count, link.conn.max_rdy_count, 1 if first else count))
                 except NSQError as exc:
                     self._log.debug("RDY on %s: %s", link, exc)
         self._arm_rdy_timer()

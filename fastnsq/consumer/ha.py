@@ -140,6 +140,12 @@ class HAConsumer:
         link.inspect_ext = self.decompress and bool(link.conn.extend_support)
         link.fast = self._fast_allowed() and partition not in self.positions.checking
 
+    def starting(self, partition: int | None) -> bool:
+        """Whether ``partition``'s start is still checked: its connection takes its whole RDY at once.
+        Raised from RDY 1 while the first message was in flight, youzan's nsqd (b16e68eb) sent the
+        message at the start twice (SUB with a start, then the reset of the channel's reader)."""
+        return partition in self.positions.checking
+
     def subscribe_failed(self, endpoint: Endpoint) -> None:
         self.positions.failed(endpoint.partition)
 
