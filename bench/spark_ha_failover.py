@@ -42,8 +42,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -351,6 +353,27 @@ def batch_record(progress: dict[str, Any], run: int) -> dict[str, Any]:
             "latest": _offsets(source.get("latestOffset"))}
 
 
+_SLOW_PUT = re.compile(r"^[IWE]\d{4} (\d\d):(\d\d):(\d\d\.\d+) .*topic (\S+)-(\d+) put messages? .*to cluster slow: (\S+)$")
+
+
+def slow_puts(data_dir: Path, topic: str, start: float) -> list[dict[str, Any]]:
+    """The writes youzan's nsqd logged as held ("put messages N to cluster slow: 4.68s": a new
+    leader waits for its ISR, say), from its logs: what a producer cannot make faster."""
+    found = []
+    day = datetime.fromtimestamp(start, timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0).timestamp()
+    for log in sorted(data_dir.rglob("*.log.INFO.*")):
+        for line in log.read_text(errors="replace").splitlines():
+            match = _SLOW_PUT.match(line)
+            if match is None or match[4] != topic:
+                continue
+            hours, minutes, seconds = int(match[1]), int(match[2]), float(match[3])
+            seconds_held = match[6].rstrip("s")
+            found.append({"node": log.parent.name, "partition": int(match[5]),
+                          "at_s": round(day + hours * 3600 + minutes * 60 + seconds - start, 2),
+                          "seconds": seconds_held})
+    return sorted(found, key=lambda put: put["at_s"])
+
+
 def driver_main(argv: list[str]) -> int:
     """The streaming query (readMode=offsets -> Parquet, trigger 1 s), its progress to a file."""
     parser = argparse.ArgumentParser(prog="spark_ha_failover.py driver")
@@ -358,6 +381,7 @@ def driver_main(argv: list[str]) -> int:
         parser.add_argument(name, required=True)
     parser.add_argument("--max-batch", type=int, default=100_000)
     parser.add_argument("--run", type=int, default=1)
+    parser.add_argument("--prefetch", action="store_true")
     args = parser.parse_args(argv)
     from pyspark.sql import SparkSession
 
@@ -371,7 +395,8 @@ def driver_main(argv: list[str]) -> int:
     register(spark)
     stream = (spark.readStream.format("nsq").option("lookupd", args.lookupd).option("topic", args.topic)
               .option("channel", "failover").option("readMode", "offsets").option("startingOffsets", "earliest")
-              .option("maxRecordsPerBatch", str(args.max_batch)).load())
+              .option("maxRecordsPerBatch", str(args.max_batch))
+              .option("prefetchRanges", "true" if args.prefetch else "false").load())
     query = (stream.select("partition", "offset", "body").writeStream.format("parquet")
              .option("path", args.out).option("checkpointLocation", args.checkpoint)
              .trigger(processingTime="1 second").start())
@@ -438,6 +463,9 @@ async def kill_and_restart(cluster: HACluster, ledger: Ledger, args: argparse.Na
 
     for k in range(args.kills):
         index, partition = pick_victim(cluster, ledger, {kill["node"] for kill in kills})
+        if args.kill_phase is not None:  # the 1 s trigger plans each batch on a whole second: just after one
+            now = time.time()
+            await asyncio.sleep(math.floor(now) + 1 + args.kill_phase - now)
         ledger.mark(f"SIGKILL nsqd{index} ({cluster.tcp_addresses[index]}), leader of partition {partition}")
         at = time.time()
         await asyncio.to_thread(cluster.kill, index)
@@ -648,6 +676,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--publish-after", type=float, default=20.0,
                         help="seconds of publishing after the driver's restart")
     parser.add_argument("--max-batch", type=int, default=100_000, help="the query's maxRecordsPerBatch")
+    parser.add_argument("--prefetch", action="store_true", help="the query's option prefetchRanges=true")
+    parser.add_argument("--kill-phase", type=float, metavar="S",
+                        help="kill S s after a whole second (the 1 s trigger plans a batch on each): between a "
+                             "batch's planning and its read tasks")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     parser.add_argument("--relist-timeout", type=float, default=180.0)
     parser.add_argument("--catch-up-timeout", type=float, default=600.0)
@@ -686,6 +718,9 @@ def report(result: dict[str, Any]) -> list[str]:
             lines.append(f"partition {partition}: unlisted at {row['left_at_s']} s for {row['unlisted_s']} s, "
                          f"first acknowledged write {row['resume_s']} s after it was listed again{flap}")
     lines.append(f"longest without an acknowledged write, per partition: {result['write_gaps']}")
+    for put in result["server_slow_puts"]:
+        lines.append(f"youzan's {put['node']} logged a put to partition {put['partition']} \"to cluster slow\": "
+                     f"{put['seconds']} s, ending at {put['at_s']} s")
     if result["sink"]["missing"]:
         lines.append(f"missing by partition: {result['sink']['missing_by_partition']}, acknowledged between "
                      f"(s): {result['sink']['missing_publishes_acknowledged_at_s']}")
@@ -710,7 +745,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         env = {**spark.environment(), "PYSPARK_DRIVER_PYTHON": sys.executable}
         driver = Driver(work, env, ["--master", spark.master_url, "--lookupd", cluster.lookupd_http, "--topic",
                                     topic, "--checkpoint", str(work / "checkpoint"), "--out", str(work / "out"),
-                                    "--max-batch", str(args.max_batch)])
+                                    "--max-batch", str(args.max_batch), *(["--prefetch"] if args.prefetch else [])])
         try:
             outcome = fastnsq.run(scenario(args, cluster, driver, topic, ledger))
         finally:
@@ -738,6 +773,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "invalid_value_errors": sum(1 for r in ledger.raised if r[4] == "InvalidValueError"),
         "exceptions": exceptions(ledger, start), "caught_up": outcome["caught_up"],
         "resume": {str(p): rows for p, rows in resume_seconds(ledger, args.partitions).items()},
+        "server_slow_puts": slow_puts(work / "ha", topic, start) if args.real_ha else [],
         "during_outages": during, "write_gaps": write_gaps(ledger, args.partitions),
         "query_alive": outcome["driver_alive_at_kill"] and not ended_1,
         "query_ended": [r.get("exception") for r in records if r["event"] == "ended"],

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import json
 import logging
 import os
@@ -359,6 +360,34 @@ def test_options_are_checked_naming_the_option() -> None:
     sink = parse_sink({"nsqd": "127.0.0.1:4150", "topic": "o", "authSecret": "s3cret"}, has_topic_column=False)
     assert sink.producer_kwargs()["auth_secret"] == "s3cret"
     assert "s3cret" not in repr(sink.common)
+
+
+def test_row_server_answers_a_reserved_slice_when_its_rows_or_failure_come() -> None:
+    """prefetchRanges: a slice announced before it is read makes a request wait for its rows,
+    or tells why they will not come; a slice dropped while being read keeps nothing."""
+    pa = pytest.importorskip("pyarrow")
+    from fastnsq.errors import NSQError
+    from fastnsq.spark._rows import RowHandle, RowServer, fetch_rows
+
+    server = RowServer("127.0.0.1", 0)
+    try:
+        for index in range(3):
+            server.reserve(1, index)
+        handles = [RowHandle(server.host, server.port, server.token, 1, index, -1) for index in range(3)]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(fetch_rows, handles[0])
+            assert not server.wait_ready(0.05) and not waiting.done()
+            server.put_one(1, 0, pa.RecordBatch.from_pydict({"n": pa.array([7, 8], pa.int64())}))
+            assert waiting.result(30).column("n").to_pylist() == [7, 8]
+        server.fail(1, 1, "RangeReadError: no leader")
+        with pytest.raises(NSQError, match="slice 1 could not be read: RangeReadError: no leader"):
+            fetch_rows(handles[1])
+        server.drop_through(1)
+        assert server.wait_ready(0.05), "nothing dropped is waited for"
+        server.put_one(1, 2, pa.RecordBatch.from_pydict({"n": pa.array([9], pa.int64())}))
+        assert server.held() == 0, "rows read for a dropped batch are not kept"
+    finally:
+        server.close()
 
 
 def test_row_server_serves_each_slice_until_its_batch_is_committed() -> None:

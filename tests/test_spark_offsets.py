@@ -102,10 +102,23 @@ def test_offsets_options_are_checked_naming_the_option() -> None:
         "partition 1 offset -3": {**base, "startingOffsets": '{"0": 0, "1": -3}'},
         "apply only with option 'readMode'=offsets": {"nsqd": "127.0.0.1:4150", "topic": "t", "channel": "c",
                                                       "startingOffsets": "latest"},
+        "'prefetchRanges' apply only with option 'readMode'=offsets": {
+            "nsqd": "127.0.0.1:4150", "topic": "t", "channel": "c", "prefetchRanges": "true"},
+        "rowServerHost and rowServerPort apply with prefetchRanges=true": {**base, "rowServerHost": "0.0.0.0"},
+        "option 'prefetchRanges' must be true or false": {**base, "prefetchRanges": "yes please"},
     }
     for expected, options in cases.items():
         with pytest.raises(InvalidValueError, match=expected):
             parse_source({k: v for k, v in options.items() if v is not None})
+    served = parse_source({**base, "prefetchRanges": "true", "rowServerHost": "10.0.0.5", "rowServerPort": "7077"})
+    assert (served.prefetch_ranges, served.row_server_host, served.row_server_port) == (True, "10.0.0.5", 7077)
+    assert parse_source(base).prefetch_ranges is False
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from fastnsq.spark.offset_batch import NSQOffsetBatchReader
+
+    with pytest.raises(InvalidValueError, match="'prefetchRanges' applies to streaming queries"):
+        NSQOffsetBatchReader(served, StructType([StructField("body", BinaryType())]))
 
 
 def test_offsets_round_trip_through_the_checkpoint_form() -> None:

@@ -188,3 +188,73 @@ async def test_a_read_task_waits_for_its_partitions_leader_to_come_back(
         await cluster.start_node(leaders[0])
         messages = await asyncio.wait_for(reading, 120)
     assert [bytes(m.body) for m in messages] == bodies
+
+
+def offsets_schema() -> Any:
+    from pyspark.sql.types import (
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    kinds = {"id": StringType(), "body": BinaryType(), "attempts": IntegerType(), "timestamp": TimestampType(),
+             "nsqd": StringType(), "topic": StringType(), "partition": IntegerType(), "offset": LongType(),
+             "trace_id": LongType()}
+    return StructType([StructField(name, kind) for name, kind in kinds.items()])
+
+
+async def test_a_prefetched_batch_is_read_whole_though_its_leader_dies_before_the_tasks_run(
+    nsq_cluster_ha: Any,
+) -> None:
+    """prefetchRanges=true: the driver reads a batch's ranges as it plans them, so a leader that
+    dies between planning and the read tasks stalls nothing: each task gets its range's rows
+    from the driver, every message once. Without the option the task of the dead leader's
+    partition waits for a leader until leaderWaitTimeoutMs and fails (the control below)."""
+    from fastnsq.errors import RangeReadError
+    from fastnsq.spark.offset_source import NSQOffsetStreamReader
+
+    cluster = nsq_cluster_ha
+    embedded_only(cluster)
+    topic = unique("spk_prefetch")
+    leaders = await cluster.create_topic(topic, partitions=2, replicas=1, channels=["keep"])
+    bodies = {p: [b"p%d-%04d" % (p, i) for i in range(400)] for p in (0, 1)}
+    async with Producer(lookupd_http_addresses=cluster.lookupd_http_addresses) as producer:
+        for partition, some in bodies.items():
+            await producer.mpublish(topic, some, partition=partition)
+
+    async def plan_then_kill_the_leader_of_1(**more: str) -> tuple[Any, list[Any]]:
+        reader = NSQOffsetStreamReader(source_options(cluster, topic, leaderWaitTimeoutMs="1000", **more),
+                                       offsets_schema())
+        start = await asyncio.to_thread(reader.initialOffset)
+        end = await asyncio.to_thread(reader.latestOffset, start, None)
+        if reader._prefetcher is not None:  # the driver's reads end within ms of planning: wait for them here
+            assert await asyncio.to_thread(reader._prefetcher.wait_ready, 30.0)
+        await cluster.stop_node(leaders[1], fail_over=False)
+        return reader, list(await asyncio.to_thread(reader.partitions, start, end))
+
+    reader, parts = await plan_then_kill_the_leader_of_1(prefetchRanges="true")
+    try:
+        assert sorted(part.plan.partition for part in parts) == [0, 1]
+        read: dict[int, list[bytes]] = {}
+        for part in parts:
+            batches = await asyncio.to_thread(lambda p=part: list(reader.read(p)))
+            read[part.plan.partition] = [row[1] for row in batches] if batches and isinstance(batches[0], tuple) else [
+                body for batch in batches for body in batch.column("body").to_pylist()]
+        assert read == bodies
+    finally:
+        reader.stop()
+        await cluster.start_node(leaders[1])
+
+    control, parts = await plan_then_kill_the_leader_of_1()
+    try:
+        [dead] = [part for part in parts if part.plan.partition == 1]
+        assert dead.prefetched is None
+        with pytest.raises(RangeReadError, match="leaderWaitTimeoutMs"):
+            await asyncio.to_thread(lambda: list(control.read(dead)))
+    finally:
+        control.stop()
+        await cluster.start_node(leaders[1])

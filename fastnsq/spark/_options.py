@@ -179,6 +179,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "startingOffsets": _text,
     "readStallTimeoutMs": lambda n, t: _int(n, t, 100, 86_400_000),
     "leaderWaitTimeoutMs": lambda n, t: _int(n, t, 1_000, 604_800_000),
+    "prefetchRanges": _bool,
     # readMode=offsets, named as Spark's Kafka source names them
     "endingOffsets": _text,
     "startingTimestamp": lambda n, t: _int(n, t, 0, MAX_TIMESTAMP_MS),
@@ -199,7 +200,8 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
 KNOWN_OPTIONS = tuple(_PARSERS)
 _BY_LOWER = {name.lower(): name for name in _PARSERS}
 #: Options of readMode=offsets only (Spark's Kafka source has each of them, under the same name).
-OFFSETS_ONLY = ("startingOffsets", "readStallTimeoutMs", "leaderWaitTimeoutMs", "endingOffsets", "startingTimestamp",
+OFFSETS_ONLY = ("startingOffsets", "readStallTimeoutMs", "leaderWaitTimeoutMs", "prefetchRanges", "endingOffsets",
+                "startingTimestamp",
                 "endingTimestamp", "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "failOnDataLoss", "minPartitions",
                 "maxOffsetsPerTrigger")
 _SOURCE_ONLY = ("channel", "maxInFlight", "connectionsPerNsqd", "maxRecordsPerBatch", "msgTimeoutMs",
@@ -258,6 +260,8 @@ class SourceOptions:
     #: readMode=offsets: how long a partition may have no leader that answers (lookupd lists none,
     #: or the one listed is down) before its read task, or the driver's planning, fails the query
     leader_wait_timeout: float = 600.0
+    #: readMode=offsets: the driver reads each batch's ranges as it plans them and serves them to the tasks
+    prefetch_ranges: bool = False
     # readMode=offsets, as Spark's Kafka source has them (a timestamp option wins over its offsets option)
     ending_offsets: str | None = None  # latest or JSON {"partition": offset}; None: no end (streaming)
     starting_timestamp: int | None = None  # ms since the epoch, every partition
@@ -431,6 +435,7 @@ def parse_source(options: Mapping[str, str]) -> SourceOptions:
         starting_offsets=values.get("startingOffsets", "earliest"),
         read_stall_timeout=values.get("readStallTimeoutMs", 30_000) / 1000,
         leader_wait_timeout=values.get("leaderWaitTimeoutMs", 600_000) / 1000,
+        prefetch_ranges=values.get("prefetchRanges", False),
         ending_offsets=values.get("endingOffsets"),
         starting_timestamp=values.get("startingTimestamp"),
         ending_timestamp=values.get("endingTimestamp"),
@@ -445,8 +450,10 @@ def parse_source(options: Mapping[str, str]) -> SourceOptions:
         given = ", ".join(repr(name) for name in OFFSETS_ONLY if name in values)
         raise InvalidValueError(f"option(s) {given} apply only with option 'readMode'=offsets "
                                 "(HA topics: read by queue offsets)")
-    if opts.row_transport != "tcp" and ("rowServerHost" in values or "rowServerPort" in values):
-        raise InvalidValueError("options 'rowServerHost' and 'rowServerPort' apply only with option 'rowTransport'=tcp")
+    if opts.row_transport != "tcp" and not opts.prefetch_ranges and ("rowServerHost" in values
+                                                                     or "rowServerPort" in values):
+        raise InvalidValueError("options 'rowServerHost' and 'rowServerPort' apply only with option 'rowTransport'=tcp "
+                                "or (readMode=offsets) option 'prefetchRanges'=true")
     if opts.row_transport == "tcp" and opts.read_mode != "partitioned":
         raise InvalidValueError(
             "option 'rowTransport'=tcp needs option 'readMode'=partitioned (with readMode=simple Spark itself "
@@ -467,11 +474,13 @@ def _check_offsets_mode(opts: SourceOptions, values: Mapping[str, Any]) -> None:
                                 "address): it finds each partition's leader there")
     if "ha" in values and not values["ha"]:
         raise InvalidValueError("option 'readMode'=offsets reads youzan's HA topics: option 'ha' cannot be false")
+    served = ("rowServerHost", "rowServerPort") if opts.prefetch_ranges else ()
     misplaced = [name for name in ("rowTransport", "rowServerHost", "rowServerPort", "numPartitions",
-                                   "connectionsPerNsqd", "availableNowTimeoutMs") if name in values]
+                                   "connectionsPerNsqd", "availableNowTimeoutMs") if name in values and name not in served]
     if misplaced:
         raise InvalidValueError(f"option(s) {', '.join(misplaced)} do not apply with option 'readMode'=offsets "
-                                "(one read task per topic partition, reading from its leader)")
+                                "(one read task per topic partition, reading from its leader"
+                                + ("; rowServerHost and rowServerPort apply with prefetchRanges=true)" if not served else ")"))
     if len(opts.channel) > MAX_OFFSETS_CHANNEL_PREFIX:
         raise InvalidValueError(
             f"option 'channel'={opts.channel!r} is {len(opts.channel)} characters; with readMode=offsets it is "

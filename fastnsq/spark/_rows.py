@@ -38,6 +38,8 @@ _REQUEST_LIMIT = 4096  # a request is one short JSON line
 _HEADER = struct.Struct(">BQ")  # status (0: rows follow, 1: an error text follows), payload size
 _CONNECT_TIMEOUT = 30.0
 _READ_TIMEOUT = 300.0
+#: How long a request for a slice still being read waits for it (under the fetcher's read timeout).
+_PENDING_WAIT = 240.0
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class RowHandle:
     token: str
     batch: int  # the batch's end seq: slices are dropped when everything before it is FINed
     index: int
-    rows: int
+    rows: int  # -1: not known when planned (readMode=offsets' prefetch)
 
 
 def ipc_stream(batch: pa.RecordBatch) -> pa.Buffer:
@@ -66,6 +68,9 @@ class RowServer:
     def __init__(self, host: str, port: int) -> None:
         self.token = secrets.token_hex(32)
         self._slices: dict[tuple[int, int], pa.Buffer] = {}
+        #: slices announced before their rows exist (readMode=offsets' prefetch): set when put or failed
+        self._pending: dict[tuple[int, int], threading.Event] = {}
+        self._failed: dict[tuple[int, int], str] = {}
         self._lock = threading.Lock()
         try:
             self._server = _Server((host, port), self)
@@ -87,11 +92,43 @@ class RowServer:
                 self._slices[(batch, index)] = stream
         return [RowHandle(self.host, self.port, self.token, batch, index, s.num_rows) for index, s in enumerate(slices)]
 
+    def reserve(self, batch: int, index: int) -> None:
+        """Announce a slice whose rows come later (:meth:`put_one` or :meth:`fail`): a request
+        for it waits for them."""
+        with self._lock:
+            self._pending[(batch, index)] = threading.Event()
+
+    def put_one(self, batch: int, index: int, rows: pa.RecordBatch) -> None:
+        """The rows of a slice announced by :meth:`reserve`."""
+        stream = ipc_stream(rows)
+        with self._lock:
+            ready = self._pending.pop((batch, index), None)
+            if ready is not None:  # not dropped meanwhile
+                self._slices[(batch, index)] = stream
+        if ready is not None:
+            ready.set()
+
+    def fail(self, batch: int, index: int, why: str) -> None:
+        """A slice announced by :meth:`reserve` will not come: a request for it is told why."""
+        with self._lock:
+            ready = self._pending.pop((batch, index), None)
+            if ready is not None:
+                self._failed[(batch, index)] = why
+        if ready is not None:
+            ready.set()
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether every announced slice has its rows or its failure within ``timeout`` s."""
+        with self._lock:
+            waiting = list(self._pending.values())
+        return all(event.wait(timeout) for event in waiting)
+
     def drop_through(self, seq: int) -> None:
         """Forget the batches that end at or before ``seq`` (everything before it is FINed)."""
         with self._lock:
-            for key in [key for key in self._slices if key[0] <= seq]:
-                del self._slices[key]
+            for held in (self._slices, self._pending, self._failed):
+                for key in [key for key in held if key[0] <= seq]:
+                    del held[key]
 
     def held(self) -> int:
         """Slices kept right now (for tests and logs)."""
@@ -105,7 +142,13 @@ class RowServer:
             return 1, b"refused: wrong token (the partition belongs to another nsq source session)"
         key = (int(request.get("batch", -1)), int(request.get("index", -1)))
         with self._lock:
-            stream = self._slices.get(key)
+            pending = self._pending.get(key)
+        if pending is not None and not pending.wait(_PENDING_WAIT):
+            return 1, f"batch {key[0]}, slice {key[1]}: its rows are still being read after {_PENDING_WAIT:.0f} s".encode()
+        with self._lock:
+            stream, failed = self._slices.get(key), self._failed.get(key)
+        if failed is not None:
+            return 1, f"batch {key[0]}, slice {key[1]} could not be read: {failed}".encode()
         if stream is None:
             return 1, (f"batch ending at seq {key[0]}, slice {key[1]} is not held: it was committed "
                        "(and FINed) already, or never planned by this session").encode()
@@ -116,6 +159,10 @@ class RowServer:
         self._server.server_close()
         with self._lock:
             self._slices.clear()
+            waiting = list(self._pending.values())
+            self._pending.clear()
+        for event in waiting:  # a request still waiting is answered "not held"
+            event.set()
 
 
 class _Server(socketserver.ThreadingTCPServer):
@@ -163,9 +210,9 @@ def fetch_rows(handle: RowHandle) -> pa.RecordBatch:
     except OSError as exc:
         raise NSQError(
             f"cannot reach the nsq source's row server at {where} from this Spark task: {exc}. "
-            "With option rowTransport=tcp the read tasks fetch their rows from the driver's source "
-            "process: set option rowServerHost to an address of the driver that the executors can "
-            "reach, or use rowTransport=plan"
+            "With option rowTransport=tcp (or prefetchRanges=true) the read tasks fetch their rows from the "
+            "driver's source process: set option rowServerHost to an address of the driver that the "
+            "executors can reach, or use rowTransport=plan (prefetchRanges=false)"
         ) from exc
     with sock:
         sock.settimeout(_READ_TIMEOUT)
@@ -176,6 +223,6 @@ def fetch_rows(handle: RowHandle) -> pa.RecordBatch:
     if status:
         raise NSQError(f"the nsq source at {where} could not serve a slice: {payload.decode(errors='replace')}")
     batch = pa.ipc.open_stream(pa.py_buffer(payload)).read_next_batch()
-    if batch.num_rows != handle.rows:
+    if handle.rows >= 0 and batch.num_rows != handle.rows:
         raise NSQError(f"the nsq source at {where} sent {batch.num_rows} rows for a slice of {handle.rows}")
     return batch

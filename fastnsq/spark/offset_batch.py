@@ -41,6 +41,9 @@ class NSQOffsetBatchReader(DataSourceReader):
             raise InvalidValueError("option 'startingOffsets'=latest is not allowed in a batch read (it would read "
                                     "nothing; Spark's Kafka source refuses it too): give earliest, JSON offsets "
                                     "or a timestamp option")
+        if options.prefetch_ranges:
+            raise InvalidValueError("option 'prefetchRanges' applies to streaming queries (spark.readStream): a batch "
+                                    "read plans once and its tasks read at once, so there is nothing to read ahead")
         self._options = options
         self._schema = schema
 

@@ -41,7 +41,9 @@ from ._offsets import (
     positions_to_json,
 )
 from ._options import SourceOptions
+from ._prefetch import RangePrefetcher
 from ._range_read import read_range
+from ._rows import RowHandle, fetch_rows
 from .source import (
     ReadAllAvailable,
     ReadMaxRows,
@@ -59,11 +61,13 @@ logger = logging.getLogger(__name__)
 
 
 class OffsetRangePartition(InputPartition):
-    """One topic partition's offset range of one micro-batch (plain data: Spark pickles it)."""
+    """One topic partition's offset range of one micro-batch (plain data: Spark pickles it), and
+    with ``prefetchRanges`` where the driver serves the rows it read."""
 
-    def __init__(self, plan: RangePlan, index: int) -> None:
+    def __init__(self, plan: RangePlan, index: int, prefetched: RowHandle | None = None) -> None:
         super().__init__(index)
         self.plan = plan
+        self.prefetched = prefetched
 
     def __repr__(self) -> str:
         p = self.plan
@@ -86,6 +90,13 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self._losses: list[DataLoss] = []  # failOnDataLoss=false: what planning skipped
         self._planned: tuple[str, str, list[RangePlan]] | None = None  # (start, end, ranges) of the last batch
         self._outages: dict[int, float] = {}  # partition -> since when it has had no leader that answers
+        self._prefetcher: RangePrefetcher | None = None  # prefetchRanges: reads each batch as it is planned
+        self._prefetched: list[RowHandle] | None = None  # where the last planned batch's rows are served
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_prefetcher"] = None  # a thread and a server socket stay in the process that made them
+        return state
 
     def initialOffset(self) -> dict[str, Any]:
         positions = self._call("initial")
@@ -127,6 +138,7 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         # and what was skipped is in this batch's progress (Spark asks reportLatestOffset next).
         plans, losses = self._call("ranges", positions_from_json(start), end, state)
         self._planned = (repr(start), repr(encoded), plans)
+        self._prefetched = self._prefetch(plans)
         self._losses.extend(losses)
         self._report = lag_report(end, state, self._ending, self._losses)
         behind = sum(self._report["offsetsBehindLatest"].values())
@@ -144,6 +156,9 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         if self._planned is not None and self._planned[:2] == (repr(start), repr(end)):
             plans = self._planned[2]
+            if self._prefetched is not None:
+                return [OffsetRangePartition(plan, i, handle)
+                        for i, (plan, handle) in enumerate(zip(plans, self._prefetched, strict=True))]
         else:  # a batch planned by an earlier run of the query (replayed from the checkpoint)
             plans, losses, state = self._call("replay", positions_from_json(start), positions_from_json(end))
             self._losses.extend(losses)
@@ -169,14 +184,26 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
                                f"{now - since:.0f} s (option 'leaderWaitTimeoutMs' = "
                                f"{self._options.leader_wait_timeout * 1000:.0f}): {why}")
 
+    def _prefetch(self, plans: list[RangePlan]) -> list[RowHandle] | None:
+        """With ``prefetchRanges``, start reading the batch's ranges now (:mod:`._prefetch`)."""
+        if not self._options.prefetch_ranges or not plans:
+            return None
+        if self._prefetcher is None:
+            self._prefetcher = RangePrefetcher(self._options, self._arrow())
+        return self._prefetcher.start(plans)
+
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        return read_partition(self._options, self._arrow(), partition.plan)  # type: ignore[attr-defined]
+        return read_partition(self._options, self._arrow(), partition.plan,  # type: ignore[attr-defined]
+                              getattr(partition, "prefetched", None))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: no message is held between batches (the ranges stay on nsqd's disk)."""
 
     def stop(self) -> None:
-        """Nothing to close: every planning call opens and closes its own connections."""
+        """Every planning call opens and closes its own connections; the prefetcher has a thread."""
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
 
     def _arrow(self) -> pa.Schema:
         return _arrow_schema(self._schema)
@@ -194,8 +221,20 @@ class NSQOffsetStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         return run(call())
 
 
-def read_partition(options: SourceOptions, schema: pa.Schema, plan: RangePlan) -> Iterator[Any]:
-    """One read task: the range's messages as one Arrow batch (or rows, on a PySpark without Arrow reads)."""
+def read_partition(options: SourceOptions, schema: pa.Schema, plan: RangePlan,
+                   prefetched: RowHandle | None = None) -> Iterator[Any]:
+    """One read task: the range's messages as one Arrow batch (or rows, on a PySpark without Arrow
+    reads), from the driver when it prefetched them, else from the partition's leader."""
+    if prefetched is not None:
+        try:
+            batch = fetch_rows(prefetched)
+        except (NSQError, OSError, pa.ArrowException) as exc:
+            logger.warning("partition %d range %d..%d: the driver did not serve it (%s): reading it from the leader",
+                           plan.partition, plan.start.offset, plan.end.offset, exc)
+        else:
+            if batch.num_rows == 0:
+                return iter(())
+            return iter([batch]) if _arrow_reads_supported() else _batch_rows(batch)
     messages = run(read_range(options, plan))
     if len(messages) != plan.rows:
         logger.info("partition %d range %d..%d: %d messages where the counts said %d", plan.partition,
