@@ -68,11 +68,13 @@ def _failing_once(marks: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
 
 
 @spark_test
-@pytest.mark.parametrize("failure", ["executor-killed", "task-fails-once"])
+@pytest.mark.parametrize(("failure", "prefetch"), [("executor-killed", False), ("task-fails-once", False),
+                                                   ("task-fails-once", True)])
 def test_offsets_source_writes_every_message_once_through_a_failure(
     cluster_spark: Any, spark_standalone: SparkStandalone, ha: ThreadedHACluster,  # noqa: F811
-    tmp_path: Path, failure: str,
+    tmp_path: Path, failure: str, prefetch: bool,
 ) -> None:
+    """With prefetchRanges=true the retried task fetches its range from the driver again."""
     needs_available_now()
     topic = unique("spk_offc")
     ha.create_topic(topic, PARTITIONS)
@@ -81,7 +83,8 @@ def test_offsets_source_writes_every_message_once_through_a_failure(
     folder.mkdir()
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     spark_standalone.wait_for_executors(2)
-    stream = offsets_stream(cluster_spark, ha, topic, maxRecordsPerBatch=MESSAGES // 4)
+    stream = offsets_stream(cluster_spark, ha, topic, maxRecordsPerBatch=MESSAGES // 4,
+                            **({"prefetchRanges": "true"} if prefetch else {}))
     fn = _marking(str(folder), 0.5) if failure == "executor-killed" else _failing_once(str(folder))
     rows = stream.select("partition", "offset", "body").mapInArrow(fn, "partition int, offset bigint, body binary")
     started = time.monotonic()
