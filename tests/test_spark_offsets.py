@@ -237,7 +237,7 @@ async def test_a_range_read_whose_leader_moves_is_read_again_from_the_new_leader
         for at in range(0, 20_000, 1_000):
             await producer.mpublish(topic, [b"m%05d" % i for i in range(at, at + 1_000)], partition=0)
     options = parse_source({"lookupd": nsq_cluster_ha.lookupd_http_addresses[0], "topic": topic, "channel": "spk",
-                            "readMode": "offsets", "maxInFlight": "20", "readStallTimeoutMs": "1000"})
+                            "readMode": "offsets", "maxInFlight": "20", "readStallTimeoutMs": "600000"})
     planner = OffsetPlanner(options)
     try:
         start = await planner.initial()
@@ -258,6 +258,8 @@ async def test_a_range_read_whose_leader_moves_is_read_again_from_the_new_leader
     with caplog.at_level("WARNING", logger="fastnsq.spark._range_read"):
         messages = await asyncio.wait_for(reading, 60)
     assert any("attempt 1 failed" in r.getMessage() for r in caplog.records), "the first leader's read did not fail"
+    # Not after readStallTimeoutMs (10 minutes here): the old leader closed the connection and refused it again.
+    assert any("did not come back within 1 s" in r.getMessage() for r in caplog.records)
     assert [bytes(m.body) for m in messages] == [b"m%05d" % i for i in range(20_000)]
     offsets = [m.offset for m in messages]
     assert offsets[0] == plan.start.offset and offsets[-1] + messages[-1].raw_size == plan.end.offset

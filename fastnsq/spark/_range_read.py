@@ -14,7 +14,8 @@ in offset order, whatever the task attempt. How:
    raw size while the next message is there (a redelivery or a stray message read before
    the move changes nothing); finish every message as it arrives.
 3. Done when the cursor reaches ``end``. No message for ``readStallTimeoutMs``, a refused
-   channel or a lost leader: ask the lookupd for the partition's leader again and read the
+   channel, or no connection to the leader for a second (a leader that moved closes it with
+   E_FAILED_ON_NOT_LEADER): ask the lookupd for the partition's leader again and read the
    whole range again from its start. Three reads a leader answered and that did not complete
    fail the task (Spark retries it); a partition with no leader that answers (a leader's
    outage) is asked for again until one does, for up to ``leaderWaitTimeoutMs``.
@@ -28,8 +29,10 @@ with a warning and the count of what was skipped (``false``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +50,11 @@ logger = logging.getLogger(__name__)
 
 #: Reads of one range (first on the planned leader, then after asking the lookupd again).
 ATTEMPTS = 3
+#: A read whose connection to the leader is gone this long asks the lookupd again (a leader that
+#: moved closes it with E_FAILED_ON_NOT_LEADER and refuses the reconnects), without waiting out
+#: readStallTimeoutMs; checked this often.
+LEADER_LOST_AFTER = 1.0
+_CHECK_EVERY = 0.25
 
 
 class _Collector:
@@ -76,16 +84,30 @@ class _Collector:
         if self.cursor >= self.end:
             self.done.set()
 
-    async def wait(self, stall_timeout: float) -> None:
+    async def wait(self, stall_timeout: float, connected: Callable[[], bool]) -> None:
+        """Until the range is complete; :class:`RangeReadError` after ``stall_timeout`` s without a
+        message, :class:`NSQError` once ``connected()`` has been false for :data:`LEADER_LOST_AFTER` s."""
+        loop = asyncio.get_running_loop()
         while not self.done.is_set():
             self.progress.clear()
-            try:
-                await asyncio.wait_for(self.progress.wait(), stall_timeout)
-            except asyncio.TimeoutError:
-                raise RangeReadError(
-                    f"no message for {stall_timeout:.1f} s (option 'readStallTimeoutMs') at offset {self.cursor} "
-                    f"of range {self.start}..{self.end}"
-                ) from None
+            stalled_at = loop.time() + stall_timeout
+            lost_since: float | None = None
+            while not self.progress.is_set():
+                now = loop.time()
+                if now >= stalled_at:
+                    raise RangeReadError(
+                        f"no message for {stall_timeout:.1f} s (option 'readStallTimeoutMs') at offset {self.cursor} "
+                        f"of range {self.start}..{self.end}"
+                    )
+                if connected():
+                    lost_since = None
+                elif lost_since is None:
+                    lost_since = now
+                elif now - lost_since >= LEADER_LOST_AFTER:
+                    raise NSQError(f"the connection to the leader closed at offset {self.cursor} of range "
+                                   f"{self.start}..{self.end} and did not come back within {LEADER_LOST_AFTER:.0f} s")
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.progress.wait(), min(_CHECK_EVERY, stalled_at - now))
 
 
 async def read_range(options: SourceOptions, plan: RangePlan) -> list[Any]:
@@ -171,7 +193,7 @@ async def _read_once(options: SourceOptions, plan: RangePlan, leader: Leader) ->
             **_consumer_kwargs(options, plan),
         )
         await consumer.start()
-        await collector.wait(options.read_stall_timeout)
+        await collector.wait(options.read_stall_timeout, lambda: bool(consumer.connections))
         return collector.ordered
     finally:
         if consumer is not None:
