@@ -59,6 +59,7 @@ from ..sharding import murmur3_32
 from ..stats import ProducerStats, deprecated_spelling
 from ..topology import Topology
 from .batches import FLUSH_AT, FLUSH_BYTES, BatchWriter
+from .busy_poll import BusyPoll
 from .deadline import answer_by, past_deadline
 from .direct import DirectPublisher, Done
 from .ha import CloseReport, HAProducer
@@ -123,6 +124,7 @@ class Producer:
         self.fail_fast: bool = settings["fail_fast"]
         self.lookupd_poll_interval: float = settings["lookupd_poll_interval"]
         self.lookupd_poll_jitter: float = settings["lookupd_poll_jitter"]
+        self._busy_poll = BusyPoll(settings["busy_poll"])  # a lone publish's wait for its answer
         self._nsqd_addresses = address_list(nsqd_tcp_addresses)
         self._lookupd_addresses = address_list(lookupd_http_addresses)
         for address in self._nsqd_addresses:
@@ -399,7 +401,7 @@ class Producer:
                 future = conn.publish(topic, body, now=not self._active)
                 self._active += 1
                 try:
-                    result = await future
+                    result = await (self._busy_poll.answer(future) if self._active == 1 else future)
                 except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
                     self._note_error(exc, 1)
                     if not _retryable(exc):
@@ -744,7 +746,7 @@ class Producer:
         still cost a loop pass and its poll."""
         self._active += 1
         try:
-            result = await future
+            result = await (self._busy_poll.answer(future) if self._active == 1 else future)
         except (ConnectionClosedError, NoConnectionError, ServerError) as exc:
             self._note_error(exc, messages)
             if not _retryable(exc):
