@@ -5,6 +5,8 @@ answer before the next publish:
 
 * ``async task``: ``for ...: await producer.publish(topic, body)`` in one task (the defaults);
 * ``async task, coalesce=False``: the same on the pipelined path;
+* ``async task busy_poll=0``: the defaults but ``busy_poll=0``: the loop sleeps while the answer comes
+  (the async faces report how many answers came while the loop polled and how many asleep);
 * ``sync thread``: ``fastnsq.sync.Producer.publish`` from one thread;
 * ``go-nsq goroutine``: go-nsq v1.1.0's ``Producer.Publish`` from one goroutine
   (``gonsq_bench -mode=pub -concurrency=1``, built from bench/go/src/gonsq_bench by
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,7 +46,7 @@ import sync_publish  # bench/sync_publish.py: the nsqd, go-nsq's runs, the topic
 from fastnsq.benchmark import process_cpu_seconds
 from fastnsq.testing.process import NSQDProcess
 
-FACES = ("async task", "async task, coalesce=False", "sync thread", "go-nsq goroutine", "async task mpublish",
+FACES = ("async task", "async task, coalesce=False", "async task busy_poll=0", "sync thread", "go-nsq goroutine", "async task mpublish",
          "go-nsq goroutine MultiPublish")
 #: Each face's ratio is to this go-nsq face of the same round and size.
 PEER = {face: "go-nsq goroutine MultiPublish" if "mpublish" in face.lower() or "multipublish" in face.lower()
@@ -86,16 +89,27 @@ def measure(address: str, face: str, count: int, size: int, batch: int) -> dict[
     else:
         import fastnsq
 
+        options: dict[str, Any] = {"coalesce": face != "async task, coalesce=False"}
+        if face == "async task busy_poll=0":
+            options["busy_poll"] = 0.0
+        polls: dict[str, int] = {}
+
         async def publish_all() -> tuple[float, float]:
-            async with fastnsq.Producer([address], coalesce=face == "async task") as producer:
+            async with fastnsq.Producer([address], **options) as producer:
                 for _ in range(WARM_UP):
                     await producer.publish(topic, body)
+                poll = producer._busy_poll
+                before = poll.polled, poll.slept
                 began, cpu = time.perf_counter(), time.process_time()
                 for _ in range(count):
                     await producer.publish(topic, body)
-                return time.perf_counter() - began, time.process_time() - cpu
+                elapsed, used = time.perf_counter() - began, time.process_time() - cpu
+                polls.update(polled=poll.polled - before[0], slept=poll.slept - before[1])
+                return elapsed, used
 
         elapsed, cpu = fastnsq.run(publish_all())  # uvloop, as fastnsq runs by default
+        return {"face": face, "size": size, "count": count, "topic": topic, "msg_per_s": count / elapsed,
+                "cpu_us_per_msg": cpu / count * 1e6, "answers": polls}
     return {"face": face, "size": size, "count": count, "topic": topic, "msg_per_s": count / elapsed,
             "cpu_us_per_msg": cpu / count * 1e6}
 
@@ -132,7 +146,8 @@ def run_gonsq_mpub(gonsq: str, address: str, count: int, size: int, batch: int) 
 def rounds(args: argparse.Namespace, address: str, server: NSQDProcess) -> dict[str, Any]:
     faces = [face for face in FACES if face not in GO_FACES or args.gonsq]
     if args.faces:
-        faces = [face for face in faces if face in args.faces.split(",")]
+        wanted = re.split(r",(?! )", args.faces)  # "async task, coalesce=False" is one face
+        faces = [face for face in faces if face in wanted]
     sizes = [int(s) for s in args.sizes.split(",")]
     runs: list[dict[str, Any]] = []
     for round_no in range(args.rounds):

@@ -284,7 +284,7 @@ _PRODUCER = [
              kind="bool"),
     _fastnsq("busy_poll", "producer", "float", 0.0002,
              "Up to this long the loop of an awaited publish, the producer's only one unanswered, polls for the "
-             "answer before it sleeps (adapted to how soon answers come; 0: never; not the blocking "
+             "answer before it sleeps, when timed round trips show polling faster (0: never; not the blocking "
              "facade's threads).", low=0, high=0.01, **_SECONDS),
     _fastnsq("publish_timeout", "producer", "float", 10.0, "How long one publish attempt may take.",
              low=0.001, high=3600, gonsq="PubTimeout", **_SECONDS),

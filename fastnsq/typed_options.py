@@ -186,7 +186,7 @@ class SyncProducerOptions(ConnectionKeywords, total=False):
     coalesce: bool
     """Publishes of one loop pass to a topic go out as one MPUB. Default True; fastnsq's own."""
     busy_poll: float
-    """Up to this long the loop of an awaited publish, the producer's only one unanswered, polls for the answer before it sleeps (adapted to how soon answers come; 0: never; not the blocking facade's threads). Default 0.0002 s; fastnsq's own."""
+    """Up to this long the loop of an awaited publish, the producer's only one unanswered, polls for the answer before it sleeps, when timed round trips show polling faster (0: never; not the blocking facade's threads). Default 0.0002 s; fastnsq's own."""
     publish_timeout: float
     """How long one publish attempt may take. Default 10.0 s; go-nsq: PubTimeout."""
     max_retries: int

@@ -1,5 +1,5 @@
 """A lone publish's loop polls for the answer a while before it sleeps (fastnsq/producer/busy_poll.py,
-issue 62): the window's rule, what the poll hands back, and which of the producer's waits poll."""
+issue 62): which way is kept, what the poll hands back, and which of the producer's waits poll."""
 
 from __future__ import annotations
 
@@ -9,31 +9,56 @@ import pytest
 
 from fastnsq import InvalidValueError, Producer
 from fastnsq.errors import ServerError
-from fastnsq.producer.busy_poll import GROW_START, BusyPoll
+from fastnsq.producer.busy_poll import CLAMP, FIRST_TRIAL, POLL_GAIN, TRIAL, TRIAL_EVERY, BusyPoll
 
 from .helpers import unique
 
 LIMIT = 200e-6
+#: Answers through three trials and one more: the first after FIRST_TRIAL, then every TRIAL_EVERY.
+THREE_TRIALS = FIRST_TRIAL + 3 * TRIAL + 2 * TRIAL_EVERY + 1
 
 
-@pytest.mark.parametrize("window, waited, after", [
-    (0.0, 80e-6, GROW_START),  # asleep, but the answer came within the limit: start polling
-    (GROW_START, 80e-6, 2 * GROW_START),  # came after the window, within the limit: wider
-    (160e-6, 190e-6, LIMIT),  # never past the limit
-    (160e-6, 300e-6, 80e-6),  # slower than the limit: narrower
-    (GROW_START * 1.5, 1.0, 0.0),  # narrower than GROW_START: no polling
-    (0.0, 1.0, 0.0),
-])
-def test_the_window_widens_for_answers_within_the_limit_and_narrows_for_slower(window, waited, after):
+def time_answers(poll: BusyPoll, asleep: float, polling: float, answers: int) -> list[bool]:
+    """``answers`` answers, each taking the round trip of the way the poll takes; the ways taken."""
+    ways = []
+    for _ in range(answers):
+        ways.append(poll.polling)
+        poll.timed(poll.polling, polling if poll.polling else asleep)
+    return ways
+
+
+def test_polling_is_kept_while_it_is_the_faster_way():
     poll = BusyPoll(LIMIT)
-    poll.adapt(waited, window)
-    assert poll.window == pytest.approx(after)
+    ways = time_answers(poll, asleep=100e-6, polling=45e-6, answers=THREE_TRIALS)
+    # polling first; a trial asleep after FIRST_TRIAL answers, then every TRIAL_EVERY
+    assert ways[:FIRST_TRIAL] == [True] * FIRST_TRIAL
+    assert ways[FIRST_TRIAL:FIRST_TRIAL + TRIAL] == [False] * TRIAL
+    assert ways.count(False) == 3 * TRIAL and ways[-1] is True
+    assert poll.round_trips == [pytest.approx(100e-6), pytest.approx(45e-6)]
 
 
-def test_no_window_when_the_option_is_zero():
+def test_a_busy_machine_where_sleeping_is_faster_sleeps_and_tries_polling_now_and_then():
+    poll = BusyPoll(LIMIT)
+    ways = time_answers(poll, asleep=40e-6, polling=90e-6, answers=THREE_TRIALS)
+    assert ways[FIRST_TRIAL + TRIAL:FIRST_TRIAL + TRIAL + TRIAL_EVERY] == [False] * TRIAL_EVERY
+    assert ways.count(True) == FIRST_TRIAL + 2 * TRIAL and ways[-1] is False  # the trials after the first
+
+
+def test_polling_only_a_little_faster_is_not_worth_its_cpu():
+    poll = BusyPoll(LIMIT)
+    time_answers(poll, asleep=50e-6, polling=50e-6 * (POLL_GAIN + 0.05), answers=FIRST_TRIAL + TRIAL)
+    assert poll.polling is False
+
+
+def test_one_stall_counts_as_clamp():
+    poll = BusyPoll(LIMIT)
+    poll.timed(True, 5.0)
+    assert poll.round_trips[True] == CLAMP
+
+
+def test_no_polling_and_no_trials_when_the_option_is_zero():
     poll = BusyPoll(0.0)
-    poll.adapt(1e-6, 0.0)
-    assert poll.window == 0.0
+    assert time_answers(poll, asleep=100e-6, polling=1e-6, answers=3 * TRIAL_EVERY) == [False] * 3 * TRIAL_EVERY
 
 
 async def answered_after(future: asyncio.Future, passes: int, passed: list[int], error: Exception | None = None):
@@ -48,19 +73,18 @@ async def answered_after(future: asyncio.Future, passes: int, passed: list[int],
 
 async def test_an_answer_that_comes_while_polling_is_returned_and_other_tasks_ran_meanwhile():
     poll = BusyPoll(LIMIT)
-    poll.window = 3600.0  # the answer comes within the window, however slow the machine
+    poll.limit = 3600.0  # the answer comes while polling, however slow the machine
     future = asyncio.get_running_loop().create_future()
     passed: list[int] = []
     other = asyncio.ensure_future(answered_after(future, 5, passed))
     assert await poll.answer(future) == b"OK"
     assert len(passed) == 5 and (poll.polled, poll.slept) == (1, 0)
-    assert poll.window == 3600.0  # an answer within the window leaves it as it is
     await other
 
 
 async def test_a_refusal_that_comes_while_polling_is_raised():
     poll = BusyPoll(LIMIT)
-    poll.window = 3600.0
+    poll.limit = 3600.0
     future = asyncio.get_running_loop().create_future()
     other = asyncio.ensure_future(answered_after(future, 3, [], ServerError("E_BAD_TOPIC", "bad topic")))
     with pytest.raises(ServerError, match="E_BAD_TOPIC"):
@@ -70,7 +94,7 @@ async def test_a_refusal_that_comes_while_polling_is_raised():
 
 async def test_a_call_cancelled_while_polling_cancels_its_answer_as_await_would():
     poll = BusyPoll(LIMIT)
-    poll.window = 3600.0
+    poll.limit = 3600.0
     future = asyncio.get_running_loop().create_future()
     call = asyncio.ensure_future(poll.answer(future))
     for _ in range(3):
@@ -81,12 +105,12 @@ async def test_a_call_cancelled_while_polling_cancels_its_answer_as_await_would(
     assert future.cancelled()
 
 
-async def test_with_no_window_the_answer_is_awaited_asleep_and_counted():
+async def test_without_polling_the_answer_is_awaited_asleep_and_counted():
     poll = BusyPoll(0.0)
     future = asyncio.get_running_loop().create_future()
     asyncio.get_running_loop().call_later(0.01, future.set_result, b"OK")
     assert await poll.answer(future) == b"OK"
-    assert (poll.polled, poll.slept, poll.window) == (0, 1, 0.0)
+    assert (poll.polled, poll.slept, poll.polling) == (0, 1, False)
 
 
 @pytest.mark.parametrize("busy_poll", [0.0, 0.0002])
@@ -105,7 +129,7 @@ async def test_only_the_lone_publishes_wait_through_the_poll(nsqd, busy_poll):
         await asyncio.gather(*(producer.publish(topic, b"many %d" % index) for index in range(50)))
         assert poll.polled + poll.slept <= counted + 31 + 1  # at most the first of the 50, then alone
         if busy_poll == 0.0:
-            assert poll.polled == 0 and poll.window == 0.0
+            assert poll.polled == 0 and poll.polling is False
 
 
 @pytest.mark.parametrize("value", [-0.001, 0.5])

@@ -1,17 +1,19 @@
-"""Busy polling for a lone publish's answer: the loop keeps polling a while before it sleeps.
+"""Busy polling for a lone publish's answer: the loop keeps polling a while instead of sleeping.
 
 One task publishing in a loop (a script, a migration, a backfill) waits for each answer in turn.
-When the loop sleeps in epoll meanwhile, nsqd's answer has to wake the thread, and on a VM the
-wake-up of an idle CPU costs more than nsqd's work: issue 62 measured one task at 10,300 msg/s
-sleeping and 16,000-22,000 polling (real nsqd 1.3.0, 2-core KVM guest), where go-nsq's one
-goroutine, whose scheduler spins before it parks, made 12,200-13,700. So while the window lasts the
-task yields to the loop, whose every pass then polls its sockets without sleeping, and other tasks
-run as usual; then it awaits the answer as before.
+When the loop sleeps in epoll meanwhile, nsqd's answer has to wake the thread, and on an idle VM
+that wake-up costs more than nsqd's work: issue 62 measured one task at 10,300 msg/s sleeping and
+16,000-22,000 polling (real nsqd 1.3.0, 2-core KVM guest), where go-nsq's one goroutine, whose
+scheduler spins before it parks, made 12,200-13,700. So for up to ``busy_poll`` the task yields to
+the loop, whose every pass then polls its sockets without sleeping (other tasks run as usual), and
+then awaits the answer as before.
 
-The window adapts as Linux's haltpoll governor adapts its own (cpuidle-haltpoll): an answer that
-came after the window but within ``busy_poll`` doubles it (from :data:`GROW_START`); one slower than
-``busy_poll`` halves it, to none below :data:`GROW_START`. A slow nsqd, a long link or a busy
-machine so costs no CPU spent polling in vain, and a fast answer stops the polling at once.
+On a busy machine it is the other way round: a CPU that never idles wakes a sleeper at once, and the
+kernel runs a woken sleeper before a CPU hog, which a polling loop is. With two CPU-bound processes
+beside it the same task made 23,900-27,700 msg/s sleeping and 10,700-11,700 polling. So both ways
+are timed: the answers' round trips (from the write, clamped at :data:`CLAMP`) in a moving average
+per way, the other way tried for :data:`TRIAL` answers every :data:`TRIAL_EVERY`, and the faster
+kept, polling only when it is :data:`POLL_GAIN` faster (it costs CPU).
 """
 
 from __future__ import annotations
@@ -20,51 +22,76 @@ import asyncio
 from time import perf_counter
 from typing import Any
 
-__all__ = ["GROW_START", "BusyPoll"]
+__all__ = ["CLAMP", "POLL_GAIN", "TRIAL", "TRIAL_EVERY", "BusyPoll"]
 
-#: The window a widening starts from, and the narrowest kept (seconds).
-GROW_START = 20e-6
+#: Answers between two trials of the way not taken, and the answers of a trial.
+TRIAL_EVERY = 256
+TRIAL = 16
+#: The first trial comes after this many answers: a slow way is not kept long.
+FIRST_TRIAL = 32
+#: Polling is kept only when its round trips take at most this share of the sleeping ones.
+POLL_GAIN = 0.9
+#: A round trip counts at most this long (seconds): one stall (a GC pass, a descheduled
+#: thread) does not condemn a way for the next trial.
+CLAMP = 0.002
+#: The moving averages' weight of a new round trip.
+WEIGHT = 1 / 8
 
 
 class BusyPoll:
-    """The adaptive window of one producer's lone publishes; ``limit`` is the option ``busy_poll``
-    (seconds, 0: never poll). ``polled`` and ``slept`` count the answers that came while polling and
-    those awaited asleep."""
+    """How one producer's lone publishes wait: ``limit`` is the option ``busy_poll`` (seconds,
+    0: never poll). ``polled`` and ``slept`` count the answers that came while polling and those
+    awaited asleep; ``polling`` is the way taken now."""
 
-    __slots__ = ("limit", "polled", "slept", "window")
+    __slots__ = ("_answers", "_trial_left", "limit", "polled", "polling", "round_trips", "slept")
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
-        self.window = min(GROW_START, limit)
+        self.polling = limit > 0
+        self.round_trips = [0.0, 0.0]  # moving averages, seconds: [asleep, polling]; 0.0: none yet
         self.polled = 0
         self.slept = 0
+        self._answers = TRIAL_EVERY - FIRST_TRIAL
+        self._trial_left = 0
 
     async def answer(self, future: asyncio.Future[Any]) -> Any:
-        """``future``'s result (or its exception), polled for up to the window first."""
+        """``future``'s result (or its exception), polled for first when polling is the way."""
         began = perf_counter()
-        window = self.window
-        if window:
-            end = began + window
+        polling = self.polling
+        if polling:
+            end = began + self.limit
             try:
-                while not future.done():
-                    if perf_counter() >= end:
-                        break
+                while not future.done() and perf_counter() < end:
                     await asyncio.sleep(0)  # one loop pass: its poll of the sockets does not sleep
-                else:
-                    self.polled += 1
-                    return future.result()
             except asyncio.CancelledError:
                 future.cancel()  # as a cancelled ``await future`` would
                 raise
+            if future.done():
+                self.polled += 1
+                result = future.result()
+                self.timed(True, perf_counter() - began)
+                return result
         result = await future
         self.slept += 1
-        self.adapt(perf_counter() - began, window)
+        self.timed(polling, perf_counter() - began)
         return result
 
-    def adapt(self, waited: float, window: float) -> None:
-        """After an answer that came ``waited`` seconds after the write, past a ``window``."""
-        if waited <= self.limit:
-            self.window = min(max(window * 2, GROW_START), self.limit)
-        else:
-            narrower = window / 2
-            self.window = narrower if narrower >= GROW_START else 0.0
+    def timed(self, polling: bool, round_trip: float) -> None:
+        """One answer ``round_trip`` seconds after its write, waited for polling or not."""
+        averages = self.round_trips
+        sample = min(round_trip, CLAMP)
+        average = averages[polling]
+        averages[polling] = sample if not average else average + (sample - average) * WEIGHT
+        if not self.limit:
+            return
+        if self._trial_left:
+            self._trial_left -= 1
+            if not self._trial_left:
+                asleep, polled = averages
+                self.polling = polled < asleep * POLL_GAIN
+            return
+        self._answers += 1
+        if self._answers >= TRIAL_EVERY:
+            self._answers = 0
+            self._trial_left = TRIAL
+            self.polling = not self.polling
