@@ -4,18 +4,25 @@ issue 62): which way is kept, what the poll hands back, and which of the produce
 from __future__ import annotations
 
 import asyncio
+import itertools
 
 import pytest
 
 from fastnsq import InvalidValueError, Producer
 from fastnsq.errors import ServerError
-from fastnsq.producer.busy_poll import CLAMP, FIRST_TRIAL, POLL_GAIN, TRIAL, TRIAL_EVERY, BusyPoll
+from fastnsq.producer.busy_poll import (
+    CLAMP,
+    FIRST_TRIAL,
+    MAX_TRIAL_EVERY,
+    POLL_GAIN,
+    TRIAL,
+    TRIAL_EVERY,
+    BusyPoll,
+)
 
 from .helpers import unique
 
 LIMIT = 200e-6
-#: Answers through three trials and one more: the first after FIRST_TRIAL, then every TRIAL_EVERY.
-THREE_TRIALS = FIRST_TRIAL + 3 * TRIAL + 2 * TRIAL_EVERY + 1
 
 
 def time_answers(poll: BusyPoll, asleep: float, polling: float, answers: int) -> list[bool]:
@@ -27,21 +34,33 @@ def time_answers(poll: BusyPoll, asleep: float, polling: float, answers: int) ->
     return ways
 
 
-def test_polling_is_kept_while_it_is_the_faster_way():
+def trials(ways: list[bool]) -> list[tuple[bool, int]]:
+    """The runs of one way: (way, answers)."""
+    return [(way, len(list(run))) for way, run in itertools.groupby(ways)]
+
+
+def test_polling_is_kept_while_it_is_the_faster_way_and_the_trials_grow_rarer():
     poll = BusyPoll(LIMIT)
-    ways = time_answers(poll, asleep=100e-6, polling=45e-6, answers=THREE_TRIALS)
-    # polling first; a trial asleep after FIRST_TRIAL answers, then every TRIAL_EVERY
-    assert ways[:FIRST_TRIAL] == [True] * FIRST_TRIAL
-    assert ways[FIRST_TRIAL:FIRST_TRIAL + TRIAL] == [False] * TRIAL
-    assert ways.count(False) == 3 * TRIAL and ways[-1] is True
-    assert poll.round_trips == [pytest.approx(100e-6), pytest.approx(45e-6)]
+    runs = trials(time_answers(poll, asleep=100e-6, polling=45e-6, answers=20_000))
+    assert runs[:4] == [(True, FIRST_TRIAL), (False, TRIAL), (True, 2 * TRIAL_EVERY), (False, TRIAL)]
+    assert all(answers == TRIAL for way, answers in runs if not way)  # asleep only in trials
+    assert max(answers for way, answers in runs if way) == MAX_TRIAL_EVERY
+    assert poll.round_trips == (pytest.approx(100e-6), pytest.approx(45e-6))
 
 
 def test_a_busy_machine_where_sleeping_is_faster_sleeps_and_tries_polling_now_and_then():
     poll = BusyPoll(LIMIT)
-    ways = time_answers(poll, asleep=40e-6, polling=90e-6, answers=THREE_TRIALS)
-    assert ways[FIRST_TRIAL + TRIAL:FIRST_TRIAL + TRIAL + TRIAL_EVERY] == [False] * TRIAL_EVERY
-    assert ways.count(True) == FIRST_TRIAL + 2 * TRIAL and ways[-1] is False  # the trials after the first
+    runs = trials(time_answers(poll, asleep=40e-6, polling=90e-6, answers=20_000))
+    # the first trial (asleep) changes the way: the next trial comes TRIAL_EVERY later, then later still
+    assert runs[:4] == [(True, FIRST_TRIAL), (False, TRIAL + TRIAL_EVERY), (True, TRIAL), (False, 2 * TRIAL_EVERY)]
+    assert all(answers == TRIAL for way, answers in runs[1:] if way)
+
+
+def test_the_faster_way_is_found_again_when_the_machine_changes():
+    poll = BusyPoll(LIMIT)
+    time_answers(poll, asleep=100e-6, polling=45e-6, answers=20_000)  # idle: polling, trials rare
+    ways = time_answers(poll, asleep=40e-6, polling=90e-6, answers=2 * (MAX_TRIAL_EVERY + TRIAL))  # busy now
+    assert ways[-TRIAL_EVERY:] == [False] * TRIAL_EVERY
 
 
 def test_polling_only_a_little_faster_is_not_worth_its_cpu():
@@ -52,8 +71,10 @@ def test_polling_only_a_little_faster_is_not_worth_its_cpu():
 
 def test_one_stall_counts_as_clamp():
     poll = BusyPoll(LIMIT)
-    poll.timed(True, 5.0)
-    assert poll.round_trips[True] == CLAMP
+    time_answers(poll, asleep=100e-6, polling=45e-6, answers=FIRST_TRIAL - 1)
+    poll.timed(True, 5.0)  # the last answer before the trial: the mean of 64, one of them stalled
+    time_answers(poll, asleep=100e-6, polling=45e-6, answers=TRIAL)
+    assert poll.round_trips[1] == pytest.approx((45e-6 * (FIRST_TRIAL - 1) + CLAMP) / FIRST_TRIAL)
 
 
 def test_no_polling_and_no_trials_when_the_option_is_zero():
